@@ -1,0 +1,1 @@
+"""resnet_keras: ResNet image classifiers trained with a custom loop (orbit)."""
