@@ -1,0 +1,1 @@
+"""Launch and distribution helpers shared by the entry points."""

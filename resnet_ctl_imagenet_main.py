@@ -1,0 +1,32 @@
+"""Trains a ResNet image classifier with a custom training loop (orbit).
+
+  python resnet_ctl_imagenet_main.py --use_synthetic_data -bs 32 -dt bf16
+  python resnet_ctl_imagenet_main.py --helpfull      # every flag
+
+Flags -> RunConfig (resnet_keras/flags.py) -> run (resnet_keras/run.py).
+"""
+
+import os
+
+# tf_keras (Keras 2) is the Keras this project trains with; tf-models-official
+# and Horovod are built on it. Must be set before TensorFlow is imported.
+os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
+
+from absl import app  # pylint: disable=g-import-not-at-top
+
+from common import cli  # pylint: disable=g-import-not-at-top
+from resnet_keras import flags as flags_lib  # pylint: disable=g-import-not-at-top
+
+
+def main(argv):
+  if len(argv) > 1:
+    cli.fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
+  from resnet_keras import run  # Imports TensorFlow: after flags parse.
+  run.run(flags_lib.config_from_flags())
+
+
+if __name__ == '__main__':
+  flags_lib.define_flags()
+  app.run(lambda argv: cli.run_main(main, argv),
+          flags_parser=cli.parse_flags_or_fail)

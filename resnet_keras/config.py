@@ -1,0 +1,201 @@
+"""RunConfig: the one object everything downstream of the flags reads.
+
+Entry points parse flags once (`resnet_keras.flags.config_from_flags`); the
+library only sees a frozen `RunConfig`, so tests build configs directly and no
+module reads absl's FLAGS. The batch/step arithmetic that turns a config and a
+dataset's size into a training plan lives here too, as pure functions.
+"""
+
+import dataclasses
+import math
+from typing import Optional, Tuple
+
+from resnet_keras.errors import UsageError
+
+DTYPES = ('fp32', 'bf16', 'fp16')
+LOADER_IMAGE_TYPES = ('fp32', 'bf16', 'uint8')
+OPTIMIZERS = ('SGD', 'LARS')
+LR_SCHEDULES = ('piecewise', 'polynomial', 'constant', 'cosine')
+RESNET_DEPTHS = (18, 34, 50, 101, 152)
+KERAS_APPLICATIONS_MODELS = ('ResNet50', 'ResNet101', 'ResNet152',
+                             'ResNet50V2', 'ResNet101V2', 'ResNet152V2')
+DISTRIBUTION_STRATEGIES = ('off', 'one_device', 'mirrored',
+                           'multi_worker_mirrored')
+# Five stride-2 reductions: below 32 pixels the last stage sees less than 1x1.
+MIN_IMAGE_SIZE = 32
+
+# ImageNet-1k, used for synthetic data so its step counts match real runs.
+IMAGENET_NUM_CLASSES = 1000
+IMAGENET_NUM_TRAIN_EXAMPLES = 1281167
+IMAGENET_NUM_EVAL_EXAMPLES = 50000
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """Everything a run needs, grouped in the order the data flows."""
+  # Data.
+  data_dir: str = '/data/tensorflow_datasets/imagenet/tf_records'
+  use_synthetic_data: bool = False
+  image_size: int = 224
+  data_loader_image_type: str = 'fp32'
+  experimental_preloading: bool = True
+  num_classes: int = 0  # 0: from the dataset.
+  num_train_examples: int = 0  # 0: all of the dataset.
+  num_eval_examples: int = 0
+  # Model.
+  resnet_depth: int = 50
+  keras_applications_model: Optional[str] = None
+  # Precision.
+  dtype: str = 'fp32'
+  loss_scale: float = 0.0  # 0: dynamic loss scaling (fp16 only).
+  enable_xla: bool = False
+  # Training cadence.
+  batch_size: int = 256
+  train_epochs: int = 1
+  train_steps: int = 0  # 0: no cap on steps per epoch.
+  steps_per_loop: int = 50
+  log_steps: int = 100
+  epochs_between_evals: int = 1
+  skip_eval: bool = False
+  target_accuracy: float = 0.0  # 0: never stop early.
+  global_seed: Optional[int] = None
+  use_tf_function: bool = True
+  use_tf_while_loop: bool = True
+  # Optimizer and schedule.
+  optimizer: str = 'SGD'
+  base_learning_rate: float = 0.1
+  warmup_epochs: float = 5.0
+  lr_schedule: str = 'piecewise'
+  end_learning_rate: float = 1e-4
+  lars_decay_epochs: float = 0.0  # 0: decay over the whole run.
+  lars_epsilon: float = 0.0
+  momentum: float = 0.9
+  label_smoothing: float = 0.0
+  weight_decay: float = 1e-4
+  single_l2_loss_op: bool = False
+  # Outputs.
+  model_dir: str = '/tmp/resnet'
+  clean: bool = False
+  enable_checkpoint_and_export: bool = False
+  enable_tensorboard: bool = False
+  profile_steps: Optional[Tuple[int, int]] = None
+  # Runtime.
+  distribution_strategy: str = 'off'
+  num_gpus: int = -1  # -1: every visible GPU.
+  inter_op_parallelism_threads: int = 0  # 0: chosen from the machine.
+  intra_op_parallelism_threads: int = 0
+
+  @property
+  def compute_dtype(self) -> str:
+    return {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}[
+        self.dtype]
+
+  @property
+  def uses_lars(self) -> bool:
+    return self.optimizer == 'LARS'
+
+  def validate(self) -> None:
+    """Raises UsageError naming the first bad value and what is allowed."""
+    _check_choice('dtype', self.dtype, DTYPES)
+    _check_choice('data_loader_image_type', self.data_loader_image_type,
+                  LOADER_IMAGE_TYPES)
+    _check_choice('optimizer', self.optimizer, OPTIMIZERS)
+    _check_choice('lr_schedule', self.lr_schedule, LR_SCHEDULES)
+    _check_choice('resnet_depth', self.resnet_depth, RESNET_DEPTHS)
+    _check_choice('distribution_strategy', self.distribution_strategy,
+                  DISTRIBUTION_STRATEGIES)
+    if self.keras_applications_model is not None:
+      _check_choice('keras_applications_model', self.keras_applications_model,
+                    KERAS_APPLICATIONS_MODELS)
+    _check_positive('batch_size', self.batch_size)
+    _check_positive('train_epochs', self.train_epochs)
+    _check_positive('steps_per_loop', self.steps_per_loop)
+    _check_positive('log_steps', self.log_steps)
+    _check_positive('epochs_between_evals', self.epochs_between_evals)
+    for name in ('train_steps', 'num_classes', 'num_train_examples',
+                 'num_eval_examples', 'inter_op_parallelism_threads',
+                 'intra_op_parallelism_threads'):
+      if getattr(self, name) < 0:
+        raise UsageError(f'--{name} must be >= 0, got {getattr(self, name)}')
+    if self.image_size < MIN_IMAGE_SIZE:
+      raise UsageError(
+          f'--image_size={self.image_size} is too small for ResNet: it '
+          f'downsamples by 32, use --image_size >= {MIN_IMAGE_SIZE}')
+    if self.base_learning_rate <= 0:
+      raise UsageError('--base_learning_rate must be > 0, got '
+                       f'{self.base_learning_rate}')
+    for name in ('warmup_epochs', 'end_learning_rate', 'lars_decay_epochs',
+                 'lars_epsilon', 'weight_decay', 'loss_scale'):
+      if getattr(self, name) < 0:
+        raise UsageError(f'--{name} must be >= 0, got {getattr(self, name)}')
+    if not 0 <= self.momentum < 1:
+      raise UsageError(f'--momentum must be in [0, 1), got {self.momentum}')
+    if not 0 <= self.label_smoothing < 1:
+      raise UsageError('--label_smoothing must be in [0, 1), got '
+                       f'{self.label_smoothing}')
+    if not 0 <= self.target_accuracy <= 1:
+      raise UsageError('--target_accuracy is a fraction in [0, 1], got '
+                       f'{self.target_accuracy}')
+    if self.use_tf_while_loop and not self.use_tf_function:
+      raise UsageError('--use_tf_while_loop needs --use_tf_function; pass '
+                       '--nouse_tf_while_loop to run steps from Python')
+    if self.profile_steps is not None:
+      start, stop = self.profile_steps
+      if not 0 <= start < stop:
+        raise UsageError('--profile_steps must be "start,stop" with '
+                         f'0 <= start < stop, got {start},{stop}')
+
+
+def _check_choice(name, value, allowed):
+  if value not in allowed:
+    allowed_text = ', '.join(str(a) for a in allowed)
+    raise UsageError(f'--{name}={value} is not supported; use one of: '
+                     f'{allowed_text}')
+
+
+def _check_positive(name, value):
+  if value <= 0:
+    raise UsageError(f'--{name} must be > 0, got {value}')
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPlan:
+  """How many steps of what size: derived from a config and a dataset."""
+  global_batch_size: int
+  steps_per_epoch: int
+  total_train_steps: int
+  steps_per_loop: int
+  eval_interval_steps: int
+  eval_steps: int
+  num_eval_examples: int
+
+  def epoch_of(self, step: int) -> float:
+    return step / self.steps_per_epoch
+
+
+def make_training_plan(cfg: RunConfig, num_train_examples: int,
+                       num_eval_examples: int,
+                       num_workers: int = 1) -> TrainingPlan:
+  """Turns dataset sizes into step counts.
+
+  `--batch_size` is per worker for Horovod-style launches (num_workers > 1
+  processes that each see a shard) and global for a single tf.distribute
+  program; the caller passes num_workers accordingly. Training drops the last
+  partial batch of an epoch; evaluation covers every example.
+  """
+  global_batch = cfg.batch_size * num_workers
+  steps_per_epoch = num_train_examples // global_batch
+  if steps_per_epoch == 0:
+    raise UsageError(
+        f'the global batch ({global_batch}) is larger than the training set '
+        f'({num_train_examples} examples); lower --batch_size')
+  if cfg.train_steps:
+    steps_per_epoch = min(steps_per_epoch, cfg.train_steps)
+  return TrainingPlan(
+      global_batch_size=global_batch,
+      steps_per_epoch=steps_per_epoch,
+      total_train_steps=steps_per_epoch * cfg.train_epochs,
+      steps_per_loop=min(cfg.steps_per_loop, steps_per_epoch),
+      eval_interval_steps=steps_per_epoch * cfg.epochs_between_evals,
+      eval_steps=math.ceil(num_eval_examples / global_batch),
+      num_eval_examples=num_eval_examples)

@@ -1,0 +1,1 @@
+"""Input data: synthetic batches and image datasets, as tf.data pipelines."""

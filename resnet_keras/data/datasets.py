@@ -1,0 +1,75 @@
+"""Which dataset a run reads, how big it is, and its per-replica pipelines.
+
+Everything the trainer needs to know about data goes through `describe`
+(class and example counts, so step arithmetic never hard-codes ImageNet) and
+`make_input_fns` (per-replica `tf.data` pipelines for tf.distribute's
+`distribute_datasets_from_function`).
+"""
+
+import dataclasses
+from typing import Callable, Tuple
+
+import tensorflow as tf
+
+from resnet_keras import config as config_lib
+from resnet_keras.config import RunConfig
+from resnet_keras.data import synthetic
+
+LOADER_DTYPES = {'fp32': tf.float32, 'bf16': tf.bfloat16, 'uint8': tf.uint8}
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetInfo:
+  num_classes: int
+  num_train_examples: int
+  num_eval_examples: int
+  name: str
+
+
+def loader_dtype(cfg: RunConfig) -> tf.DType:
+  return LOADER_DTYPES[cfg.data_loader_image_type]
+
+
+def describe(cfg: RunConfig) -> DatasetInfo:
+  """Class and example counts of the data the flags select."""
+  if not cfg.use_synthetic_data:
+    raise config_lib.UsageError(
+        'reading image files arrives with the ImageNet TFRecord pipeline; '
+        'for now pass --use_synthetic_data')
+  return DatasetInfo(
+      num_classes=cfg.num_classes or config_lib.IMAGENET_NUM_CLASSES,
+      num_train_examples=(cfg.num_train_examples or
+                          config_lib.IMAGENET_NUM_TRAIN_EXAMPLES),
+      num_eval_examples=(cfg.num_eval_examples or
+                         config_lib.IMAGENET_NUM_EVAL_EXAMPLES),
+      name='synthetic')
+
+
+InputFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
+
+
+def make_input_fns(cfg: RunConfig, info: DatasetInfo,
+                   global_batch_size: int) -> Tuple[InputFn, InputFn]:
+  """(train_input_fn, eval_input_fn), each taking a tf.distribute context."""
+  dtype = loader_dtype(cfg)
+  seed = cfg.global_seed or 0
+
+  def train_input_fn(ctx: tf.distribute.InputContext):
+    batch = ctx.get_per_replica_batch_size(global_batch_size)
+    return synthetic.train_dataset(batch, cfg.image_size, info.num_classes,
+                                   dtype, seed=seed + ctx.input_pipeline_id)
+
+  def eval_input_fn(ctx: tf.distribute.InputContext):
+    batch = ctx.get_per_replica_batch_size(global_batch_size)
+    share = _shard_count(info.num_eval_examples, ctx.input_pipeline_id,
+                         ctx.num_input_pipelines)
+    return synthetic.eval_dataset(batch, cfg.image_size, info.num_classes,
+                                  dtype, share, seed=seed + 1000)
+
+  return train_input_fn, eval_input_fn
+
+
+def _shard_count(num_examples: int, index: int, num_shards: int) -> int:
+  """Examples of shard `index` when `num_examples` are dealt round-robin."""
+  return num_examples // num_shards + (1 if index < num_examples % num_shards
+                                       else 0)

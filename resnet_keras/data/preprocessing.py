@@ -1,0 +1,18 @@
+"""Pixel normalisation shared by the input pipeline, the model and export.
+
+Images are RGB in 0-255 with the ImageNet per-channel mean subtracted (no
+division by the standard deviation, as in the Model Garden ResNet). Where it
+runs is a choice: on the host in the input pipeline (fp32/bf16 loaders), or on
+the device as the model's first layer (uint8 loader: a quarter of the bytes
+cross the host-device link).
+"""
+
+import tensorflow as tf
+
+MEAN_RGB = (123.68, 116.78, 103.94)
+
+
+def normalize_images(images, dtype=tf.float32):
+  """Casts 0-255 RGB images to float32, subtracts the mean, casts to dtype."""
+  images = tf.cast(images, tf.float32) - tf.constant(MEAN_RGB, tf.float32)
+  return tf.cast(images, dtype)

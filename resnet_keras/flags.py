@@ -1,0 +1,179 @@
+"""Command-line flags of resnet_ctl_imagenet_main.py, defined once.
+
+Grouped in the order the data flows (data, model, precision, training,
+optimizer, outputs, runtime). Short aliases follow the reference README
+(-dd, -md, -te, -ebe, -bs, -dt, -dlit, -synth, -ds). `config_from_flags`
+is the only place that reads FLAGS; everything else takes a RunConfig.
+"""
+
+import dataclasses
+
+from absl import flags
+
+from resnet_keras import config as config_lib
+from resnet_keras.config import RunConfig
+from resnet_keras.errors import UsageError
+
+_D = RunConfig()  # Defaults live in one place: the dataclass.
+
+
+def _alias(short, name):
+  flags.DEFINE_alias(short, name)
+
+
+def define_flags() -> None:
+  """Defines every flag; safe to call once per process."""
+  # Data.
+  flags.DEFINE_string('data_dir', _D.data_dir,
+                      'Directory with the TFRecord shards.')
+  _alias('dd', 'data_dir')
+  flags.DEFINE_boolean('use_synthetic_data', False,
+                       'Train on random images held in memory (no files).')
+  _alias('synth', 'use_synthetic_data')
+  flags.DEFINE_integer('image_size', _D.image_size,
+                       f'Height and width of the model input (>= '
+                       f'{config_lib.MIN_IMAGE_SIZE}).')
+  flags.DEFINE_string('data_loader_image_type', _D.data_loader_image_type,
+                      'dtype images leave the input pipeline in: fp32, bf16, '
+                      'or uint8 (cast and mean subtraction run on the device).')
+  _alias('dlit', 'data_loader_image_type')
+  flags.DEFINE_boolean('experimental_preloading', _D.experimental_preloading,
+                       'Prefetch batches to the accelerator '
+                       '(prefetch_to_device); a no-op on CPU.')
+  flags.DEFINE_integer('num_classes', 0,
+                       'Output units; 0: from the dataset (synthetic: 1000).')
+  flags.DEFINE_integer('num_train_examples', 0,
+                       'Use only the first N training examples; 0: all '
+                       '(synthetic: ImageNet\'s 1,281,167).')
+  flags.DEFINE_integer('num_eval_examples', 0,
+                       'Use only the first N validation examples; 0: all '
+                       '(synthetic: ImageNet\'s 50,000).')
+  # Model.
+  flags.DEFINE_integer('resnet_depth', _D.resnet_depth,
+                       'ResNet v1.5 depth: 18, 34, 50, 101 or 152.')
+  flags.DEFINE_string('keras_applications_model', None,
+                      'Use a keras.applications backbone instead: ResNet50, '
+                      'ResNet101, ResNet152, ResNet50V2, ResNet101V2, '
+                      'ResNet152V2.')
+  # Precision.
+  flags.DEFINE_string('dtype', _D.dtype,
+                      'Compute precision: fp32, bf16 (mixed_bfloat16; fast on '
+                      'CPUs with AVX512_BF16/AMX and on GPUs) or fp16 '
+                      '(mixed_float16 with loss scaling; GPU only in practice).')
+  _alias('dt', 'dtype')
+  flags.DEFINE_float('loss_scale', 0.0,
+                     'fp16: a fixed loss scale; 0: dynamic loss scaling.')
+  flags.DEFINE_boolean('use_keras_mixed_precision', False,
+                       'Accepted for compatibility: the Keras mixed-precision '
+                       'policy is the only bf16/fp16 path here.')
+  flags.DEFINE_boolean('enable_xla', False,
+                       'Compile with XLA (auto-clustering). For GPUs; on CPUs '
+                       'it is slower than the default oneDNN kernels.')
+  # Training cadence.
+  flags.DEFINE_integer('batch_size', _D.batch_size,
+                       'Global batch size (tf.distribute); per worker with '
+                       'Horovod.')
+  _alias('bs', 'batch_size')
+  flags.DEFINE_integer('train_epochs', _D.train_epochs,
+                       'Number of training epochs.')
+  _alias('te', 'train_epochs')
+  flags.DEFINE_integer('train_steps', 0,
+                       'Cap on steps per epoch; 0: the whole training set.')
+  flags.DEFINE_integer('steps_per_loop', _D.steps_per_loop,
+                       'Steps run on the device per host call (one '
+                       'tf.function); capped at steps per epoch.')
+  flags.DEFINE_integer('log_steps', _D.log_steps,
+                       'Print a status line every N steps.')
+  flags.DEFINE_integer('epochs_between_evals', _D.epochs_between_evals,
+                       'Evaluate every N epochs (and at the end).')
+  _alias('ebe', 'epochs_between_evals')
+  flags.DEFINE_boolean('skip_eval', False, 'Do not evaluate.')
+  flags.DEFINE_float('target_accuracy', 0.0,
+                     'Stop once eval top-1 accuracy reaches this fraction; '
+                     '0: never stop early.')
+  flags.DEFINE_integer('global_seed', None,
+                       'Seed for weights, data order and dropout-like ops.')
+  flags.DEFINE_boolean('use_tf_function', _D.use_tf_function,
+                       'Compile steps with tf.function (off: eager, for '
+                       'debugging).')
+  flags.DEFINE_boolean('use_tf_while_loop', _D.use_tf_while_loop,
+                       'Run the steps of a loop inside one tf.function '
+                       '(tf.range); off: one host call per step.')
+  # Optimizer and schedule.
+  flags.DEFINE_string('optimizer', _D.optimizer, 'SGD (momentum) or LARS.')
+  flags.DEFINE_float('base_learning_rate', _D.base_learning_rate,
+                     'SGD: learning rate per 256 images (scaled by global '
+                     'batch / 256); LARS: the peak learning rate as is.')
+  flags.DEFINE_float('warmup_epochs', _D.warmup_epochs,
+                     'Epochs of linear warmup from 0 to the peak.')
+  flags.DEFINE_string('lr_schedule', _D.lr_schedule,
+                      'piecewise (x0.1 at epochs 30/60/80), polynomial (power '
+                      '2), constant or cosine; all with warmup.')
+  flags.DEFINE_float('end_learning_rate', _D.end_learning_rate,
+                     'Where the polynomial and cosine decays end.')
+  flags.DEFINE_float('lars_decay_epochs', 0.0,
+                     'Polynomial decay reaches end_learning_rate at this epoch '
+                     '(0: at the end of the run).')
+  flags.DEFINE_float('lars_epsilon', _D.lars_epsilon,
+                     'Epsilon in the LARS trust-ratio denominator.')
+  flags.DEFINE_float('momentum', _D.momentum, 'Momentum of SGD and LARS.')
+  flags.DEFINE_float('label_smoothing', 0.0,
+                     'Label smoothing of the cross-entropy loss.')
+  flags.DEFINE_float('weight_decay', _D.weight_decay,
+                     'Adds weight_decay * w to the gradient of every conv/dense '
+                     'kernel, on every path (regularisers, single L2 op, LARS).')
+  flags.DEFINE_boolean('single_l2_loss_op', False,
+                       'SGD: one L2 term over all kernels instead of per-layer '
+                       'regularisers (same gradient, fewer ops).')
+  # Outputs.
+  flags.DEFINE_string('model_dir', _D.model_dir,
+                      'Checkpoints, summaries, exports and run_summary.json.')
+  _alias('md', 'model_dir')
+  flags.DEFINE_boolean('clean', False, 'Remove model_dir before training.')
+  flags.DEFINE_boolean('enable_checkpoint_and_export', False,
+                       'Checkpoint every epoch and export a SavedModel to '
+                       'model_dir/saved_model at the end.')
+  flags.DEFINE_boolean('enable_tensorboard', False,
+                       'Write TensorBoard summaries to model_dir/train and '
+                       'model_dir/eval.')
+  flags.DEFINE_string('profile_steps', None,
+                      '"start,stop": write a TensorBoard profile of these '
+                      'global steps to model_dir/profile.')
+  # Runtime.
+  flags.DEFINE_string('distribution_strategy', _D.distribution_strategy,
+                      'off, one_device, mirrored (GPUs of one host) or '
+                      'multi_worker_mirrored (several hosts; uses TF_CONFIG).')
+  _alias('ds', 'distribution_strategy')
+  flags.DEFINE_integer('num_gpus', -1,
+                       'GPUs for mirrored/one_device; -1: every visible GPU.')
+  flags.DEFINE_integer('inter_op_parallelism_threads', 0,
+                       'Threads running independent ops; 0: TensorFlow picks.')
+  flags.DEFINE_integer('intra_op_parallelism_threads', 0,
+                       'Threads inside one op; 0: TensorFlow picks.')
+
+
+def _parse_profile_steps(text):
+  if not text:
+    return None
+  try:
+    start, stop = (int(p) for p in text.split(','))
+  except ValueError:
+    raise UsageError(f'--profile_steps must be "start,stop" (two integers), '
+                     f'got "{text}"') from None
+  return start, stop
+
+
+def config_from_flags(values=None) -> RunConfig:
+  """Builds (and validates) the RunConfig from parsed flags."""
+  values = values or flags.FLAGS
+  field_names = {f.name for f in dataclasses.fields(RunConfig)}
+  kwargs = {name: values[name].value for name in field_names
+            if name in values and name != 'profile_steps'}
+  kwargs['profile_steps'] = _parse_profile_steps(values.profile_steps)
+  if values.use_keras_mixed_precision:
+    from absl import logging
+    logging.info('--use_keras_mixed_precision: the Keras mixed-precision '
+                 'policy is always used here; nothing to switch')
+  cfg = RunConfig(**kwargs)
+  cfg.validate()
+  return cfg

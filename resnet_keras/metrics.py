@@ -1,0 +1,115 @@
+"""What a person sees: log lines, a progress bar, and run_summary.json.
+
+`StepLogger` is an orbit train action. After each loop it has the loop's
+per-step losses and accuracies (see trainer.LoopRecord), so it prints one line
+per `--log_steps` even when a loop covers many of them. Throughput is measured
+per loop; the run's average excludes the first loop, which includes tracing.
+"""
+
+import json
+import os
+import sys
+from typing import Callable, Dict, Optional
+
+import numpy as np
+from absl import logging
+
+from resnet_keras.trainer import LoopRecord
+
+
+def format_step_line(step: int, total_steps: int, epoch: float, loss: float,
+                     accuracy: float, learning_rate: float,
+                     examples_per_second: float) -> str:
+  return (f'step {step}/{total_steps} | epoch {epoch:.2f} | loss {loss:.4f} | '
+          f'accuracy {accuracy:.4f} | lr {learning_rate:.6g} | '
+          f'{examples_per_second:.1f} examples/sec')
+
+
+class StepLogger:
+  """orbit train action: log lines every `log_steps`, throughput totals."""
+
+  def __init__(self, *, get_loop: Callable[[], LoopRecord], log_steps: int,
+               total_steps: int, steps_per_epoch: int, global_batch_size: int,
+               learning_rate_at: Callable[[int], float],
+               progress_bar: Optional[bool] = None):
+    self._get_loop = get_loop
+    self._log_steps = log_steps
+    self._total_steps = total_steps
+    self._steps_per_epoch = steps_per_epoch
+    self._batch = global_batch_size
+    self._lr_at = learning_rate_at
+    self._since_log = []
+    self._loops_seen = 0
+    self.steady_examples = 0
+    self.steady_seconds = 0.0
+    self.all_examples = 0
+    self.all_seconds = 0.0
+    self.last_loss = float('nan')
+    self.last_accuracy = float('nan')
+    if progress_bar is None:
+      progress_bar = sys.stdout.isatty()
+    self._bar = None
+    if progress_bar:
+      import tqdm  # Only for interactive runs.
+      self._bar = tqdm.tqdm(total=total_steps, unit='step', file=sys.stdout)
+
+  def __call__(self, output: Dict) -> None:
+    del output  # The loop record has everything, step by step.
+    loop = self._get_loop()
+    num_steps = len(loop.losses)
+    rate = num_steps * self._batch / loop.seconds if loop.seconds else 0.0
+    self._loops_seen += 1
+    self.all_examples += num_steps * self._batch
+    self.all_seconds += loop.seconds
+    if self._loops_seen > 1:
+      self.steady_examples += num_steps * self._batch
+      self.steady_seconds += loop.seconds
+    for i in range(num_steps):
+      step = loop.first_step + i
+      self._since_log.append((loop.losses[i], loop.accuracies[i]))
+      if step % self._log_steps == 0 or step == self._total_steps:
+        losses, accuracies = zip(*self._since_log)
+        self._since_log = []
+        line = format_step_line(
+            step, self._total_steps, step / self._steps_per_epoch,
+            float(np.mean(losses)), float(np.mean(accuracies)),
+            self._lr_at(step), rate)
+        if self._bar is not None:
+          self._bar.write(line)
+        logging.info(line)
+    if num_steps:
+      self.last_loss = float(loop.losses[-1])
+      self.last_accuracy = float(loop.accuracies[-1])
+    if self._bar is not None:
+      self._bar.update(num_steps)
+      self._bar.set_postfix(loss=f'{self.last_loss:.3f}')
+
+  @property
+  def average_examples_per_second(self) -> float:
+    """Steady-state throughput; all loops when there was only one."""
+    if self.steady_seconds:
+      return self.steady_examples / self.steady_seconds
+    return self.all_examples / self.all_seconds if self.all_seconds else 0.0
+
+  def close(self):
+    if self._bar is not None:
+      self._bar.close()
+
+
+def write_json_atomically(path: str, content: Dict) -> None:
+  """Writes `content` so a reader never sees a half-written file."""
+  tmp = path + '.tmp'
+  with open(tmp, 'w') as f:
+    json.dump(content, f, indent=2, sort_keys=True)
+    f.write('\n')
+  os.replace(tmp, path)
+
+
+def write_hparams(summary_dir: str, hparams: Dict) -> None:
+  """Records the run's flags in TensorBoard's HParams dashboard."""
+  import tensorflow as tf
+  from tensorboard.plugins.hparams import api as hp
+  clean = {k: v if isinstance(v, (bool, int, float, str)) else str(v)
+           for k, v in hparams.items()}
+  with tf.summary.create_file_writer(summary_dir).as_default():
+    hp.hparams(clean)

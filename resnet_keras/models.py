@@ -1,0 +1,148 @@
+"""ResNet v1.5 classifiers (Keras functional API, tf_keras).
+
+v1.5 puts the stride of a downsampling bottleneck on its 3x3 convolution (not
+the first 1x1), which is what the Model Garden and MLPerf train. Batch norm
+uses momentum 0.9 and epsilon 1e-5. The softmax runs in float32 under mixed
+precision so the loss never sees bf16/fp16 probabilities.
+
+Two models exist per run: the *network* takes normalised float images (used
+for export, where the serving signature normalises), and the *training model*
+wraps it with the input the data pipeline delivers (uint8 images get cast and
+normalised on the device as the first layer).
+"""
+
+from typing import Optional
+
+import tensorflow as tf
+import tf_keras
+
+from resnet_keras.config import RunConfig
+from resnet_keras.data.preprocessing import normalize_images
+from resnet_keras.optimizers import l2_regularizer
+
+layers = tf_keras.layers
+
+# Blocks per stage, and whether the depth uses bottleneck blocks.
+_STAGES = {
+    18: ((2, 2, 2, 2), False),
+    34: ((3, 4, 6, 3), False),
+    50: ((3, 4, 6, 3), True),
+    101: ((3, 4, 23, 3), True),
+    152: ((3, 8, 36, 3), True),
+}
+_STAGE_FILTERS = (64, 128, 256, 512)
+BN_MOMENTUM = 0.9
+BN_EPSILON = 1e-5
+
+
+def _conv(filters, kernel_size, strides, name, regularizer):
+  return layers.Conv2D(
+      filters, kernel_size, strides=strides, padding='same', use_bias=False,
+      kernel_initializer='he_normal', kernel_regularizer=regularizer,
+      name=name)
+
+
+def _bn(name):
+  return layers.BatchNormalization(momentum=BN_MOMENTUM, epsilon=BN_EPSILON,
+                                   name=name)
+
+
+def _block(x, filters, strides, bottleneck, name, regularizer):
+  """One residual block; projects the shortcut when the shape changes."""
+  out_filters = filters * 4 if bottleneck else filters
+  shortcut = x
+  if strides != 1 or x.shape[-1] != out_filters:
+    shortcut = _conv(out_filters, 1, strides, name + '_proj', regularizer)(x)
+    shortcut = _bn(name + '_proj_bn')(shortcut)
+  if bottleneck:
+    convs = ((filters, 1, 1), (filters, 3, strides), (out_filters, 1, 1))
+  else:
+    convs = ((filters, 3, strides), (filters, 3, 1))
+  for i, (f, k, s) in enumerate(convs):
+    x = _conv(f, k, s, f'{name}_conv{i + 1}', regularizer)(x)
+    x = _bn(f'{name}_bn{i + 1}')(x)
+    if i < len(convs) - 1:
+      x = layers.Activation('relu', name=f'{name}_relu{i + 1}')(x)
+  x = layers.Add(name=name + '_add')([x, shortcut])
+  return layers.Activation('relu', name=name + '_out')(x)
+
+
+def _classifier_head(features, num_classes, regularizer):
+  logits = layers.Dense(
+      num_classes,
+      kernel_initializer=tf_keras.initializers.RandomNormal(stddev=0.01),
+      kernel_regularizer=regularizer, name='fc')(features)
+  return layers.Activation('softmax', dtype='float32', name='probs')(logits)
+
+
+def resnet(depth: int, num_classes: int, image_size: int,
+           weight_decay: float = 0.0) -> tf_keras.Model:
+  """ResNet v1.5 of `depth` on normalised float images.
+
+  Args:
+    depth: 18, 34, 50, 101 or 152.
+    num_classes: units of the output layer.
+    image_size: height and width of the input.
+    weight_decay: if > 0, per-layer L2 regularisers with the strength defined
+      in `resnet_keras.optimizers` (0: decay is applied elsewhere, or not).
+  """
+  blocks, bottleneck = _STAGES[depth]
+  regularizer = l2_regularizer(weight_decay)
+  inputs = layers.Input((image_size, image_size, 3), name='images')
+  x = _conv(64, 7, 2, 'stem_conv', regularizer)(inputs)
+  x = _bn('stem_bn')(x)
+  x = layers.Activation('relu', name='stem_relu')(x)
+  x = layers.MaxPooling2D(3, strides=2, padding='same', name='stem_pool')(x)
+  for stage, (num_blocks, filters) in enumerate(zip(blocks, _STAGE_FILTERS)):
+    for b in range(num_blocks):
+      strides = 2 if stage > 0 and b == 0 else 1
+      x = _block(x, filters, strides, bottleneck, f'stage{stage + 1}_block{b + 1}',
+                 regularizer)
+  x = layers.GlobalAveragePooling2D(name='avg_pool')(x)
+  return tf_keras.Model(inputs, _classifier_head(x, num_classes, regularizer),
+                        name=f'resnet{depth}')
+
+
+def keras_application(name: str, num_classes: int,
+                      image_size: int) -> tf_keras.Model:
+  """A keras.applications ResNet backbone with this project's head.
+
+  The backbone is built without its top so the head matches ours: one unit
+  per class and a float32 softmax. Weight decay for these models comes from
+  the single L2 term (same gradient as regularisers; see optimizers.py).
+  """
+  backbone = getattr(tf_keras.applications, name)(
+      include_top=False, weights=None, pooling='avg',
+      input_shape=(image_size, image_size, 3))
+  return tf_keras.Model(
+      backbone.inputs, _classifier_head(backbone.output, num_classes, None),
+      name=name.lower())
+
+
+def build_network(cfg: RunConfig, num_classes: int,
+                  use_regularizers: bool) -> tf_keras.Model:
+  """The network the flags ask for (inputs: normalised float images)."""
+  if cfg.keras_applications_model:
+    return keras_application(cfg.keras_applications_model, num_classes,
+                             cfg.image_size)
+  return resnet(cfg.resnet_depth, num_classes, cfg.image_size,
+                weight_decay=cfg.weight_decay if use_regularizers else 0.0)
+
+
+def build_training_model(network: tf_keras.Model, image_size: int,
+                         input_dtype: tf.DType,
+                         normalize_on_device: bool,
+                         compute_dtype: Optional[str] = None) -> tf_keras.Model:
+  """Wraps `network` with the input the data pipeline delivers."""
+  inputs = layers.Input((image_size, image_size, 3), dtype=input_dtype,
+                        name='pipeline_images')
+  x = inputs
+  if normalize_on_device:
+    x = layers.Lambda(
+        lambda t: normalize_images(t, compute_dtype or tf.float32),
+        name='normalize_on_device')(x)
+  return tf_keras.Model(inputs, network(x), name='training_model')
+
+
+def count_trainable_parameters(model: tf_keras.Model) -> int:
+  return int(sum(tf.size(v).numpy() for v in model.trainable_variables))

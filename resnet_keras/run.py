@@ -1,0 +1,297 @@
+"""One training run: config -> data, model, optimizer -> orbit cadence -> outputs.
+
+This module owns *when* things happen: train loops of `steps_per_loop` steps,
+evaluation every `epochs_between_evals` epochs and at the end, checkpoints,
+the target-accuracy stop, export and the run summary. What a step computes
+is in trainer.py.
+"""
+
+import os
+import shutil
+import tempfile
+import time
+from typing import Dict
+
+import orbit
+import tensorflow as tf
+import tf_keras
+from absl import logging
+
+from common import distribution
+from resnet_keras import checkpoints
+from resnet_keras import export
+from resnet_keras import metrics
+from resnet_keras import models
+from resnet_keras import optimizers
+from resnet_keras import schedules
+from resnet_keras import trainer as trainer_lib
+from resnet_keras.config import RunConfig, TrainingPlan, make_training_plan
+from resnet_keras.data import datasets
+from resnet_keras.errors import UsageError
+
+SUMMARY_FILE = 'run_summary.json'
+SAVED_MODEL_DIR = 'saved_model'
+_POLICIES = {'fp32': 'float32', 'bf16': 'mixed_bfloat16',
+             'fp16': 'mixed_float16'}
+
+
+def prepare_model_dir(model_dir: str, clean: bool) -> None:
+  """Applies --clean and checks model_dir is a writable directory."""
+  if clean and os.path.exists(model_dir):
+    logging.info('--clean: removing %s', model_dir)
+    shutil.rmtree(model_dir)
+  try:
+    os.makedirs(model_dir, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=model_dir):
+      pass
+  except OSError as e:
+    raise UsageError(f'--model_dir={model_dir} is not a writable directory '
+                     f'({e.strerror}); choose another --model_dir') from None
+
+
+def configure_runtime(cfg: RunConfig) -> bool:
+  """Threads, XLA, seeds and precision policy; True if a GPU is present."""
+  has_gpu = bool(tf.config.list_physical_devices('GPU'))
+  if cfg.inter_op_parallelism_threads:
+    tf.config.threading.set_inter_op_parallelism_threads(
+        cfg.inter_op_parallelism_threads)
+  if cfg.intra_op_parallelism_threads:
+    tf.config.threading.set_intra_op_parallelism_threads(
+        cfg.intra_op_parallelism_threads)
+  if cfg.enable_xla:
+    tf.config.optimizer.set_jit(True)
+    if not has_gpu:
+      logging.warning('--enable_xla on a CPU: XLA is typically 3-20x slower '
+                      'than oneDNN here; it is meant for GPUs')
+  if cfg.global_seed is not None:
+    tf_keras.utils.set_random_seed(cfg.global_seed)
+  if cfg.dtype == 'fp16' and not has_gpu:
+    logging.warning('--dtype=fp16 on a CPU has no hardware support and is '
+                    'very slow; use --dtype=bf16 on CPUs')
+  tf_keras.mixed_precision.set_global_policy(_POLICIES[cfg.dtype])
+  return has_gpu
+
+
+def _log_flag_notes(cfg: RunConfig, weight_decay_path: str,
+                    has_gpu: bool) -> None:
+  """One line for each flag whose wish this run cannot honour as written."""
+  if cfg.experimental_preloading and not has_gpu:
+    logging.info('--experimental_preloading: no accelerator present, batches '
+                 'already live in host memory; nothing to preload')
+  if cfg.uses_lars and cfg.single_l2_loss_op:
+    logging.info('--single_l2_loss_op: with LARS, weight decay is applied '
+                 'inside the optimizer (same strength), not as a loss term')
+  if cfg.keras_applications_model and weight_decay_path == 'single_l2_loss_op' \
+      and not cfg.single_l2_loss_op:
+    logging.info('--keras_applications_model has no per-layer regularisers; '
+                 'weight decay uses the single L2 term (same gradient)')
+  if cfg.loss_scale and cfg.dtype != 'fp16':
+    logging.info('--loss_scale only applies to --dtype=fp16; ignored')
+
+
+def _weight_decay_path(cfg: RunConfig) -> str:
+  path = optimizers.weight_decay_path(cfg)
+  if path == 'regularizers' and cfg.keras_applications_model:
+    return 'single_l2_loss_op'
+  return path
+
+
+class _Profiler:
+  """orbit train action: a TensorBoard profile of --profile_steps.
+
+  Actions run between loops, so the window snaps to loop boundaries.
+  """
+
+  def __init__(self, start: int, stop: int, logdir: str, global_step):
+    self._start, self._stop = start, stop
+    self._logdir = logdir
+    self._step = global_step
+    self._active = False
+
+  def __call__(self, output):
+    del output
+    step = int(self._step.numpy())
+    if not self._active and self._start <= step < self._stop:
+      tf.profiler.experimental.start(self._logdir)
+      self._active = True
+      logging.info('profiler started at step %d (%s)', step, self._logdir)
+    elif self._active and step >= self._stop:
+      self.finish()
+
+  def finish(self):
+    if self._active:
+      tf.profiler.experimental.stop()
+      self._active = False
+      logging.info('profiler stopped at step %d', int(self._step.numpy()))
+
+
+def _log_plan(cfg: RunConfig, plan: TrainingPlan, info, strategy) -> None:
+  logging.info(
+      'data: %s, %d classes, %d train / %d eval examples', info.name,
+      info.num_classes, info.num_train_examples, info.num_eval_examples)
+  logging.info(
+      'plan: global batch %d on %d replica(s), %d steps/epoch, %d epochs, '
+      '%d steps, %d steps per loop, dtype %s, optimizer %s, schedule %s',
+      plan.global_batch_size, strategy.num_replicas_in_sync,
+      plan.steps_per_epoch, cfg.train_epochs, plan.total_train_steps,
+      plan.steps_per_loop, cfg.dtype, cfg.optimizer, cfg.lr_schedule)
+
+
+def run(cfg: RunConfig) -> Dict:
+  """Trains (and evaluates) as `cfg` says; returns the run summary."""
+  cfg.validate()
+  started = time.time()
+  info = datasets.describe(cfg)
+  prepare_model_dir(cfg.model_dir, cfg.clean)
+  has_gpu = configure_runtime(cfg)
+  strategy = distribution.build_strategy(cfg.distribution_strategy,
+                                         cfg.num_gpus)
+  plan = make_training_plan(cfg, info.num_train_examples,
+                            info.num_eval_examples)
+  if plan.global_batch_size % strategy.num_replicas_in_sync:
+    raise UsageError(
+        f'--batch_size={plan.global_batch_size} is the global batch and must '
+        f'be divisible by the {strategy.num_replicas_in_sync} replicas')
+  _log_plan(cfg, plan, info, strategy)
+  wd_path = _weight_decay_path(cfg)
+  _log_flag_notes(cfg, wd_path, has_gpu)
+
+  schedule = schedules.schedule_for_run(
+      cfg, plan.global_batch_size, plan.steps_per_epoch,
+      plan.total_train_steps)
+  with strategy.scope():
+    network = models.build_network(
+        cfg, info.num_classes, use_regularizers=wd_path == 'regularizers')
+    model = models.build_training_model(
+        network, cfg.image_size, datasets.loader_dtype(cfg),
+        normalize_on_device=cfg.data_loader_image_type == 'uint8',
+        compute_dtype=tf_keras.mixed_precision.global_policy().compute_dtype)
+    optimizer = optimizers.build_optimizer(cfg, schedule)
+    manager = checkpoints.make_manager(
+        model, optimizer, cfg.model_dir,
+        plan.steps_per_epoch if cfg.enable_checkpoint_and_export else None)
+
+  train_fn, eval_fn = datasets.make_input_fns(cfg, info,
+                                              plan.global_batch_size)
+  train_ds = strategy.distribute_datasets_from_function(train_fn)
+  eval_ds = (None if cfg.skip_eval else
+             strategy.distribute_datasets_from_function(eval_fn))
+  trainer = trainer_lib.ResnetTrainer(
+      strategy=strategy, model=model, optimizer=optimizer,
+      train_dataset=train_ds, eval_dataset=eval_ds,
+      global_batch_size=plan.global_batch_size, num_classes=info.num_classes,
+      max_steps_per_loop=plan.steps_per_loop,
+      label_smoothing=cfg.label_smoothing, weight_decay=cfg.weight_decay,
+      weight_decay_path=wd_path, use_tf_function=cfg.use_tf_function,
+      use_tf_while_loop=cfg.use_tf_while_loop)
+
+  logger = metrics.StepLogger(
+      get_loop=lambda: trainer.last_loop, log_steps=cfg.log_steps,
+      total_steps=plan.total_train_steps,
+      steps_per_epoch=plan.steps_per_epoch,
+      global_batch_size=plan.global_batch_size,
+      learning_rate_at=lambda step: float(schedule(step).numpy()))
+  actions = [logger]
+  profiler = None
+  if cfg.profile_steps:
+    profiler = _Profiler(*cfg.profile_steps,
+                         logdir=os.path.join(cfg.model_dir, 'profile'),
+                         global_step=optimizer.iterations)
+    actions.append(profiler)
+  summary_dir = eval_summary_dir = None
+  if cfg.enable_tensorboard:
+    summary_dir = os.path.join(cfg.model_dir, 'train')
+    eval_summary_dir = os.path.join(cfg.model_dir, 'eval')
+    metrics.write_hparams(summary_dir, _hparams(cfg, plan))
+
+  controller = orbit.Controller(
+      strategy=strategy, trainer=trainer,
+      evaluator=None if cfg.skip_eval else trainer,
+      global_step=optimizer.iterations, steps_per_loop=plan.steps_per_loop,
+      checkpoint_manager=manager, summary_dir=summary_dir,
+      eval_summary_dir=eval_summary_dir, train_actions=actions)
+  start_step = int(optimizer.iterations.numpy())
+  if manager.latest_checkpoint:
+    logging.info('restored from %s at step %d', manager.latest_checkpoint,
+                 start_step)
+
+  eval_results, target_reached = {}, False
+  step = start_step
+  try:
+    while step < plan.total_train_steps and not target_reached:
+      interval = plan.eval_interval_steps
+      next_stop = min(plan.total_train_steps, (step // interval + 1) * interval)
+      controller.train(next_stop, checkpoint_at_completion=False)
+      step = int(optimizer.iterations.numpy())
+      if not cfg.skip_eval:
+        eval_results = _evaluate(controller, plan, step)
+        target_reached = _reached(cfg, eval_results)
+    if not cfg.skip_eval and not eval_results:
+      eval_results = _evaluate(controller, plan, step)
+  finally:
+    if profiler:
+      profiler.finish()
+    logger.close()
+  if manager.checkpoint_interval and not (
+      manager.latest_checkpoint or '').endswith(f'-{step}'):
+    controller.save_checkpoint()
+  if cfg.enable_checkpoint_and_export:
+    path = export.export_saved_model(
+        network, cfg.image_size, os.path.join(cfg.model_dir, SAVED_MODEL_DIR))
+    logging.info('exported SavedModel to %s', path)
+
+  summary = {
+      'global_batch_size': plan.global_batch_size,
+      'num_replicas': strategy.num_replicas_in_sync,
+      'train_steps': step,
+      'steps_per_epoch': plan.steps_per_epoch,
+      'epochs_completed': step / plan.steps_per_epoch,
+      'resumed_from_step': start_step,
+      'train_loss': logger.last_loss,
+      'train_accuracy': logger.last_accuracy,
+      'eval_loss': eval_results.get('eval_loss'),
+      'eval_accuracy': eval_results.get('eval_accuracy'),
+      'eval_top5_accuracy': eval_results.get('eval_top5_accuracy'),
+      'eval_examples': eval_results.get('eval_examples', 0),
+      'avg_exp_per_second': logger.average_examples_per_second,
+      'dtype': cfg.dtype,
+      'optimizer': cfg.optimizer,
+      'lr_schedule': cfg.lr_schedule,
+      'model': cfg.keras_applications_model or f'resnet{cfg.resnet_depth}',
+      'num_classes': info.num_classes,
+      'dataset': info.name,
+      'target_accuracy_reached': target_reached,
+      'wall_seconds': time.time() - started,
+  }
+  metrics.write_json_atomically(os.path.join(cfg.model_dir, SUMMARY_FILE),
+                                summary)
+  logging.info('run summary: %s', summary)
+  return summary
+
+
+def _evaluate(controller: orbit.Controller, plan: TrainingPlan,
+              step: int) -> Dict:
+  results = controller.evaluate(steps=-1)
+  logging.info(
+      'eval at step %d (epoch %.2f): accuracy %.4f, top-5 %.4f, loss %.4f '
+      'over %d examples', step, plan.epoch_of(step), results['eval_accuracy'],
+      results['eval_top5_accuracy'], results['eval_loss'],
+      results['eval_examples'])
+  if results['eval_examples'] != plan.num_eval_examples:
+    logging.warning('evaluated %d examples, expected %d',
+                    results['eval_examples'], plan.num_eval_examples)
+  return results
+
+
+def _reached(cfg: RunConfig, results: Dict) -> bool:
+  if cfg.target_accuracy and results['eval_accuracy'] >= cfg.target_accuracy:
+    logging.info('target accuracy %.4f reached (%.4f); stopping',
+                 cfg.target_accuracy, results['eval_accuracy'])
+    return True
+  return False
+
+
+def _hparams(cfg: RunConfig, plan: TrainingPlan) -> Dict:
+  hparams = {k: v for k, v in vars(cfg).items() if v is not None}
+  hparams['global_batch_size'] = plan.global_batch_size
+  return hparams

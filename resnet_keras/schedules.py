@@ -1,0 +1,128 @@
+"""Learning-rate schedules: linear warmup, then one of tf_keras's decays.
+
+All schedules ramp linearly from 0 at step 0 to the peak at `warmup_steps`
+(lr = peak * step / warmup_steps), then follow the decay. Decays that describe
+"the rest of the run" (polynomial, cosine) are evaluated at `step -
+warmup_steps`, so the peak is exactly `--base_learning_rate` (scaled for SGD)
+when warmup ends; piecewise boundaries are absolute epochs, as in the
+reference recipes.
+"""
+
+from typing import Sequence
+
+import tensorflow as tf
+import tf_keras
+
+from resnet_keras.config import RunConfig
+
+# The classic ImageNet SGD recipe: x0.1 at epochs 30, 60 and 80.
+PIECEWISE_BOUNDARY_EPOCHS = (30, 60, 80)
+PIECEWISE_MULTIPLIERS = (1.0, 0.1, 0.01, 0.001)
+POLYNOMIAL_POWER = 2.0
+# SGD learning rates are quoted per 256 images (Goyal et al., 2017).
+SGD_REFERENCE_BATCH = 256
+
+
+def peak_learning_rate(optimizer: str, base_learning_rate: float,
+                       global_batch_size: int) -> float:
+  """SGD scales linearly with the global batch; LARS peaks are absolute."""
+  if optimizer == 'LARS':
+    return base_learning_rate
+  return base_learning_rate * global_batch_size / SGD_REFERENCE_BATCH
+
+
+class WarmupThenDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
+  """Linear warmup to `peak`, then `decay(step - decay_offset)`."""
+
+  def __init__(self, peak: float, warmup_steps: int, decay, decay_offset: int):
+    super().__init__()
+    self.peak = float(peak)
+    self.warmup_steps = int(warmup_steps)
+    self.decay = decay
+    self.decay_offset = int(decay_offset)
+
+  def __call__(self, step):
+    step = tf.cast(step, tf.float32)
+    decayed = tf.cast(self.decay(tf.maximum(step - self.decay_offset, 0.0)),
+                      tf.float32)
+    if self.warmup_steps == 0:
+      return decayed
+    warmup = self.peak * step / self.warmup_steps
+    return tf.where(step < self.warmup_steps, warmup, decayed)
+
+  def get_config(self):
+    return {'peak': self.peak, 'warmup_steps': self.warmup_steps,
+            'decay': tf_keras.optimizers.schedules.serialize(self.decay),
+            'decay_offset': self.decay_offset}
+
+
+class _Constant(tf_keras.optimizers.schedules.LearningRateSchedule):
+  """tf_keras has no constant schedule; this keeps every decay the same type."""
+
+  def __init__(self, value: float):
+    super().__init__()
+    self.value = float(value)
+
+  def __call__(self, step):
+    del step
+    return tf.constant(self.value, tf.float32)
+
+  def get_config(self):
+    return {'value': self.value}
+
+
+def build_schedule(name: str, peak: float, warmup_steps: int, total_steps: int,
+                   steps_per_epoch: int, end_learning_rate: float = 1e-4,
+                   decay_steps: int = 0,
+                   boundary_epochs: Sequence[float] = PIECEWISE_BOUNDARY_EPOCHS,
+                   multipliers: Sequence[float] = PIECEWISE_MULTIPLIERS):
+  """Returns the schedule `name` with linear warmup.
+
+  Args:
+    name: piecewise | polynomial | constant | cosine.
+    peak: the learning rate when warmup ends.
+    warmup_steps: steps of linear warmup from 0.
+    total_steps: steps in the whole run (cosine and default polynomial end).
+    steps_per_epoch: converts piecewise boundary epochs to steps.
+    end_learning_rate: where polynomial and cosine decays end.
+    decay_steps: polynomial: the step at which the decay reaches
+      end_learning_rate (0: total_steps); it stays there afterwards.
+    boundary_epochs: piecewise: epochs where the next multiplier starts.
+    multipliers: piecewise: factors of `peak`, one more than boundaries.
+  """
+  schedules = tf_keras.optimizers.schedules
+  if name == 'piecewise':
+    decay = schedules.PiecewiseConstantDecay(
+        boundaries=[int(e * steps_per_epoch) for e in boundary_epochs],
+        values=[peak * m for m in multipliers])
+    return WarmupThenDecay(peak, warmup_steps, decay, decay_offset=0)
+  if name == 'polynomial':
+    decay_end = decay_steps or total_steps
+    decay = schedules.PolynomialDecay(
+        initial_learning_rate=peak,
+        decay_steps=max(decay_end - warmup_steps, 1),
+        end_learning_rate=end_learning_rate, power=POLYNOMIAL_POWER)
+    return WarmupThenDecay(peak, warmup_steps, decay, warmup_steps)
+  if name == 'cosine':
+    decay = schedules.CosineDecay(
+        initial_learning_rate=peak,
+        decay_steps=max(total_steps - warmup_steps, 1),
+        alpha=end_learning_rate / peak)
+    return WarmupThenDecay(peak, warmup_steps, decay, warmup_steps)
+  if name == 'constant':
+    return WarmupThenDecay(peak, warmup_steps, _Constant(peak), warmup_steps)
+  raise ValueError(f'unknown schedule {name}')
+
+
+def schedule_for_run(cfg: RunConfig, global_batch_size: int,
+                     steps_per_epoch: int, total_steps: int):
+  """The schedule the flags ask for, in steps of this run's global batch."""
+  return build_schedule(
+      name=cfg.lr_schedule,
+      peak=peak_learning_rate(cfg.optimizer, cfg.base_learning_rate,
+                              global_batch_size),
+      warmup_steps=int(round(cfg.warmup_epochs * steps_per_epoch)),
+      total_steps=total_steps,
+      steps_per_epoch=steps_per_epoch,
+      end_learning_rate=cfg.end_learning_rate,
+      decay_steps=int(round(cfg.lars_decay_epochs * steps_per_epoch)))

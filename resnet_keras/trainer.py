@@ -1,0 +1,178 @@
+"""What one training or evaluation step computes (orbit Trainer/Evaluator).
+
+orbit runs `train_step` `steps_per_loop` times inside one `tf.function`
+(a `tf.range` loop) per host call. So the host still sees every step, each
+step writes its loss and its count of correct predictions into a small
+on-device buffer indexed by the step's position in the loop; `train_loop_end`
+reads the buffer once and keeps the per-step values in `last_loop`.
+When things happen (loops, evals, checkpoints) is decided in run.py.
+"""
+
+import dataclasses
+import time
+from typing import Optional
+
+import numpy as np
+import orbit
+import tensorflow as tf
+import tf_keras
+
+from resnet_keras import optimizers as optimizers_lib
+
+
+@dataclasses.dataclass
+class LoopRecord:
+  """Host-side copy of one training loop's per-step results."""
+  first_step: int  # global step after the first step of the loop
+  losses: np.ndarray
+  accuracies: np.ndarray
+  seconds: float
+
+
+class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
+  """Cross-entropy training of a classifier, and count-weighted evaluation."""
+
+  def __init__(self, *, strategy: tf.distribute.Strategy,
+               model: tf_keras.Model, optimizer, train_dataset, eval_dataset,
+               global_batch_size: int, num_classes: int, max_steps_per_loop: int,
+               label_smoothing: float = 0.0, weight_decay: float = 0.0,
+               weight_decay_path: str = 'none', use_tf_function: bool = True,
+               use_tf_while_loop: bool = True):
+    self.strategy = strategy
+    self.model = model
+    self.optimizer = optimizer
+    self.global_step = optimizer.iterations
+    self.global_batch_size = global_batch_size
+    self.num_classes = num_classes
+    self.label_smoothing = label_smoothing
+    self.weight_decay = weight_decay
+    self.weight_decay_path = weight_decay_path
+    self.uses_loss_scale = isinstance(
+        optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
+    self.last_loop: Optional[LoopRecord] = None
+
+    # Host-side bookkeeping: outside the strategy scope, never checkpointed.
+    with tf.init_scope():
+      self._loop_start = tf.Variable(0, dtype=tf.int64, trainable=False)
+      self._losses = tf.Variable(tf.zeros([max_steps_per_loop]),
+                                 trainable=False)
+      self._correct = tf.Variable(tf.zeros([max_steps_per_loop]),
+                                  trainable=False)
+    with strategy.scope():
+      self.eval_loss = tf_keras.metrics.Mean('eval_loss')
+      self.eval_accuracy = tf_keras.metrics.SparseCategoricalAccuracy(
+          'eval_accuracy')
+      self.eval_top5 = tf_keras.metrics.SparseTopKCategoricalAccuracy(
+          k=min(5, num_classes), name='eval_top5_accuracy')
+
+    orbit.StandardTrainer.__init__(
+        self, train_dataset,
+        options=orbit.StandardTrainerOptions(
+            use_tf_function=use_tf_function,
+            use_tf_while_loop=use_tf_while_loop))
+    orbit.StandardEvaluator.__init__(
+        self, eval_dataset,
+        options=orbit.StandardEvaluatorOptions(
+            use_tf_function=use_tf_function, use_tf_while_loop=False))
+    self._loop_started_at = 0.0
+
+  # -- Loss ------------------------------------------------------------------
+
+  def per_example_loss(self, labels, probs, label_smoothing):
+    if label_smoothing:
+      one_hot = tf.one_hot(labels, self.num_classes)
+      return tf_keras.losses.categorical_crossentropy(
+          one_hot, probs, label_smoothing=label_smoothing)
+    return tf_keras.losses.sparse_categorical_crossentropy(labels, probs)
+
+  def weight_decay_loss(self):
+    """This replica's share of the weight-decay term (0 on the LARS path)."""
+    if self.weight_decay_path == 'regularizers':
+      return tf.add_n(self.model.losses)
+    if self.weight_decay_path == 'single_l2_loss_op':
+      return optimizers_lib.single_l2_loss(self.model.trainable_variables,
+                                           self.weight_decay)
+    return tf.constant(0.0)
+
+  # -- Training --------------------------------------------------------------
+
+  def train_loop_begin(self):
+    self._loop_start.assign(self.global_step)
+    self._loop_started_at = time.perf_counter()
+
+  def train_step(self, iterator):
+    num_replicas = self.strategy.num_replicas_in_sync
+
+    def step_fn(inputs):
+      images, labels = inputs
+      with tf.GradientTape() as tape:
+        probs = self.model(images, training=True)
+        cross_entropy = tf.nn.compute_average_loss(
+            self.per_example_loss(labels, probs, self.label_smoothing),
+            global_batch_size=self.global_batch_size)
+        # Gradients are summed over replicas, so each adds 1/n of the decay.
+        loss = cross_entropy + self.weight_decay_loss() / num_replicas
+        if self.uses_loss_scale:
+          loss = self.optimizer.get_scaled_loss(loss)
+      variables = self.model.trainable_variables
+      grads = tape.gradient(loss, variables)
+      if self.uses_loss_scale:
+        grads = self.optimizer.get_unscaled_gradients(grads)
+      self.optimizer.apply_gradients(zip(grads, variables))
+      predictions = tf.argmax(probs, axis=-1, output_type=labels.dtype)
+      correct = tf.reduce_sum(tf.cast(tf.equal(predictions, labels),
+                                      tf.float32))
+      return cross_entropy, correct
+
+    index = self.global_step - self._loop_start
+    cross_entropy, correct = self.strategy.run(step_fn, args=(next(iterator),))
+    reduce = lambda t: self.strategy.reduce('SUM', t, axis=None)
+    self._losses.scatter_nd_update([[index]], [reduce(cross_entropy)])
+    self._correct.scatter_nd_update([[index]], [reduce(correct)])
+
+  def train_loop_end(self):
+    num_steps = int(self.global_step.numpy() - self._loop_start.numpy())
+    losses = self._losses.numpy()[:num_steps]
+    accuracies = self._correct.numpy()[:num_steps] / self.global_batch_size
+    seconds = time.perf_counter() - self._loop_started_at
+    self.last_loop = LoopRecord(
+        first_step=int(self._loop_start.numpy()) + 1, losses=losses,
+        accuracies=accuracies, seconds=seconds)
+    return {
+        'train_loss': float(np.mean(losses)),
+        'train_accuracy': float(np.mean(accuracies)),
+        'learning_rate': float(self.current_learning_rate()),
+        'examples_per_second': num_steps * self.global_batch_size / seconds,
+    }
+
+  def current_learning_rate(self):
+    lr = self.optimizer.learning_rate
+    if isinstance(lr, tf_keras.optimizers.schedules.LearningRateSchedule):
+      return lr(self.global_step).numpy()
+    return tf_keras.backend.get_value(lr)
+
+  # -- Evaluation ------------------------------------------------------------
+
+  def eval_begin(self):
+    for metric in (self.eval_loss, self.eval_accuracy, self.eval_top5):
+      metric.reset_states()
+
+  def eval_step(self, iterator):
+
+    def step_fn(inputs):
+      images, labels = inputs
+      probs = self.model(images, training=False)
+      self.eval_loss.update_state(self.per_example_loss(labels, probs, 0.0))
+      self.eval_accuracy.update_state(labels, probs)
+      self.eval_top5.update_state(labels, probs)
+
+    self.strategy.run(step_fn, args=(next(iterator),))
+
+  def eval_end(self):
+    return {
+        'eval_loss': float(self.eval_loss.result().numpy()),
+        'eval_accuracy': float(self.eval_accuracy.result().numpy()),
+        'eval_top5_accuracy': float(self.eval_top5.result().numpy()),
+        # Mean's count is the number of per-example losses it averaged.
+        'eval_examples': int(self.eval_loss.count.numpy()),
+    }
