@@ -22,6 +22,7 @@ from resnet_keras import flags as flags_lib  # pylint: disable=g-import-not-at-t
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
+  cli.configure_logging()
   from resnet_keras import run  # Imports TensorFlow: after flags parse.
   run.run(flags_lib.config_from_flags())
 

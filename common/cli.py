@@ -1,8 +1,10 @@
 """How entry points report bad input: one line, non-zero exit, no traceback."""
 
+import logging as py_logging
 import sys
 
 from absl import flags
+from absl import logging
 
 from resnet_keras.errors import UsageError
 
@@ -28,3 +30,10 @@ def run_main(main, argv):
     return main(argv)
   except UsageError as e:
     fail(str(e))
+
+
+def configure_logging() -> None:
+  """Readable lines: time, level letter, message (absl's prefix is noisy)."""
+  handler = logging.get_absl_handler()
+  handler.setFormatter(py_logging.Formatter(
+      '%(asctime)s %(levelname).1s %(message)s', datefmt='%H:%M:%S'))

@@ -29,6 +29,10 @@ from resnet_keras.config import RunConfig, TrainingPlan, make_training_plan
 from resnet_keras.data import datasets
 from resnet_keras.errors import UsageError
 
+# orbit's Controller logs every status twice (log and stdout) as multi-line
+# dicts; StepLogger and _evaluate print one line each instead.
+orbit.controller._log = logging.debug  # pylint: disable=protected-access
+
 SUMMARY_FILE = 'run_summary.json'
 SAVED_MODEL_DIR = 'saved_model'
 _POLICIES = {'fp32': 'float32', 'bf16': 'mixed_bfloat16',
