@@ -39,12 +39,12 @@ from typing import NamedTuple
 from absl import app, flags
 from PIL import Image
 
-# TensorFlow's C++ start-up notices (no GPU, oneDNN, CPU features) would
-# otherwise bury the one-line error on stderr that bad input must produce.
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
-import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-position
-
 from resnet_keras.errors import UsageError
+
+# TensorFlow is imported only where shards are written: it takes seconds, and
+# bad input should be reported at once. Its C++ start-up notices (no GPU,
+# oneDNN, CPU features) would bury the one-line errors on stderr.
+os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string('raw_data_dir', None,
@@ -126,8 +126,8 @@ def list_class_folder_images(split_dir, synsets, labels):
                        f'{synset} under train/); rename or remove it')
     files = _image_files(folder)
     if not files:
-      raise UsageError(f'class folder {folder} has no images '
-                       f'({", ".join(IMAGE_EXTENSIONS)}); add some or remove it')
+      raise UsageError(f'class folder {folder} has no images (.JPEG, .jpg, '
+                       '.jpeg or .png, any case); add some or remove it')
     images.extend(RawImage(f, synset, labels[synset]) for f in files)
   return images
 
@@ -243,27 +243,28 @@ def encode_image(data):
   return out.getvalue(), rgb.height, rgb.width
 
 
-def _bytes_feature(value):
-  return tf.train.Feature(bytes_list=tf.train.BytesList(value=[value]))
-
-
-def _int64_feature(value):
-  return tf.train.Feature(int64_list=tf.train.Int64List(value=[value]))
-
-
 def make_example(image, jpeg, height, width):
-  return tf.train.Example(features=tf.train.Features(feature={
-      'image/height': _int64_feature(height),
-      'image/width': _int64_feature(width),
-      'image/colorspace': _bytes_feature(b'RGB'),
-      'image/channels': _int64_feature(3),
-      'image/class/label': _int64_feature(image.label),
-      'image/class/synset': _bytes_feature(image.synset.encode()),
-      'image/format': _bytes_feature(b'JPEG'),
-      'image/filename': _bytes_feature(
-          os.path.basename(image.path).encode()),
-      'image/encoded': _bytes_feature(jpeg),
-  }))
+  """The tf.train.Example of one image, with the standard ImageNet features."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  int64s = {
+      'image/height': height,
+      'image/width': width,
+      'image/channels': 3,
+      'image/class/label': image.label,
+  }
+  byte_strings = {
+      'image/colorspace': b'RGB',
+      'image/class/synset': image.synset.encode(),
+      'image/format': b'JPEG',
+      'image/filename': os.path.basename(image.path).encode(),
+      'image/encoded': jpeg,
+  }
+  feature = {k: tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
+             for k, v in int64s.items()}
+  feature.update(
+      {k: tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
+       for k, v in byte_strings.items()})
+  return tf.train.Example(features=tf.train.Features(feature=feature))
 
 
 def _read_and_encode(path):
@@ -284,6 +285,7 @@ def _fsync(path):
 
 def write_shard(task):
   """Writes one shard under a temporary name, then renames it into place."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
   tmp = temporary_path(task.path)
   skipped = []
   try:
@@ -370,6 +372,8 @@ def run_tasks(tasks, num_workers):
   total_images = sum(len(t.images) for t in tasks)
   images_done = 0
   results = []
+  # Imported before forking, so that the workers share one import.
+  import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
   start = last_report = time.monotonic()
   with multiprocessing.Pool(min(num_workers, len(tasks))) as pool:
     for result in pool.imap_unordered(write_shard, tasks):

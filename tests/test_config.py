@@ -1,0 +1,67 @@
+"""RunConfig validation and the batch/step arithmetic of a training plan."""
+
+import pytest
+
+from resnet_keras.config import RunConfig, make_training_plan
+from resnet_keras.errors import UsageError
+
+
+@pytest.mark.parametrize('field,value,expected', [
+    ('dtype', 'fp64', '--dtype=fp64 is not supported; use one of: fp32, bf16, fp16'),
+    ('optimizer', 'adam', '--optimizer=adam is not supported; use one of: SGD, LARS'),
+    ('lr_schedule', 'step', 'use one of: piecewise, polynomial, constant, cosine'),
+    ('resnet_depth', 42, 'use one of: 18, 34, 50, 101, 152'),
+    ('data_loader_image_type', 'int8', 'use one of: fp32, bf16, uint8'),
+    ('batch_size', 0, '--batch_size must be > 0'),
+    ('image_size', 16, '--image_size=16 is too small'),
+    ('keras_applications_model', 'ResNet18', 'use one of: ResNet50,'),
+    ('distribution_strategy', 'tpu', 'use one of: off, one_device,'),
+    ('label_smoothing', 1.5, '--label_smoothing must be in [0, 1)'),
+])
+def test_bad_values_name_the_flag_and_the_choices(field, value, expected):
+  with pytest.raises(UsageError, match=None) as e:
+    RunConfig(**{field: value}).validate()
+  assert expected in str(e.value)
+  assert '\n' not in str(e.value)
+
+
+def test_while_loop_needs_tf_function():
+  with pytest.raises(UsageError, match='--use_tf_while_loop'):
+    RunConfig(use_tf_function=False).validate()
+  RunConfig(use_tf_function=False, use_tf_while_loop=False).validate()
+
+
+def test_defaults_are_valid():
+  RunConfig().validate()
+
+
+def test_plan_arithmetic():
+  cfg = RunConfig(batch_size=256, train_epochs=3, steps_per_loop=1000,
+                  epochs_between_evals=2)
+  plan = make_training_plan(cfg, 1281167, 50000)
+  assert plan.steps_per_epoch == 5004            # 1281167 // 256
+  assert plan.total_train_steps == 15012
+  assert plan.steps_per_loop == 1000
+  assert plan.eval_interval_steps == 10008
+  assert plan.eval_steps == 196                  # ceil(50000 / 256)
+  assert plan.epoch_of(2502) == 0.5
+
+
+def test_plan_caps_steps_per_loop_and_train_steps():
+  cfg = RunConfig(batch_size=10, train_steps=7, steps_per_loop=50)
+  plan = make_training_plan(cfg, 1000, 25)
+  assert plan.steps_per_epoch == 7
+  assert plan.steps_per_loop == 7
+  assert plan.eval_steps == 3
+
+
+def test_plan_counts_workers_in_global_batch():
+  plan = make_training_plan(RunConfig(batch_size=256), 1281167, 50000,
+                            num_workers=8)
+  assert plan.global_batch_size == 2048
+  assert plan.steps_per_epoch == 625
+
+
+def test_batch_larger_than_dataset_is_a_usage_error():
+  with pytest.raises(UsageError, match='larger than the training set'):
+    make_training_plan(RunConfig(batch_size=64), 10, 10)

@@ -1,0 +1,64 @@
+"""Model structure: parameter counts, precision of the output, uint8 input."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from resnet_keras import models
+from resnet_keras.config import RunConfig
+from resnet_keras.data.preprocessing import normalize_images
+
+# Trainable parameters with 1000 classes (torchvision's published counts).
+EXPECTED_PARAMS = {18: 11_689_512, 34: 21_797_672, 50: 25_557_032,
+                   101: 44_549_160, 152: 60_192_808}
+
+
+@pytest.mark.parametrize('depth', sorted(EXPECTED_PARAMS))
+def test_parameter_counts(depth):
+  model = models.resnet(depth, 1000, 224)
+  assert models.count_trainable_parameters(model) == EXPECTED_PARAMS[depth]
+
+
+def test_output_layer_has_one_unit_per_class():
+  model = models.resnet(18, 7, 32)
+  assert model.output_shape == (None, 7)
+
+
+def test_v1_5_stride_is_on_the_3x3_conv():
+  model = models.resnet(50, 10, 64)
+  assert model.get_layer('stage2_block1_conv1').strides == (1, 1)
+  assert model.get_layer('stage2_block1_conv2').strides == (2, 2)
+  bn = model.get_layer('stem_bn')
+  assert bn.momentum == 0.9 and bn.epsilon == 1e-5
+
+
+def test_bf16_policy_keeps_float32_softmax_and_variables():
+  tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
+  try:
+    model = models.resnet(18, 10, 32)
+    out = model(tf.zeros([2, 32, 32, 3]))
+    assert out.dtype == tf.float32
+    assert all(v.dtype == tf.float32 for v in model.variables)
+    assert model.get_layer('stem_conv').compute_dtype == 'bfloat16'
+  finally:
+    tf_keras.mixed_precision.set_global_policy('float32')
+
+
+def test_uint8_input_normalised_on_device_matches_host_path():
+  net = models.resnet(18, 10, 32)
+  pixels = np.random.RandomState(0).randint(0, 256, [3, 32, 32, 3])
+  on_device = models.build_training_model(net, 32, tf.uint8,
+                                          normalize_on_device=True)
+  on_host = models.build_training_model(net, 32, tf.float32,
+                                        normalize_on_device=False)
+  a = on_device(tf.constant(pixels, tf.uint8), training=False)
+  b = on_host(normalize_images(tf.constant(pixels)), training=False)
+  np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_keras_applications_backbone_gets_our_head():
+  cfg = RunConfig(keras_applications_model='ResNet50V2', image_size=32)
+  model = models.build_network(cfg, 10, use_regularizers=False)
+  assert model.output_shape == (None, 10)
+  assert model.layers[-1].dtype_policy.compute_dtype == 'float32'

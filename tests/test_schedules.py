@@ -1,0 +1,78 @@
+"""Learning-rate schedules against hand-computed values."""
+
+import pytest
+
+from resnet_keras import schedules
+from resnet_keras.config import RunConfig
+
+
+def lr(schedule, step):
+  return float(schedule(step).numpy())
+
+
+def test_peak_scales_sgd_with_batch_but_not_lars():
+  assert schedules.peak_learning_rate('SGD', 0.1, 1024) == pytest.approx(0.4)
+  assert schedules.peak_learning_rate('LARS', 9.5, 2048) == 9.5
+
+
+def test_piecewise_warmup_and_boundaries():
+  # 100 steps/epoch, 5 warmup epochs, peak 0.4 (0.1 x 1024/256).
+  s = schedules.build_schedule('piecewise', peak=0.4, warmup_steps=500,
+                               total_steps=9000, steps_per_epoch=100)
+  assert lr(s, 0) == 0.0
+  assert lr(s, 250) == pytest.approx(0.2)       # half way through warmup
+  assert lr(s, 499) == pytest.approx(0.4 * 499 / 500)
+  assert lr(s, 500) == pytest.approx(0.4)       # warmup end: the peak
+  assert lr(s, 3000) == pytest.approx(0.4)      # boundary is exclusive
+  assert lr(s, 3001) == pytest.approx(0.04)     # x0.1 after epoch 30
+  assert lr(s, 6001) == pytest.approx(0.004)
+  assert lr(s, 8001) == pytest.approx(0.0004)
+  assert lr(s, 8999) == pytest.approx(0.0004)   # last step
+
+
+def test_polynomial_warmup_peak_and_power_two_decay():
+  # Warmup 10 steps to 2.5, then (2.5 - 1e-4)(1 - t/90)^2 + 1e-4 over 90.
+  s = schedules.build_schedule('polynomial', peak=2.5, warmup_steps=10,
+                               total_steps=100, steps_per_epoch=10,
+                               end_learning_rate=1e-4)
+  assert lr(s, 5) == pytest.approx(1.25)
+  assert lr(s, 10) == pytest.approx(2.5)
+  assert lr(s, 55) == pytest.approx((2.5 - 1e-4) * 0.25 + 1e-4, rel=1e-5)
+  assert lr(s, 100) == pytest.approx(1e-4)
+  assert lr(s, 99) == pytest.approx((2.5 - 1e-4) * (1 / 90) ** 2 + 1e-4,
+                                    rel=1e-4)
+
+
+def test_polynomial_decay_epochs_end_early_and_stay():
+  s = schedules.build_schedule('polynomial', peak=1.0, warmup_steps=0,
+                               total_steps=100, steps_per_epoch=10,
+                               end_learning_rate=0.0, decay_steps=50)
+  assert lr(s, 0) == pytest.approx(1.0)
+  assert lr(s, 25) == pytest.approx(0.25)
+  assert lr(s, 50) == pytest.approx(0.0)
+  assert lr(s, 80) == pytest.approx(0.0)
+
+
+def test_cosine_and_constant():
+  s = schedules.build_schedule('cosine', peak=1.0, warmup_steps=10,
+                               total_steps=110, steps_per_epoch=10,
+                               end_learning_rate=0.0)
+  assert lr(s, 10) == pytest.approx(1.0)
+  assert lr(s, 60) == pytest.approx(0.5, abs=1e-6)   # half way: cos(pi/2)
+  assert lr(s, 110) == pytest.approx(0.0, abs=1e-6)
+  c = schedules.build_schedule('constant', peak=0.3, warmup_steps=4,
+                               total_steps=50, steps_per_epoch=10)
+  assert lr(c, 2) == pytest.approx(0.15)
+  assert lr(c, 4) == pytest.approx(0.3)
+  assert lr(c, 49) == pytest.approx(0.3)
+
+
+def test_schedule_for_run_uses_flags():
+  cfg = RunConfig(optimizer='LARS', base_learning_rate=9.5, warmup_epochs=3,
+                  lr_schedule='polynomial', lars_decay_epochs=10,
+                  end_learning_rate=1e-4)
+  s = schedules.schedule_for_run(cfg, global_batch_size=2048,
+                                 steps_per_epoch=10, total_steps=400)
+  assert lr(s, 30) == pytest.approx(9.5)
+  assert lr(s, 100) == pytest.approx(1e-4)
+  assert lr(s, 200) == pytest.approx(1e-4)
