@@ -300,8 +300,9 @@ def write_shard(task):
                 '--skip_bad_images to skip undecodable images') from None
           skipped.append((image.path, str(e)))
           continue
-        writer.write(
-            make_example(image, jpeg, height, width).SerializeToString())
+        example = make_example(image, jpeg, height, width)
+        # Sorted feature keys: a rewritten shard is identical to the original.
+        writer.write(example.SerializeToString(deterministic=True))
     _fsync(tmp)
     os.replace(tmp, task.path)
   except BaseException:
@@ -471,4 +472,8 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  app.run(main)
+  # Not app.run: TensorFlow registers an absl init callback that scans for
+  # GPUs, which logs CUDA errors on CPU-only machines and sets up a device
+  # runtime that the forked workers would inherit, all to write files.
+  app.define_help_flags()
+  main(app.parse_flags_with_usage(sys.argv))
