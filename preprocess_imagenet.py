@@ -39,6 +39,7 @@ from typing import NamedTuple
 from absl import app, flags
 from PIL import Image
 
+from common import cli
 from resnet_keras.errors import UsageError
 
 # TensorFlow is imported only where shards are written: it takes seconds, and
@@ -47,19 +48,24 @@ from resnet_keras.errors import UsageError
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string('raw_data_dir', None,
-                    'Directory holding train/, validation/ and, for flat '
-                    'validation images, synset_labels.txt.')
-flags.DEFINE_string('local_scratch_dir', None,
-                    'Output directory for train/, validation/, labels.txt and '
-                    'metadata.json.')
-flags.DEFINE_integer('train_shards', 1024, 'Number of training shards.')
-flags.DEFINE_integer('validation_shards', 128, 'Number of validation shards.')
-flags.DEFINE_integer('num_workers', os.cpu_count() or 1,
-                     'Worker processes; each one writes whole shards.')
-flags.DEFINE_boolean('skip_bad_images', False,
-                     'Skip (and report) files that cannot be decoded instead '
-                     'of stopping at the first one.')
+
+
+def define_flags():
+  """Defined on demand, so that importing this module defines no flags."""
+  flags.DEFINE_string('raw_data_dir', None,
+                      'Directory holding train/, validation/ and, for flat '
+                      'validation images, synset_labels.txt.')
+  flags.DEFINE_string('local_scratch_dir', None,
+                      'Output directory for train/, validation/, labels.txt '
+                      'and metadata.json.')
+  flags.DEFINE_integer('train_shards', 1024, 'Number of training shards.')
+  flags.DEFINE_integer('validation_shards', 128, 'Number of validation shards.')
+  flags.DEFINE_integer('num_workers', os.cpu_count() or 1,
+                       'Worker processes; each one writes whole shards.')
+  flags.DEFINE_boolean('skip_bad_images', False,
+                       'Skip (and report) files that cannot be decoded instead '
+                       'of stopping at the first one.')
+
 
 IMAGE_EXTENSIONS = ('.jpeg', '.jpg', '.png')
 SPLITS = ('train', 'validation')
@@ -458,22 +464,18 @@ def convert(raw_dir, out_dir, num_shards, num_workers, skip_bad_images):
 
 
 def main(argv):
-  try:
-    if len(argv) > 1:
-      raise UsageError(f'unexpected arguments {" ".join(argv[1:])}; all '
-                       'options are --flags')
-    convert(FLAGS.raw_data_dir, FLAGS.local_scratch_dir,
-            {'train': FLAGS.train_shards,
-             'validation': FLAGS.validation_shards},
-            FLAGS.num_workers, FLAGS.skip_bad_images)
-  except UsageError as e:
-    print('error: ' + ' '.join(str(e).split()), file=sys.stderr)
-    sys.exit(2)
+  if len(argv) > 1:
+    raise UsageError(f'unexpected arguments {" ".join(argv[1:])}; all '
+                     'options are --flags')
+  convert(FLAGS.raw_data_dir, FLAGS.local_scratch_dir,
+          {'train': FLAGS.train_shards, 'validation': FLAGS.validation_shards},
+          FLAGS.num_workers, FLAGS.skip_bad_images)
 
 
 if __name__ == '__main__':
+  define_flags()
   # Not app.run: TensorFlow registers an absl init callback that scans for
   # GPUs, which logs CUDA errors on CPU-only machines and sets up a device
   # runtime that the forked workers would inherit, all to write files.
   app.define_help_flags()
-  main(app.parse_flags_with_usage(sys.argv))
+  cli.run_main(main, cli.parse_flags_or_fail(sys.argv))

@@ -6,12 +6,9 @@
 Flags -> RunConfig (resnet_keras/flags.py) -> run (resnet_keras/run.py).
 """
 
-import os
+from common import env
 
-# tf_keras (Keras 2) is the Keras this project trains with; tf-models-official
-# and Horovod are built on it. Must be set before TensorFlow is imported.
-os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
-os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
+env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 
 from absl import app  # pylint: disable=g-import-not-at-top
 
@@ -23,8 +20,9 @@ def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
   cli.configure_logging()
-  from resnet_keras import run  # Imports TensorFlow: after flags parse.
-  run.run(flags_lib.config_from_flags())
+  cfg = flags_lib.config_from_flags()  # Bad values fail before TF loads.
+  from resnet_keras import run  # pylint: disable=g-import-not-at-top
+  run.run(cfg)
 
 
 if __name__ == '__main__':

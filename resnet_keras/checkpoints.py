@@ -10,11 +10,10 @@ import tensorflow as tf
 MAX_TO_KEEP = 5
 
 
-def make_manager(model, optimizer, model_dir: str,
-                 checkpoint_interval) -> tf.train.CheckpointManager:
-  """A manager for model_dir; `checkpoint_interval` None: restore only."""
+def make_manager(model, optimizer,
+                 model_dir: str) -> tf.train.CheckpointManager:
+  """A manager for model_dir. run.py decides when to save (every epoch)."""
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
   return tf.train.CheckpointManager(
       checkpoint, directory=model_dir, max_to_keep=MAX_TO_KEEP,
-      step_counter=optimizer.iterations,
-      checkpoint_interval=checkpoint_interval)
+      step_counter=optimizer.iterations)

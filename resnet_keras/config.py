@@ -117,6 +117,9 @@ class RunConfig:
                  'intra_op_parallelism_threads'):
       if getattr(self, name) < 0:
         raise UsageError(f'--{name} must be >= 0, got {getattr(self, name)}')
+    if self.num_classes == 1:
+      raise UsageError('--num_classes=1 cannot be trained as a classifier; '
+                       'use 0 (from the data) or >= 2')
     if self.image_size < MIN_IMAGE_SIZE:
       raise UsageError(
           f'--image_size={self.image_size} is too small for ResNet: it '

