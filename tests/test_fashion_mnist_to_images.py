@@ -1,7 +1,6 @@
 """Tests for scripts/fashion_mnist_to_images.py on tiny fake IDX files."""
 
 import gzip
-import importlib.util
 import os
 import subprocess
 import sys
@@ -12,11 +11,10 @@ from PIL import Image
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO_ROOT, 'scripts', 'fashion_mnist_to_images.py')
+# scripts/ is no package; the worker processes find the module by name.
+sys.path.insert(0, os.path.dirname(SCRIPT))
 
-_spec = importlib.util.spec_from_file_location('fashion_mnist_to_images',
-                                               SCRIPT)
-fm = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(fm)
+import fashion_mnist_to_images as fm  # pylint: disable=g-import-not-at-top
 from resnet_keras.errors import UsageError  # pylint: disable=g-import-not-at-top
 
 NUM_TRAIN = 20
