@@ -136,7 +136,7 @@ def test_unwritable_model_dir(tmp_path):
 
 def test_helpfull_lists_flags_with_aliases():
   result = e2e.run_main(['--helpfull'], timeout=120)
-  text = result.stdout + result.stderr
+  text = (result.stdout + result.stderr).replace('--[no]', '--')
   for name in ('--data_dir', '--train_epochs', '--lars_epsilon',
                '--single_l2_loss_op', '--data_loader_image_type',
                '--experimental_preloading', '--keras_applications_model',

@@ -1,0 +1,92 @@
+"""Throughput of preprocess_imagenet.py with 1 and with 2 worker processes.
+
+Generates 256x256 RGB JPEGs in a temporary raw tree, converts it with
+--num_workers 1 and 2 (best of --repeats each) and prints images/sec and
+the speed-up.
+
+  python benchmarks/converter_workers.py [--images_per_class 150]
+"""
+
+import contextlib
+import io
+import os
+import sys
+import tempfile
+import time
+
+from absl import app, flags
+import numpy as np
+from PIL import Image
+
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import preprocess_imagenet  # pylint: disable=g-import-not-at-top,wrong-import-position
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer('num_classes', 4, 'Classes in the generated tree.')
+flags.DEFINE_integer('images_per_class', 150,
+                     'Training images per class; validation gets a sixth.')
+flags.DEFINE_integer('repeats', 3, 'Conversions per worker count; the best '
+                     'one counts.')
+
+IMAGE_SIZE = 256
+
+
+def photo_like_jpeg(path, rng):
+  """Smooth colour areas plus grain: JPEG sizes close to real photos'."""
+  coarse = rng.integers(0, 256, (IMAGE_SIZE // 16, IMAGE_SIZE // 16, 3),
+                        dtype=np.uint8)
+  smooth = np.asarray(Image.fromarray(coarse).resize(
+      (IMAGE_SIZE, IMAGE_SIZE), Image.BILINEAR), dtype=np.int16)
+  grain = rng.integers(-12, 13, smooth.shape, dtype=np.int16)
+  pixels = np.clip(smooth + grain, 0, 255).astype(np.uint8)
+  Image.fromarray(pixels).save(path, quality=90)
+
+
+def make_raw_tree(root, num_classes, images_per_class):
+  rng = np.random.default_rng(0)
+  for split, count in [('train', images_per_class),
+                       ('validation', max(1, images_per_class // 6))]:
+    for c in range(num_classes):
+      folder = os.path.join(root, split, f'n{c:08d}')
+      os.makedirs(folder)
+      for i in range(count):
+        photo_like_jpeg(os.path.join(folder, f'{c}_{i}.JPEG'), rng)
+
+
+def images_per_sec(raw, out, num_workers):
+  start = time.monotonic()
+  with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
+    metadata = preprocess_imagenet.convert(
+        raw, out, {'train': 16, 'validation': 4}, num_workers,
+        skip_bad_images=False)
+  seconds = time.monotonic() - start
+  return sum(metadata['num_examples'].values()) / seconds
+
+
+def main(argv):
+  del argv
+  # Imported up front so that neither timing includes TensorFlow's import.
+  import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
+  with tempfile.TemporaryDirectory() as tmp:
+    raw = os.path.join(tmp, 'raw')
+    make_raw_tree(raw, FLAGS.num_classes, FLAGS.images_per_class)
+    rates = {}
+    for workers in (1, 2):
+      runs = [images_per_sec(raw, os.path.join(tmp, f'out{workers}_{r}'),
+                             workers) for r in range(FLAGS.repeats)]
+      rates[workers] = max(runs)
+  num_images = FLAGS.num_classes * (FLAGS.images_per_class +
+                                    max(1, FLAGS.images_per_class // 6))
+  print(f'{num_images} JPEGs of {IMAGE_SIZE}x{IMAGE_SIZE}, '
+        f'{os.cpu_count()} CPUs')
+  for workers, rate in rates.items():
+    print(f'--num_workers {workers}: {rate:.0f} images/sec')
+  print(f'speed-up with 2 workers: {rates[2] / rates[1]:.2f}x')
+
+
+if __name__ == '__main__':
+  # As in preprocess_imagenet.py: app.run would make the TensorFlow import
+  # scan for GPUs in the parent, which the converter's own runs never do.
+  app.define_help_flags()
+  main(app.parse_flags_with_usage(sys.argv))
