@@ -1,0 +1,49 @@
+"""Log lines per --log_steps from loop records; steady-state throughput."""
+
+import json
+
+import numpy as np
+from absl import logging
+
+from resnet_keras import metrics
+from resnet_keras.trainer import LoopRecord
+
+
+def test_log_lines_every_log_steps_within_and_across_loops(monkeypatch):
+  lines = []
+  monkeypatch.setattr(logging, 'info', lambda msg, *a: lines.append(msg % a
+                                                                    if a else msg))
+  loops = [LoopRecord(1, np.array([4., 3., 2.]), np.array([0., .5, 1.]), 10.0),
+           LoopRecord(4, np.array([1., 1., 1.]), np.array([1., 1., 1.]), 1.0)]
+  current = {}
+  logger = metrics.StepLogger(
+      get_loop=lambda: current['loop'], log_steps=2, total_steps=6,
+      steps_per_epoch=3, global_batch_size=10,
+      learning_rate_at=lambda step: 0.1 * step, progress_bar=False)
+  for loop in loops:
+    current['loop'] = loop
+    logger({})
+  assert len(lines) == 3                     # steps 2, 4, 6
+  assert lines[0].startswith('step 2/6 | epoch 0.67 | loss 3.5000 | '
+                             'accuracy 0.2500 | lr 0.2 |')
+  assert '3.0 examples/sec' in lines[0]      # 3 steps x 10 images / 10 s
+  assert 'step 4/6' in lines[1] and 'loss 1.5000' in lines[1]  # 2 and 1
+  assert 'step 6/6' in lines[2] and '30.0 examples/sec' in lines[2]
+  assert logger.average_examples_per_second == 30.0   # first loop excluded
+  assert logger.last_loss == 1.0
+
+
+def test_single_loop_throughput_uses_it():
+  logger = metrics.StepLogger(
+      get_loop=lambda: LoopRecord(1, np.ones(2), np.ones(2), 4.0),
+      log_steps=100, total_steps=2, steps_per_epoch=2, global_batch_size=8,
+      learning_rate_at=lambda s: 0.0, progress_bar=False)
+  logger({})
+  assert logger.average_examples_per_second == 4.0
+
+
+def test_write_json_atomically(tmp_path):
+  path = tmp_path / 'summary.json'
+  metrics.write_json_atomically(str(path), {'a': 1})
+  assert json.loads(path.read_text()) == {'a': 1}
+  assert not (tmp_path / 'summary.json.tmp').exists()

@@ -1,0 +1,53 @@
+"""The orbit trainer: per-step results from the device loop, weighted eval."""
+
+import numpy as np
+import tensorflow as tf
+import tf_keras
+
+from resnet_keras import models
+from resnet_keras import trainer as trainer_lib
+from resnet_keras.data import synthetic
+
+
+def _trainer(eval_examples=13, batch=4, steps_per_loop=3):
+  strategy = tf.distribute.get_strategy()
+  net = models.resnet(18, 5, 32)
+  optimizer = tf_keras.optimizers.legacy.SGD(0.05, momentum=0.9)
+  train = synthetic.train_dataset(batch, 32, 5, tf.float32)
+  evals = synthetic.eval_dataset(batch, 32, 5, tf.float32, eval_examples)
+  return trainer_lib.ResnetTrainer(
+      strategy=strategy, model=net, optimizer=optimizer, train_dataset=train,
+      eval_dataset=evals, global_batch_size=batch, num_classes=5,
+      max_steps_per_loop=steps_per_loop)
+
+
+def test_every_step_of_a_loop_reaches_the_host():
+  trainer = _trainer()
+  images, labels = synthetic._random_batch(4, 32, 5, tf.float32, 0)
+  first_loss = tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(
+      labels, trainer.model(images, training=True))).numpy()
+  out = trainer.train(tf.constant(3))
+  loop = trainer.last_loop
+  assert loop.first_step == 1 and len(loop.losses) == 3
+  np.testing.assert_allclose(loop.losses[0], first_loss, rtol=1e-4)
+  assert len(set(loop.losses.tolist())) == 3   # three steps, three values
+  assert out['train_loss'] == np.mean(loop.losses)
+  assert all(0 <= a <= 1 for a in loop.accuracies)
+  trainer.train(tf.constant(2))                # a shorter loop reuses buffers
+  assert trainer.last_loop.first_step == 4
+  assert len(trainer.last_loop.losses) == 2
+  assert int(trainer.global_step.numpy()) == 5
+
+
+def test_eval_counts_every_example_weighted_by_count():
+  trainer = _trainer(eval_examples=13, batch=4)
+  results = trainer.evaluate(tf.constant(-1))
+  assert results['eval_examples'] == 13
+  # Recompute accuracy over all 13 examples by hand.
+  correct = total = 0
+  for images, labels in synthetic.eval_dataset(4, 32, 5, tf.float32, 13):
+    predictions = np.argmax(trainer.model(images, training=False), axis=-1)
+    correct += int(np.sum(predictions == labels.numpy()))
+    total += len(labels)
+  assert total == 13
+  assert results['eval_accuracy'] == np.float32(correct / total)
