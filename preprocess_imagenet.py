@@ -31,6 +31,7 @@ import multiprocessing
 import os
 import random
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -164,6 +165,9 @@ def list_validation(raw_dir, synsets):
     return list_class_folder_images(val_dir, folders, labels)
 
   files = _image_files(val_dir)
+  if not files:
+    raise UsageError(f'{val_dir} has no images (.JPEG, .jpg, .jpeg or .png) '
+                     f'for the synsets in {labels_file}')
   with open(labels_file, encoding='utf-8') as f:
     val_synsets = f.read().split()
   if len(val_synsets) != len(files):
@@ -372,6 +376,12 @@ def format_progress(shards_done, total_shards, images_done, total_images,
           f'ETA {eta:.0f}s')
 
 
+def _ignore_sigint():
+  # Ctrl-C is the parent's to handle: it stops the pool and says how to
+  # resume, instead of every worker printing a traceback.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def run_tasks(tasks, num_workers):
   """Writes the shards of `tasks` in worker processes; returns the results."""
   if not tasks:
@@ -382,7 +392,8 @@ def run_tasks(tasks, num_workers):
   # Imported before forking, so that the workers share one import.
   import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
   start = last_report = time.monotonic()
-  with multiprocessing.Pool(min(num_workers, len(tasks))) as pool:
+  with multiprocessing.Pool(min(num_workers, len(tasks)),
+                            initializer=_ignore_sigint) as pool:
     for result in pool.imap_unordered(write_shard, tasks):
       results.append(result)
       images_done += result.num_written + len(result.skipped)
@@ -467,9 +478,15 @@ def main(argv):
   if len(argv) > 1:
     raise UsageError(f'unexpected arguments {" ".join(argv[1:])}; all '
                      'options are --flags')
-  convert(FLAGS.raw_data_dir, FLAGS.local_scratch_dir,
-          {'train': FLAGS.train_shards, 'validation': FLAGS.validation_shards},
-          FLAGS.num_workers, FLAGS.skip_bad_images)
+  try:
+    convert(FLAGS.raw_data_dir, FLAGS.local_scratch_dir,
+            {'train': FLAGS.train_shards,
+             'validation': FLAGS.validation_shards},
+            FLAGS.num_workers, FLAGS.skip_bad_images)
+  except KeyboardInterrupt:
+    print('interrupted; complete shards are kept, rerun the same command to '
+          'write the rest', file=sys.stderr)
+    sys.exit(130)
 
 
 if __name__ == '__main__':
