@@ -69,6 +69,7 @@ def define_flags():
 
 
 IMAGE_EXTENSIONS = ('.jpeg', '.jpg', '.png')
+_IMAGE_KINDS = '.JPEG, .jpg, .jpeg or .png, any case'
 SPLITS = ('train', 'validation')
 # Fixed, so that a resumed run assigns the same images to the same shards.
 TRAIN_SHUFFLE_SEED = 12345
@@ -123,6 +124,11 @@ def _require_dir(path, what):
     raise UsageError(f'{path} is not a directory; expected {what}')
 
 
+def label_map(synsets):
+  """synset -> label: 1 + its index in the sorted training synsets."""
+  return {synset: i + 1 for i, synset in enumerate(synsets)}
+
+
 def list_class_folder_images(split_dir, synsets, labels):
   """Images of `split_dir/<synset>/` for each synset, labelled via `labels`."""
   images = []
@@ -133,8 +139,8 @@ def list_class_folder_images(split_dir, synsets, labels):
                        f'{synset} under train/); rename or remove it')
     files = _image_files(folder)
     if not files:
-      raise UsageError(f'class folder {folder} has no images (.JPEG, .jpg, '
-                       '.jpeg or .png, any case); add some or remove it')
+      raise UsageError(f'class folder {folder} has no images '
+                       f'({_IMAGE_KINDS}); add some or remove it')
     images.extend(RawImage(f, synset, labels[synset]) for f in files)
   return images
 
@@ -147,15 +153,15 @@ def list_train(raw_dir):
   if not synsets:
     raise UsageError(f'{train_dir} has no class folders; expected '
                      f'{train_dir}/<synset>/*.JPEG')
-  labels = {synset: i + 1 for i, synset in enumerate(synsets)}
-  return synsets, list_class_folder_images(train_dir, synsets, labels)
+  return synsets, list_class_folder_images(train_dir, synsets,
+                                          label_map(synsets))
 
 
 def list_validation(raw_dir, synsets):
   """Validation images, from synset_labels.txt or from class folders."""
   val_dir = os.path.join(raw_dir, 'validation')
   _require_dir(val_dir, 'the validation images in it')
-  labels = {synset: i + 1 for i, synset in enumerate(synsets)}
+  labels = label_map(synsets)
   labels_file = os.path.join(raw_dir, 'synset_labels.txt')
   if not os.path.isfile(labels_file):
     folders = _class_folders(val_dir)
@@ -166,8 +172,8 @@ def list_validation(raw_dir, synsets):
 
   files = _image_files(val_dir)
   if not files:
-    raise UsageError(f'{val_dir} has no images (.JPEG, .jpg, .jpeg or .png) '
-                     f'for the synsets in {labels_file}')
+    raise UsageError(f'{val_dir} has no images ({_IMAGE_KINDS}) for the '
+                     f'synsets in {labels_file}')
   with open(labels_file, encoding='utf-8') as f:
     val_synsets = f.read().split()
   if len(val_synsets) != len(files):

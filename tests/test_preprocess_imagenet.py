@@ -241,8 +241,10 @@ def _remove_images(folder):
     (lambda raw: _write(os.path.join(raw, 'synset_labels.txt'),
                         b'n01440764\nn99999999\n' * 3),
      'line 2: n99999999 is not a training class'),
+    (lambda raw: _remove_images(os.path.join(raw, 'validation')),
+     'raw/validation has no images'),
 ], ids=['no_train', 'no_validation', 'empty_class', 'labels_count',
-        'unknown_synset'])
+        'unknown_synset', 'empty_validation'])
 def test_bad_raw_trees_are_usage_errors(tmp_path, breakage, message):
   raw = make_raw(str(tmp_path))
   breakage(raw)
