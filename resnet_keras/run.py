@@ -175,9 +175,16 @@ def run(cfg: RunConfig) -> Dict:
 
   train_fn, eval_fn = datasets.make_input_fns(cfg, info,
                                               plan.global_batch_size)
-  train_ds = strategy.distribute_datasets_from_function(train_fn)
+  # Preloading: tf.distribute prefetches each replica's next batches into
+  # device memory while the current step runs.
+  input_options = tf.distribute.InputOptions(
+      experimental_fetch_to_device=cfg.experimental_preloading and has_gpu,
+      experimental_per_replica_buffer_size=2)
+  train_ds = strategy.distribute_datasets_from_function(train_fn,
+                                                        input_options)
   eval_ds = (None if cfg.skip_eval else
-             strategy.distribute_datasets_from_function(eval_fn))
+             strategy.distribute_datasets_from_function(eval_fn,
+                                                        input_options))
   trainer = trainer_lib.ResnetTrainer(
       strategy=strategy, model=model, optimizer=optimizer,
       train_dataset=train_ds, eval_dataset=eval_ds,

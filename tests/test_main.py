@@ -86,11 +86,26 @@ def test_uint8_loader_bf16_with_python_loop_and_clean(tmp_path):
   (model_dir / 'stale.txt').write_text('old run')
   result = e2e.run_main(e2e.TINY + [
       '-md', str(model_dir), '--clean', '-dt', 'bf16', '-dlit', 'uint8',
-      '--nouse_tf_while_loop', '--lr_schedule', 'cosine'])
+      '--nouse_tf_while_loop', '--lr_schedule', 'cosine',
+      '--profile_steps', '2,4'])
   assert result.returncode == 0, result.stderr
   assert not (model_dir / 'stale.txt').exists()
+  assert 'profiler started at step 2' in result.stderr
+  assert glob.glob(str(model_dir / 'profile' / '**' / '*.xplane.pb'),
+                   recursive=True)
   summary = e2e.read_summary(str(model_dir))
   assert summary['eval_examples'] == 13 and summary['train_steps'] == 4
+
+
+def test_keras_applications_backbone(tmp_path):
+  model_dir = str(tmp_path / 'app')
+  result = e2e.run_main(e2e.TINY + ['-md', model_dir, '--train_steps', '2',
+                                    '--keras_applications_model', 'ResNet50V2',
+                                    '--skip_eval'])
+  assert result.returncode == 0, result.stderr
+  summary = e2e.read_summary(model_dir)
+  assert summary['model'] == 'ResNet50V2' and summary['train_steps'] == 2
+  assert 'weight decay uses the single L2 term' in result.stderr
 
 
 def test_target_accuracy_stops_early(tmp_path):
