@@ -42,6 +42,8 @@ class RunConfig:
   num_classes: int = 0  # 0: from the dataset.
   num_train_examples: int = 0  # 0: all of the dataset.
   num_eval_examples: int = 0
+  training_dataset_cache: bool = False
+  datasets_num_private_threads: int = 0  # 0: tf.data's shared pool.
   # Model.
   resnet_depth: int = 50
   keras_applications_model: Optional[str] = None
@@ -113,6 +115,7 @@ class RunConfig:
     _check_positive('log_steps', self.log_steps)
     _check_positive('epochs_between_evals', self.epochs_between_evals)
     for name in ('train_steps', 'num_classes', 'num_train_examples',
+                 'datasets_num_private_threads',
                  'num_eval_examples', 'inter_op_parallelism_threads',
                  'intra_op_parallelism_threads'):
       if getattr(self, name) < 0:

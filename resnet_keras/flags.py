@@ -48,6 +48,12 @@ def define_flags() -> None:
   flags.DEFINE_integer('num_eval_examples', 0,
                        'Use only the first N validation examples; 0: all '
                        '(synthetic: ImageNet\'s 50,000).')
+  flags.DEFINE_boolean('training_dataset_cache', False,
+                       'Cache the training records in memory after the first '
+                       'epoch (for datasets that fit in RAM).')
+  flags.DEFINE_integer('datasets_num_private_threads', 0,
+                       'Threads of a private tf.data pool for the input '
+                       'pipeline; 0: tf.data\'s shared pool.')
   # Model.
   flags.DEFINE_integer('resnet_depth', _D.resnet_depth,
                        'ResNet v1.5 depth: 18, 34, 50, 101 or 152.')

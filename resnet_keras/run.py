@@ -89,6 +89,10 @@ def _log_flag_notes(cfg: RunConfig, weight_decay_path: str,
       and not cfg.single_l2_loss_op:
     logging.info('--keras_applications_model has no per-layer regularisers; '
                  'weight decay uses the single L2 term (same gradient)')
+  if cfg.use_synthetic_data and (cfg.training_dataset_cache or
+                                 cfg.datasets_num_private_threads):
+    logging.info('--training_dataset_cache/--datasets_num_private_threads: '
+                 'synthetic data is one batch in memory; they apply to files')
   if cfg.loss_scale and cfg.dtype != 'fp16':
     logging.info('--loss_scale only applies to --dtype=fp16; ignored')
 

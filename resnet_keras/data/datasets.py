@@ -13,7 +13,9 @@ import tensorflow as tf
 
 from resnet_keras import config as config_lib
 from resnet_keras.config import RunConfig
+from resnet_keras.data import imagenet
 from resnet_keras.data import synthetic
+from resnet_keras.errors import UsageError
 
 LOADER_DTYPES = {'fp32': tf.float32, 'bf16': tf.bfloat16, 'uint8': tf.uint8}
 
@@ -32,17 +34,31 @@ def loader_dtype(cfg: RunConfig) -> tf.DType:
 
 def describe(cfg: RunConfig) -> DatasetInfo:
   """Class and example counts of the data the flags select."""
-  if not cfg.use_synthetic_data:
-    raise config_lib.UsageError(
-        'reading image files arrives with the ImageNet TFRecord pipeline; '
-        'for now pass --use_synthetic_data')
+  if cfg.use_synthetic_data:
+    return DatasetInfo(
+        num_classes=cfg.num_classes or config_lib.IMAGENET_NUM_CLASSES,
+        num_train_examples=(cfg.num_train_examples or
+                            config_lib.IMAGENET_NUM_TRAIN_EXAMPLES),
+        num_eval_examples=(cfg.num_eval_examples or
+                           config_lib.IMAGENET_NUM_EVAL_EXAMPLES),
+        name='synthetic')
+  sizes = imagenet.describe(cfg.data_dir)
+  num_classes = cfg.num_classes or sizes['num_classes']
+  if num_classes < sizes['num_classes']:
+    raise UsageError(
+        f'--num_classes={num_classes} but the data in {cfg.data_dir} has '
+        f'{sizes["num_classes"]} classes; use 0 to take it from the data')
   return DatasetInfo(
-      num_classes=cfg.num_classes or config_lib.IMAGENET_NUM_CLASSES,
-      num_train_examples=(cfg.num_train_examples or
-                          config_lib.IMAGENET_NUM_TRAIN_EXAMPLES),
-      num_eval_examples=(cfg.num_eval_examples or
-                         config_lib.IMAGENET_NUM_EVAL_EXAMPLES),
-      name='synthetic')
+      num_classes=num_classes,
+      num_train_examples=_limited(sizes['num_train_examples'],
+                                  cfg.num_train_examples),
+      num_eval_examples=_limited(sizes['num_eval_examples'],
+                                 cfg.num_eval_examples),
+      name=f'imagenet-format TFRecords in {cfg.data_dir}')
+
+
+def _limited(available: int, requested: int) -> int:
+  return min(available, requested) if requested else available
 
 
 InputFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
@@ -53,6 +69,8 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo,
   """(train_input_fn, eval_input_fn), each taking a tf.distribute context."""
   dtype = loader_dtype(cfg)
   seed = cfg.global_seed or 0
+  if not cfg.use_synthetic_data:
+    return _imagenet_input_fns(cfg, info, global_batch_size, dtype)
 
   def train_input_fn(ctx: tf.distribute.InputContext):
     batch = ctx.get_per_replica_batch_size(global_batch_size)
@@ -67,6 +85,26 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo,
                                   dtype, share, seed=seed + 1000)
 
   return train_input_fn, eval_input_fn
+
+
+def _imagenet_input_fns(cfg: RunConfig, info: DatasetInfo,
+                        global_batch_size: int, dtype: tf.DType):
+  train_files = imagenet.find_shards(cfg.data_dir, 'train')
+  eval_files = imagenet.find_shards(cfg.data_dir, 'validation')
+
+  def input_fn(ctx: tf.distribute.InputContext, is_training: bool):
+    return imagenet.dataset(
+        train_files if is_training else eval_files, is_training=is_training,
+        batch_size=ctx.get_per_replica_batch_size(global_batch_size),
+        image_size=cfg.image_size, dtype=dtype, num_classes=info.num_classes,
+        input_pipeline_id=ctx.input_pipeline_id,
+        num_input_pipelines=ctx.num_input_pipelines,
+        cache=cfg.training_dataset_cache and is_training,
+        num_private_threads=cfg.datasets_num_private_threads,
+        seed=cfg.global_seed,
+        limit=cfg.num_train_examples if is_training else cfg.num_eval_examples)
+
+  return (lambda ctx: input_fn(ctx, True), lambda ctx: input_fn(ctx, False))
 
 
 def _shard_count(num_examples: int, index: int, num_shards: int) -> int:

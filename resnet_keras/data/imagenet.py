@@ -1,0 +1,231 @@
+"""ImageNet-format TFRecords: finding shards, sizes, and the tf.data pipeline.
+
+The format is the standard one (`image/encoded` JPEG bytes,
+`image/class/label` 1-based, optional `image/object/bbox/*`), as written by
+preprocess_imagenet.py and by the Model Garden's converters. Both directory
+layouts users have are found: `train/train-*` + `validation/validation-*`
+(the reference's) and the flat `train-*` + `validation-*` (Model Garden's).
+
+Training: file-level sharding per input pipeline (worker), file shuffle,
+parallel interleave, record shuffle, parallel fused decode-and-crop, flip,
+resize, batch with drop_remainder. Evaluation: every record exactly once,
+aspect-preserving resize + central crop, the last partial batch kept.
+"""
+
+import json
+import os
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+
+from resnet_keras.data.preprocessing import normalize_images
+from resnet_keras.errors import UsageError
+
+SPLIT_PATTERNS = {
+    'train': ('train/train-*-of-*', 'train-*-of-*'),
+    'validation': ('validation/validation-*-of-*', 'validation-*-of-*'),
+}
+METADATA_FILE = 'metadata.json'
+LABELS_FILE = 'labels.txt'
+# Eval resizes the short side to image_size * 256/224, then crops the centre.
+EVAL_RESIZE_RATIO = 256 / 224
+CROP_AREA_RANGE = (0.05, 1.0)
+CROP_ASPECT_RANGE = (3 / 4, 4 / 3)
+SHUFFLE_BUFFER = 10_000
+INTERLEAVE_CYCLE = 10
+
+_FEATURES = {
+    'image/encoded': tf.io.FixedLenFeature([], tf.string),
+    'image/class/label': tf.io.FixedLenFeature([], tf.int64),
+    'image/object/bbox/xmin': tf.io.VarLenFeature(tf.float32),
+    'image/object/bbox/ymin': tf.io.VarLenFeature(tf.float32),
+    'image/object/bbox/xmax': tf.io.VarLenFeature(tf.float32),
+    'image/object/bbox/ymax': tf.io.VarLenFeature(tf.float32),
+}
+
+
+def find_shards(data_dir: str, split: str) -> List[str]:
+  """Sorted shard paths of `split`, from whichever layout data_dir uses."""
+  if not os.path.isdir(data_dir):
+    raise UsageError(f'--data_dir={data_dir} does not exist; point it at the '
+                     'TFRecords written by preprocess_imagenet.py')
+  patterns = SPLIT_PATTERNS[split]
+  for pattern in patterns:
+    files = sorted(tf.io.gfile.glob(os.path.join(data_dir, pattern)))
+    files = [f for f in files if os.path.getsize(f) > 0]
+    if files:
+      return files
+  raise UsageError(
+      f'no non-empty {split} shards in --data_dir={data_dir} (looked for '
+      f'{" and ".join(patterns)}); convert images with preprocess_imagenet.py')
+
+
+def read_metadata(data_dir: str) -> Optional[Dict]:
+  """The converter's metadata.json (class and example counts), if present."""
+  path = os.path.join(data_dir, METADATA_FILE)
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path) as f:
+      return json.load(f)
+  except (OSError, ValueError) as e:
+    raise UsageError(f'{path} is unreadable ({e}); delete it to count the '
+                     'examples from the shards instead') from None
+
+
+def scan_shards(files: List[str]) -> Dict[str, int]:
+  """Counts records and finds the largest label by reading every record."""
+  labels = tf.data.Dataset.from_tensor_slices(files).interleave(
+      tf.data.TFRecordDataset, cycle_length=INTERLEAVE_CYCLE,
+      num_parallel_calls=tf.data.AUTOTUNE).map(
+          lambda r: tf.io.parse_single_example(
+              r, {'image/class/label': _FEATURES['image/class/label']})[
+                  'image/class/label'],
+          num_parallel_calls=tf.data.AUTOTUNE).batch(4096)
+  count, max_label = 0, 0
+  try:
+    for batch in labels:
+      count += int(batch.shape[0])
+      max_label = max(max_label, int(tf.reduce_max(batch)))
+  except tf.errors.DataLossError as e:
+    raise UsageError(f'corrupt TFRecord data while counting examples: '
+                     f'{e.message.splitlines()[0]}') from None
+  return {'num_examples': count, 'max_label': max_label}
+
+
+def describe(data_dir: str) -> Dict[str, int]:
+  """Class count and examples per split, from metadata or by counting."""
+  train_files = find_shards(data_dir, 'train')
+  eval_files = find_shards(data_dir, 'validation')
+  metadata = read_metadata(data_dir)
+  if metadata:
+    return {'num_classes': int(metadata['num_classes']),
+            'num_train_examples': int(metadata['num_examples']['train']),
+            'num_eval_examples': int(metadata['num_examples']['validation'])}
+  train, validation = scan_shards(train_files), scan_shards(eval_files)
+  num_classes = max(train['max_label'], validation['max_label'])
+  labels_path = os.path.join(data_dir, LABELS_FILE)
+  if os.path.exists(labels_path):
+    with open(labels_path) as f:
+      num_classes = sum(1 for line in f if line.strip())
+  return {'num_classes': num_classes,
+          'num_train_examples': train['num_examples'],
+          'num_eval_examples': validation['num_examples']}
+
+
+def parse_record(serialized):
+  """-> (JPEG bytes, 0-based label, boxes [1, N, 4] as ymin, xmin, ymax, xmax)."""
+  parsed = tf.io.parse_single_example(serialized, _FEATURES)
+  coords = [tf.sparse.to_dense(parsed[f'image/object/bbox/{k}'])
+            for k in ('ymin', 'xmin', 'ymax', 'xmax')]
+  boxes = tf.expand_dims(tf.stack(coords, axis=-1), 0)
+  label = tf.cast(parsed['image/class/label'], tf.int32) - 1
+  return parsed['image/encoded'], label, boxes
+
+
+def _finish(image, image_size, dtype):
+  """Resized float pixels -> the loader's dtype (uint8: raw, else normalised)."""
+  image = tf.image.resize(image, [image_size, image_size])
+  image = tf.ensure_shape(image, [image_size, image_size, 3])
+  if dtype == tf.uint8:
+    return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+  return normalize_images(image, dtype)
+
+
+def preprocess_train(image_bytes, boxes, image_size, dtype, seed=None):
+  """Random crop (fused with JPEG decode), random flip, resize."""
+  shape = tf.image.extract_jpeg_shape(image_bytes)
+  begin, size, _ = tf.image.sample_distorted_bounding_box(
+      shape, bounding_boxes=boxes, min_object_covered=0.1,
+      aspect_ratio_range=CROP_ASPECT_RANGE, area_range=CROP_AREA_RANGE,
+      max_attempts=10, use_image_if_no_bounding_boxes=True, seed=seed or 0)
+  offset_y, offset_x, _ = tf.unstack(begin)
+  height, width, _ = tf.unstack(size)
+  image = tf.image.decode_and_crop_jpeg(
+      image_bytes, tf.stack([offset_y, offset_x, height, width]), channels=3)
+  image = tf.image.random_flip_left_right(image, seed=seed)
+  return _finish(image, image_size, dtype)
+
+
+def preprocess_eval(image_bytes, image_size, dtype):
+  """Aspect-preserving resize of the short side, then a central crop."""
+  image = tf.image.decode_jpeg(image_bytes, channels=3)
+  shape = tf.cast(tf.shape(image)[:2], tf.float32)
+  scale = image_size * EVAL_RESIZE_RATIO / tf.reduce_min(shape)
+  new_size = tf.cast(tf.round(shape * scale), tf.int32)
+  image = tf.image.resize(image, new_size)
+  top = (new_size[0] - image_size) // 2
+  left = (new_size[1] - image_size) // 2
+  image = image[top:top + image_size, left:left + image_size]
+  image = tf.ensure_shape(image, [image_size, image_size, 3])
+  if dtype == tf.uint8:
+    return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
+  return normalize_images(image, dtype)
+
+
+def dataset(files: List[str], *, is_training: bool, batch_size: int,
+            image_size: int, dtype: tf.DType, num_classes: int,
+            input_pipeline_id: int = 0, num_input_pipelines: int = 1,
+            cache: bool = False, num_private_threads: int = 0,
+            seed: Optional[int] = None,
+            limit: int = 0) -> tf.data.Dataset:
+  """Batches of (images, 0-based labels) for one input pipeline.
+
+  Args:
+    files: shard paths (find_shards).
+    is_training: augment, shuffle, repeat and drop the last partial batch.
+    batch_size: per-replica batch.
+    image_size: output height and width.
+    dtype: tf.float32 / tf.bfloat16 (normalised) or tf.uint8 (raw pixels).
+    num_classes: labels outside [0, num_classes) stop the run with an error.
+    input_pipeline_id: this pipeline's index (tf.distribute or Horovod rank).
+    num_input_pipelines: how many pipelines share the files.
+    cache: cache the raw records in memory after the first epoch.
+    num_private_threads: > 0: a private threadpool of that size.
+    seed: fixes file and record order (None: a fresh order every run).
+    limit: > 0: only the first `limit` records (in file order) are used.
+  """
+  if limit:
+    ds = tf.data.TFRecordDataset(files).take(limit).shard(
+        num_input_pipelines, input_pipeline_id)
+  elif len(files) >= num_input_pipelines:
+    # File-level sharding: each pipeline reads only its own files.
+    ds = tf.data.Dataset.from_tensor_slices(files)
+    ds = ds.shard(num_input_pipelines, input_pipeline_id)
+    if is_training:
+      ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
+    ds = ds.interleave(tf.data.TFRecordDataset,
+                       cycle_length=INTERLEAVE_CYCLE if is_training else 1,
+                       num_parallel_calls=tf.data.AUTOTUNE,
+                       deterministic=not is_training or seed is not None)
+  else:
+    # Too few files to split: every pipeline reads them in the same fixed
+    # order and keeps every n-th record, so the shares stay disjoint.
+    ds = tf.data.TFRecordDataset(files).shard(num_input_pipelines,
+                                              input_pipeline_id)
+  if cache:
+    ds = ds.cache()
+  if is_training:
+    ds = ds.shuffle(SHUFFLE_BUFFER, seed=seed).repeat()
+
+  def parse_and_preprocess(record):
+    image_bytes, label, boxes = parse_record(record)
+    tf.debugging.assert_less(
+        label, num_classes, message='label out of range for the model')
+    tf.debugging.assert_non_negative(label, message='label out of range '
+                                     '(labels are 1-based in the records)')
+    if is_training:
+      image = preprocess_train(image_bytes, boxes, image_size, dtype, seed)
+    else:
+      image = preprocess_eval(image_bytes, image_size, dtype)
+    return image, label
+
+  ds = ds.map(parse_and_preprocess, num_parallel_calls=tf.data.AUTOTUNE,
+              deterministic=not is_training or seed is not None)
+  ds = ds.batch(batch_size, drop_remainder=is_training)
+  ds = ds.prefetch(tf.data.AUTOTUNE)
+  if num_private_threads:
+    options = tf.data.Options()
+    options.threading.private_threadpool_size = num_private_threads
+    ds = ds.with_options(options)
+  return ds

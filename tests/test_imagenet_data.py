@@ -1,0 +1,155 @@
+"""The ImageNet TFRecord pipeline on tiny datasets written by the test."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from resnet_keras.data import imagenet
+from resnet_keras.data.preprocessing import normalize_images
+from resnet_keras.errors import UsageError
+from tests import e2e
+from tests.imagenet_fixture import write_dataset
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  root = tmp_path_factory.mktemp('imagenet')
+  labels = write_dataset(str(root))
+  return str(root), labels
+
+
+@pytest.mark.parametrize('layout', ['nested', 'flat'])
+def test_finds_shards_in_both_layouts(tmp_path, layout):
+  write_dataset(str(tmp_path), layout=layout)
+  train = imagenet.find_shards(str(tmp_path), 'train')
+  validation = imagenet.find_shards(str(tmp_path), 'validation')
+  assert [f.rsplit('/', 1)[1] for f in train] == [
+      'train-00000-of-00003', 'train-00001-of-00003', 'train-00002-of-00003']
+  assert len(validation) == 2
+
+
+def test_missing_and_empty_dirs_name_the_directory_and_patterns(tmp_path):
+  with pytest.raises(UsageError, match='does not exist'):
+    imagenet.find_shards(str(tmp_path / 'nope'), 'train')
+  (tmp_path / 'train').mkdir()
+  (tmp_path / 'train' / 'train-00000-of-00001').write_bytes(b'')
+  with pytest.raises(UsageError) as e:
+    imagenet.find_shards(str(tmp_path), 'train')
+  assert str(tmp_path) in str(e.value)
+  assert 'train/train-*-of-*' in str(e.value)
+  assert 'preprocess_imagenet.py' in str(e.value)
+
+
+def test_describe_counts_records_or_reads_metadata(data_dir, tmp_path):
+  root, labels = data_dir
+  sizes = imagenet.describe(root)
+  assert sizes['num_train_examples'] == 17 and sizes['num_eval_examples'] == 7
+  assert sizes['num_classes'] == max(labels['train'] + labels['validation']) + 1
+  write_dataset(str(tmp_path))
+  (tmp_path / 'metadata.json').write_text(json.dumps(
+      {'num_classes': 5, 'num_examples': {'train': 17, 'validation': 7}}))
+  assert imagenet.describe(str(tmp_path))['num_classes'] == 5
+
+
+def _collect(ds):
+  images, labels = [], []
+  for x, y in ds:
+    images.append(x.numpy())
+    labels.append(y.numpy())
+  return images, labels
+
+
+def test_training_batches_shapes_dtypes_and_labels(data_dir):
+  root, labels = data_dir
+  files = imagenet.find_shards(root, 'train')
+  for dtype in (tf.float32, tf.bfloat16, tf.uint8):
+    ds = imagenet.dataset(files, is_training=True, batch_size=4,
+                          image_size=32, dtype=dtype, num_classes=3)
+    images, batch_labels = next(iter(ds))
+    assert images.shape == (4, 32, 32, 3) and images.dtype == dtype
+    assert batch_labels.dtype == tf.int32
+    assert set(batch_labels.numpy()) <= {0, 1, 2}   # shifted to 0-based
+
+
+def test_eval_keeps_every_example_in_order(data_dir):
+  root, labels = data_dir
+  files = imagenet.find_shards(root, 'validation')
+  ds = imagenet.dataset(files, is_training=False, batch_size=3, image_size=32,
+                        dtype=tf.float32, num_classes=3)
+  images, batch_labels = _collect(ds)
+  assert [len(b) for b in batch_labels] == [3, 3, 1]   # partial batch kept
+  assert np.concatenate(batch_labels).tolist() == labels['validation']
+
+
+@pytest.mark.parametrize('num_pipelines', [2, 3])
+def test_eval_shards_are_disjoint_and_complete(data_dir, num_pipelines):
+  # 2 pipelines: file-level (2 files); 3 pipelines: record-level fallback.
+  root, labels = data_dir
+  files = imagenet.find_shards(root, 'validation')
+  seen = []
+  for index in range(num_pipelines):
+    ds = imagenet.dataset(files, is_training=False, batch_size=2,
+                          image_size=32, dtype=tf.uint8, num_classes=3,
+                          input_pipeline_id=index,
+                          num_input_pipelines=num_pipelines)
+    images, _ = _collect(ds)
+    seen += [tuple(img[16, 16]) for batch in images for img in batch]
+  assert len(seen) == 7
+  assert len(set(seen)) == 7    # every image (unique colour) exactly once
+
+
+def test_training_file_shards_are_disjoint(data_dir):
+  root, _ = data_dir
+  files = imagenet.find_shards(root, 'train')
+  colours = []
+  for index in range(3):
+    ds = imagenet.dataset(files, is_training=True, batch_size=1, image_size=32,
+                          dtype=tf.uint8, num_classes=3,
+                          input_pipeline_id=index, num_input_pipelines=3)
+    colours.append({tuple(x[0, 16, 16].numpy()) for x, _ in ds.take(40)})
+  assert not colours[0] & colours[1] and not colours[1] & colours[2]
+
+
+def test_uint8_path_equals_fp32_after_device_normalisation(data_dir):
+  root, _ = data_dir
+  files = imagenet.find_shards(root, 'validation')
+  kwargs = dict(is_training=False, batch_size=7, image_size=32, num_classes=3)
+  (u8, _), = imagenet.dataset(files, dtype=tf.uint8, **kwargs).take(1)
+  (f32, _), = imagenet.dataset(files, dtype=tf.float32, **kwargs).take(1)
+  np.testing.assert_allclose(normalize_images(u8).numpy(), f32.numpy(),
+                             atol=0.5 + 1e-4)   # uint8 rounds to whole pixels
+
+
+def test_labels_out_of_range_stop_the_pipeline(data_dir):
+  root, _ = data_dir
+  files = imagenet.find_shards(root, 'validation')
+  ds = imagenet.dataset(files, is_training=False, batch_size=7, image_size=32,
+                        dtype=tf.float32, num_classes=1)
+  with pytest.raises(tf.errors.InvalidArgumentError, match='out of range'):
+    _collect(ds)
+
+
+def test_train_and_eval_end_to_end_on_records(data_dir, tmp_path):
+  root, labels = data_dir
+  model_dir = str(tmp_path / 'run')
+  result = e2e.run_main(['-dd', root, '-md', model_dir, '--resnet_depth=18',
+                         '--image_size=32', '--batch_size=4', '-te', '2',
+                         '--steps_per_loop=2', '--log_steps=2',
+                         '-dlit', 'uint8', '--training_dataset_cache',
+                         '--datasets_num_private_threads=2'])
+  assert result.returncode == 0, result.stderr
+  summary = e2e.read_summary(model_dir)
+  assert summary['eval_examples'] == 7           # 7 = 4 + 3: partial batch
+  assert summary['num_classes'] == 3
+  assert summary['steps_per_epoch'] == 4         # 17 // 4
+  assert summary['train_steps'] == 8
+
+
+def test_missing_data_dir_is_one_line(tmp_path):
+  model_dir = tmp_path / 'run'
+  result = e2e.run_main(['-dd', str(tmp_path / 'nothing'), '-md',
+                         str(model_dir), '--image_size=32'])
+  e2e.assert_one_line_error(result, 'nothing', 'does not exist')
+  assert not model_dir.exists()
