@@ -48,6 +48,9 @@ def define_flags() -> None:
   flags.DEFINE_integer('num_eval_examples', 0,
                        'Use only the first N validation examples; 0: all '
                        '(synthetic: ImageNet\'s 50,000).')
+  flags.DEFINE_float('train_crop_min_area', _D.train_crop_min_area,
+                     'Smallest fraction of an image a random training crop '
+                     'covers (0.05: ImageNet; larger for small images).')
   flags.DEFINE_boolean('training_dataset_cache', False,
                        'Cache the training records in memory after the first '
                        'epoch (for datasets that fit in RAM).')

@@ -102,7 +102,8 @@ def _imagenet_input_fns(cfg: RunConfig, info: DatasetInfo,
         cache=cfg.training_dataset_cache and is_training,
         num_private_threads=cfg.datasets_num_private_threads,
         seed=cfg.global_seed,
-        limit=cfg.num_train_examples if is_training else cfg.num_eval_examples)
+        limit=cfg.num_train_examples if is_training else cfg.num_eval_examples,
+        crop_min_area=cfg.train_crop_min_area)
 
   return (lambda ctx: input_fn(ctx, True), lambda ctx: input_fn(ctx, False))
 

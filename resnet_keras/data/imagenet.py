@@ -29,7 +29,7 @@ METADATA_FILE = 'metadata.json'
 LABELS_FILE = 'labels.txt'
 # Eval resizes the short side to image_size * 256/224, then crops the centre.
 EVAL_RESIZE_RATIO = 256 / 224
-CROP_AREA_RANGE = (0.05, 1.0)
+DEFAULT_CROP_MIN_AREA = 0.05
 CROP_ASPECT_RANGE = (3 / 4, 4 / 3)
 SHUFFLE_BUFFER = 10_000
 INTERLEAVE_CYCLE = 10
@@ -132,12 +132,13 @@ def _finish(image, image_size, dtype):
   return normalize_images(image, dtype)
 
 
-def preprocess_train(image_bytes, boxes, image_size, dtype, seed=None):
+def preprocess_train(image_bytes, boxes, image_size, dtype, seed=None,
+                     crop_min_area=DEFAULT_CROP_MIN_AREA):
   """Random crop (fused with JPEG decode), random flip, resize."""
   shape = tf.image.extract_jpeg_shape(image_bytes)
   begin, size, _ = tf.image.sample_distorted_bounding_box(
       shape, bounding_boxes=boxes, min_object_covered=0.1,
-      aspect_ratio_range=CROP_ASPECT_RANGE, area_range=CROP_AREA_RANGE,
+      aspect_ratio_range=CROP_ASPECT_RANGE, area_range=(crop_min_area, 1.0),
       max_attempts=10, use_image_if_no_bounding_boxes=True, seed=seed or 0)
   offset_y, offset_x, _ = tf.unstack(begin)
   height, width, _ = tf.unstack(size)
@@ -167,8 +168,8 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
             image_size: int, dtype: tf.DType, num_classes: int,
             input_pipeline_id: int = 0, num_input_pipelines: int = 1,
             cache: bool = False, num_private_threads: int = 0,
-            seed: Optional[int] = None,
-            limit: int = 0) -> tf.data.Dataset:
+            seed: Optional[int] = None, limit: int = 0,
+            crop_min_area: float = DEFAULT_CROP_MIN_AREA) -> tf.data.Dataset:
   """Batches of (images, 0-based labels) for one input pipeline.
 
   Args:
@@ -184,6 +185,7 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
     num_private_threads: > 0: a private threadpool of that size.
     seed: fixes file and record order (None: a fresh order every run).
     limit: > 0: only the first `limit` records (in file order) are used.
+    crop_min_area: smallest fraction of the image a training crop covers.
   """
   if limit:
     ds = tf.data.TFRecordDataset(files).take(limit).shard(
@@ -215,7 +217,8 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
     tf.debugging.assert_non_negative(label, message='label out of range '
                                      '(labels are 1-based in the records)')
     if is_training:
-      image = preprocess_train(image_bytes, boxes, image_size, dtype, seed)
+      image = preprocess_train(image_bytes, boxes, image_size, dtype, seed,
+                               crop_min_area)
     else:
       image = preprocess_eval(image_bytes, image_size, dtype)
     return image, label
