@@ -12,6 +12,7 @@ from typing import Optional, Tuple
 
 from resnet_keras.errors import UsageError
 
+DATASETS = ('imagenet', 'cifar10', 'cifar100')
 DTYPES = ('fp32', 'bf16', 'fp16')
 LOADER_IMAGE_TYPES = ('fp32', 'bf16', 'uint8')
 OPTIMIZERS = ('SGD', 'LARS')
@@ -35,6 +36,7 @@ class RunConfig:
   """Everything a run needs, grouped in the order the data flows."""
   # Data.
   data_dir: str = '/data/tensorflow_datasets/imagenet/tf_records'
+  dataset: str = 'imagenet'
   use_synthetic_data: bool = False
   image_size: int = 224
   data_loader_image_type: str = 'fp32'
@@ -99,6 +101,7 @@ class RunConfig:
 
   def validate(self) -> None:
     """Raises UsageError naming the first bad value and what is allowed."""
+    _check_choice('dataset', self.dataset, DATASETS)
     _check_choice('dtype', self.dtype, DTYPES)
     _check_choice('data_loader_image_type', self.data_loader_image_type,
                   LOADER_IMAGE_TYPES)

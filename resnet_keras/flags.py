@@ -27,6 +27,9 @@ def define_flags() -> None:
   flags.DEFINE_string('data_dir', _D.data_dir,
                       'Directory with the TFRecord shards.')
   _alias('dd', 'data_dir')
+  flags.DEFINE_string('dataset', _D.dataset,
+                      'imagenet (any ImageNet-format TFRecords), cifar10 or '
+                      'cifar100 (the standard binary files in --data_dir).')
   flags.DEFINE_boolean('use_synthetic_data', False,
                        'Train on random images held in memory (no files).')
   _alias('synth', 'use_synthetic_data')

@@ -13,6 +13,7 @@ import tensorflow as tf
 
 from resnet_keras import config as config_lib
 from resnet_keras.config import RunConfig
+from resnet_keras.data import cifar
 from resnet_keras.data import imagenet
 from resnet_keras.data import synthetic
 from resnet_keras.errors import UsageError
@@ -42,7 +43,16 @@ def describe(cfg: RunConfig) -> DatasetInfo:
         num_eval_examples=(cfg.num_eval_examples or
                            config_lib.IMAGENET_NUM_EVAL_EXAMPLES),
         name='synthetic')
-  sizes = imagenet.describe(cfg.data_dir)
+  if cfg.dataset in cifar.SPECS:
+    sizes = {
+        'num_classes': cifar.SPECS[cfg.dataset]['num_classes'],
+        'num_train_examples': cifar.count_examples(
+            cifar.find_files(cfg.data_dir, cfg.dataset, 'train'), cfg.dataset),
+        'num_eval_examples': cifar.count_examples(
+            cifar.find_files(cfg.data_dir, cfg.dataset, 'validation'),
+            cfg.dataset)}
+  else:
+    sizes = imagenet.describe(cfg.data_dir)
   num_classes = cfg.num_classes or sizes['num_classes']
   if num_classes < sizes['num_classes']:
     raise UsageError(
@@ -54,7 +64,7 @@ def describe(cfg: RunConfig) -> DatasetInfo:
                                   cfg.num_train_examples),
       num_eval_examples=_limited(sizes['num_eval_examples'],
                                  cfg.num_eval_examples),
-      name=f'imagenet-format TFRecords in {cfg.data_dir}')
+      name=f'{cfg.dataset} in {cfg.data_dir}')
 
 
 def _limited(available: int, requested: int) -> int:
@@ -70,6 +80,8 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo,
   dtype = loader_dtype(cfg)
   seed = cfg.global_seed or 0
   if not cfg.use_synthetic_data:
+    if cfg.dataset in cifar.SPECS:
+      return _cifar_input_fns(cfg, global_batch_size, dtype)
     return _imagenet_input_fns(cfg, info, global_batch_size, dtype)
 
   def train_input_fn(ctx: tf.distribute.InputContext):
@@ -104,6 +116,23 @@ def _imagenet_input_fns(cfg: RunConfig, info: DatasetInfo,
         seed=cfg.global_seed,
         limit=cfg.num_train_examples if is_training else cfg.num_eval_examples,
         crop_min_area=cfg.train_crop_min_area)
+
+  return (lambda ctx: input_fn(ctx, True), lambda ctx: input_fn(ctx, False))
+
+
+def _cifar_input_fns(cfg: RunConfig, global_batch_size: int, dtype: tf.DType):
+  files = {split: cifar.find_files(cfg.data_dir, cfg.dataset, split)
+           for split in ('train', 'validation')}
+
+  def input_fn(ctx: tf.distribute.InputContext, is_training: bool):
+    return cifar.dataset(
+        files['train' if is_training else 'validation'], cfg.dataset,
+        is_training=is_training,
+        batch_size=ctx.get_per_replica_batch_size(global_batch_size),
+        image_size=cfg.image_size, dtype=dtype,
+        input_pipeline_id=ctx.input_pipeline_id,
+        num_input_pipelines=ctx.num_input_pipelines, seed=cfg.global_seed,
+        limit=cfg.num_train_examples if is_training else cfg.num_eval_examples)
 
   return (lambda ctx: input_fn(ctx, True), lambda ctx: input_fn(ctx, False))
 

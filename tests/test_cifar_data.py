@@ -1,0 +1,77 @@
+"""CIFAR binary files: decoding, augmentation shapes, sizes, errors, e2e."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from resnet_keras.data import cifar
+from resnet_keras.errors import UsageError
+from tests import e2e
+
+
+def _write(path, labels, label_bytes, seed):
+  rng = np.random.RandomState(seed)
+  images = rng.randint(0, 256, [len(labels), 3, 32, 32]).astype(np.uint8)
+  with open(path, 'wb') as f:
+    for label, image in zip(labels, images):
+      f.write(bytes([7] * (label_bytes - 1) + [label]) + image.tobytes())
+  return images.transpose(0, 2, 3, 1)   # to HWC
+
+
+@pytest.fixture
+def cifar10_dir(tmp_path):
+  for i in range(1, 6):
+    _write(tmp_path / f'data_batch_{i}.bin', [i % 10, (i + 3) % 10], 1, i)
+  images = _write(tmp_path / 'test_batch.bin', [1, 2, 3], 1, 0)
+  return tmp_path, images
+
+
+def test_decodes_labels_and_channel_major_pixels(cifar10_dir):
+  root, images = cifar10_dir
+  files = cifar.find_files(str(root), 'cifar10', 'validation')
+  ds = cifar.dataset(files, 'cifar10', is_training=False, batch_size=2,
+                     image_size=32, dtype=tf.uint8)
+  batches = list(ds)
+  assert [len(y) for _, y in batches] == [2, 1]
+  np.testing.assert_array_equal(batches[0][0].numpy(), images[:2])
+  assert np.concatenate([y.numpy() for _, y in batches]).tolist() == [1, 2, 3]
+
+
+def test_cifar100_uses_the_fine_label(tmp_path):
+  _write(tmp_path / 'train.bin', [42, 99], 2, 0)
+  _write(tmp_path / 'test.bin', [5], 2, 1)
+  files = cifar.find_files(str(tmp_path), 'cifar100', 'train')
+  assert cifar.count_examples(files, 'cifar100') == 2
+  (x, y), = cifar.dataset(files, 'cifar100', is_training=False, batch_size=2,
+                          image_size=32, dtype=tf.float32)
+  assert y.numpy().tolist() == [42, 99]
+
+
+def test_training_augmentation_shapes(cifar10_dir):
+  root, _ = cifar10_dir
+  files = cifar.find_files(str(root), 'cifar10', 'train')
+  assert cifar.count_examples(files, 'cifar10') == 10
+  x, y = next(iter(cifar.dataset(files, 'cifar10', is_training=True,
+                                 batch_size=4, image_size=40,
+                                 dtype=tf.bfloat16)))
+  assert x.shape == (4, 40, 40, 3) and x.dtype == tf.bfloat16
+
+
+def test_missing_and_truncated_files(tmp_path):
+  with pytest.raises(UsageError, match='data_batch_1.bin'):
+    cifar.find_files(str(tmp_path), 'cifar10', 'train')
+  (tmp_path / 'test.bin').write_bytes(b'x' * 100)
+  with pytest.raises(UsageError, match='truncated'):
+    cifar.count_examples([str(tmp_path / 'test.bin')], 'cifar100')
+
+
+def test_train_end_to_end(cifar10_dir, tmp_path):
+  root, _ = cifar10_dir
+  model_dir = str(tmp_path / 'run')
+  result = e2e.run_main(['--dataset', 'cifar10', '-dd', str(root), '-md',
+                         model_dir, '--resnet_depth', '18', '--image_size',
+                         '32', '-bs', '4', '--steps_per_loop', '2'])
+  assert result.returncode == 0, result.stderr
+  summary = e2e.read_summary(model_dir)
+  assert summary['num_classes'] == 10 and summary['eval_examples'] == 3
+  assert summary['steps_per_epoch'] == 2
