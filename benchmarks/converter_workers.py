@@ -26,7 +26,7 @@ FLAGS = flags.FLAGS
 flags.DEFINE_integer('num_classes', 4, 'Classes in the generated tree.')
 flags.DEFINE_integer('images_per_class', 150,
                      'Training images per class; validation gets a sixth.')
-flags.DEFINE_integer('repeats', 3, 'Conversions per worker count; the best '
+flags.DEFINE_integer('repeats', 5, 'Conversions per worker count; the best '
                      'one counts.')
 
 IMAGE_SIZE = 256

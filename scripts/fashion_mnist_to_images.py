@@ -4,7 +4,7 @@ Reads the IDX files that Debian's dataset-fashion-mnist package installs
 (`apt-get install dataset-fashion-mnist`) and writes
 
   OUT/train/<class>/train_00000.png        the 60,000 training images
-  OUT/validation/<class>/test_00000.png    the 10,000 test images
+  OUT/validation/<class>/t10k_00000.png    the 10,000 test images
 
 as 28x28 RGB PNGs (the gray value in all three channels). The class folders
 (00_tshirt_top ... 09_ankle_boot) sort in the original label order, so
