@@ -1,0 +1,105 @@
+"""Training input pipeline alone: ours vs the Model Garden's, same shards.
+
+Writes a set of real-looking JPEG shards (random-texture images of ImageNet
+size, or uses --data_dir), then measures images/sec of
+`resnet_keras.data.imagenet.dataset` and of the Model Garden's
+`imagenet_preprocessing.input_fn` on the same files, alternately, and prints
+the medians and the ratio. Compare with the trainer's img/s: the pipeline
+should deliver at least twice what training consumes.
+
+  python benchmarks/input_pipeline.py [--data_dir DIR] [--image_size 224]
+"""
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from common import env  # pylint: disable=g-import-not-at-top
+
+env.prepare_tensorflow_environment()
+
+import numpy as np  # pylint: disable=g-import-not-at-top
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+from official.legacy.image_classification.resnet import imagenet_preprocessing  # pylint: disable=g-import-not-at-top
+
+from resnet_keras.data import imagenet  # pylint: disable=g-import-not-at-top
+from tests.imagenet_fixture import _example  # pylint: disable=g-import-not-at-top
+
+
+def write_shards(folder, num_shards, per_shard, seed=0):
+  """JPEGs of ImageNet's typical size (~400x350) with real texture."""
+  rng = np.random.RandomState(seed)
+  os.makedirs(os.path.join(folder, 'train'), exist_ok=True)
+  files = []
+  for shard in range(num_shards):
+    path = os.path.join(folder, 'train',
+                        f'train-{shard:05d}-of-{num_shards:05d}')
+    with tf.io.TFRecordWriter(path) as writer:
+      for _ in range(per_shard):
+        h, w = rng.randint(300, 500), rng.randint(300, 500)
+        small = rng.randint(0, 256, [h // 8, w // 8, 3]).astype(np.uint8)
+        pixels = tf.image.resize(small, [h, w]).numpy().astype(np.uint8)
+        jpeg = tf.io.encode_jpeg(pixels, quality=90).numpy()
+        writer.write(_example(jpeg, int(rng.randint(1, 1001)), h, w))
+    files.append(path)
+  return files
+
+
+def images_per_second(ds, batch_size, warmup_batches, batches):
+  it = iter(ds)
+  for _ in range(warmup_batches):
+    next(it)
+  start = time.perf_counter()
+  for _ in range(batches):
+    next(it)
+  return batches * batch_size / (time.perf_counter() - start)
+
+
+def ours(files, args):
+  return imagenet.dataset(files, is_training=True, batch_size=args.batch_size,
+                          image_size=args.image_size, dtype=tf.bfloat16,
+                          num_classes=1000)
+
+
+def model_garden(files, args):
+  del args.image_size  # Fixed at 224 upstream.
+  return imagenet_preprocessing.input_fn(
+      is_training=True, data_dir=None, batch_size=args.batch_size,
+      dtype=tf.bfloat16, drop_remainder=True, filenames=files)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--data_dir', help='Existing TFRecords (train split).')
+  parser.add_argument('--batch_size', type=int, default=64)
+  parser.add_argument('--batches', type=int, default=30)
+  parser.add_argument('--repeats', type=int, default=3)
+  args = parser.parse_args()
+  args.image_size = 224
+  with tempfile.TemporaryDirectory() as tmp:
+    if args.data_dir:
+      files = imagenet.find_shards(args.data_dir, 'train')
+    else:
+      files = write_shards(tmp, num_shards=8, per_shard=128)
+    print(f'{len(files)} shards, batch {args.batch_size}, bf16 224x224, '
+          f'{args.batches} batches per measurement after 5 warm-up batches')
+    rates = {'ours': [], 'model_garden': []}
+    for _ in range(args.repeats):
+      for name, build in (('ours', ours), ('model_garden', model_garden)):
+        build_args = argparse.Namespace(**vars(args))
+        rates[name].append(images_per_second(build(files, build_args),
+                                             args.batch_size, 5, args.batches))
+    a, b = statistics.median(rates['ours']), statistics.median(
+        rates['model_garden'])
+    print(f'ours         {a:8.1f} images/sec   {rates["ours"]}')
+    print(f'model garden {b:8.1f} images/sec   {rates["model_garden"]}')
+    print(f'ratio ours/model garden: {a / b:.2f}')
+
+
+if __name__ == '__main__':
+  main()
