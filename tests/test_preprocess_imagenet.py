@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
+import preprocess_imagenet as pi
+from resnet_keras.errors import UsageError
 
-import preprocess_imagenet as pi  # pylint: disable=wrong-import-position
-from resnet_keras.errors import UsageError  # pylint: disable=g-import-not-at-top
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SYNSETS = ['n01440764', 'n01443537', 'n01484850']
 TRAIN_PER_CLASS = 7
