@@ -44,13 +44,15 @@ def test_missing_and_empty_dirs_name_the_directory_and_patterns(tmp_path):
 
 def test_describe_counts_records_or_reads_metadata(data_dir, tmp_path):
   root, labels = data_dir
-  sizes = imagenet.describe(root)
+  sizes = imagenet.describe(root, imagenet.find_shards(root, 'train'),
+                            imagenet.find_shards(root, 'validation'))
   assert sizes['num_train_examples'] == 17 and sizes['num_eval_examples'] == 7
   assert sizes['num_classes'] == max(labels['train'] + labels['validation']) + 1
   write_dataset(str(tmp_path))
   (tmp_path / 'metadata.json').write_text(json.dumps(
       {'num_classes': 5, 'num_examples': {'train': 17, 'validation': 7}}))
-  assert imagenet.describe(str(tmp_path))['num_classes'] == 5
+  # With metadata the shards are not read, so no file list is needed.
+  assert imagenet.describe(str(tmp_path), [], [])['num_classes'] == 5
 
 
 def _collect(ds):

@@ -7,6 +7,7 @@ Everything the trainer needs to know about data goes through `describe`
 """
 
 import dataclasses
+import functools
 from typing import Callable, Tuple
 
 import tensorflow as tf
@@ -27,6 +28,9 @@ class DatasetInfo:
   num_train_examples: int
   num_eval_examples: int
   name: str
+  # Files found by `describe`, so input fns never search again.
+  train_files: Tuple[str, ...] = ()
+  eval_files: Tuple[str, ...] = ()
 
 
 def loader_dtype(cfg: RunConfig) -> tf.DType:
@@ -44,15 +48,17 @@ def describe(cfg: RunConfig) -> DatasetInfo:
                            config_lib.IMAGENET_NUM_EVAL_EXAMPLES),
         name='synthetic')
   if cfg.dataset in cifar.SPECS:
+    train_files, eval_files = (
+        cifar.find_files(cfg.data_dir, cfg.dataset, split)
+        for split in ('train', 'validation'))
     sizes = {
         'num_classes': cifar.SPECS[cfg.dataset]['num_classes'],
-        'num_train_examples': cifar.count_examples(
-            cifar.find_files(cfg.data_dir, cfg.dataset, 'train'), cfg.dataset),
-        'num_eval_examples': cifar.count_examples(
-            cifar.find_files(cfg.data_dir, cfg.dataset, 'validation'),
-            cfg.dataset)}
+        'num_train_examples': cifar.count_examples(train_files, cfg.dataset),
+        'num_eval_examples': cifar.count_examples(eval_files, cfg.dataset)}
   else:
-    sizes = imagenet.describe(cfg.data_dir)
+    train_files, eval_files = (imagenet.find_shards(cfg.data_dir, split)
+                               for split in ('train', 'validation'))
+    sizes = imagenet.describe(cfg.data_dir, train_files, eval_files)
   num_classes = cfg.num_classes or sizes['num_classes']
   if num_classes < sizes['num_classes']:
     raise UsageError(
@@ -64,7 +70,8 @@ def describe(cfg: RunConfig) -> DatasetInfo:
                                   cfg.num_train_examples),
       num_eval_examples=_limited(sizes['num_eval_examples'],
                                  cfg.num_eval_examples),
-      name=f'{cfg.dataset} in {cfg.data_dir}')
+      name=f'{cfg.dataset} in {cfg.data_dir}',
+      train_files=tuple(train_files), eval_files=tuple(eval_files))
 
 
 def _limited(available: int, requested: int) -> int:
@@ -81,8 +88,14 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo,
   seed = cfg.global_seed or 0
   if not cfg.use_synthetic_data:
     if cfg.dataset in cifar.SPECS:
-      return _cifar_input_fns(cfg, global_batch_size, dtype)
-    return _imagenet_input_fns(cfg, info, global_batch_size, dtype)
+      build = functools.partial(cifar.dataset, name=cfg.dataset)
+    else:
+      build = functools.partial(
+          imagenet.dataset, num_classes=info.num_classes,
+          cache=cfg.training_dataset_cache,
+          num_private_threads=cfg.datasets_num_private_threads,
+          crop_min_area=cfg.train_crop_min_area)
+    return _file_input_fns(cfg, info, global_batch_size, dtype, build)
 
   def train_input_fn(ctx: tf.distribute.InputContext):
     batch = ctx.get_per_replica_batch_size(global_batch_size)
@@ -99,34 +112,13 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo,
   return train_input_fn, eval_input_fn
 
 
-def _imagenet_input_fns(cfg: RunConfig, info: DatasetInfo,
-                        global_batch_size: int, dtype: tf.DType):
-  train_files = imagenet.find_shards(cfg.data_dir, 'train')
-  eval_files = imagenet.find_shards(cfg.data_dir, 'validation')
+def _file_input_fns(cfg: RunConfig, info: DatasetInfo, global_batch_size: int,
+                    dtype: tf.DType, build):
+  """Input fns over `info`'s files; `build` is a format's dataset function."""
 
   def input_fn(ctx: tf.distribute.InputContext, is_training: bool):
-    return imagenet.dataset(
-        train_files if is_training else eval_files, is_training=is_training,
-        batch_size=ctx.get_per_replica_batch_size(global_batch_size),
-        image_size=cfg.image_size, dtype=dtype, num_classes=info.num_classes,
-        input_pipeline_id=ctx.input_pipeline_id,
-        num_input_pipelines=ctx.num_input_pipelines,
-        cache=cfg.training_dataset_cache and is_training,
-        num_private_threads=cfg.datasets_num_private_threads,
-        seed=cfg.global_seed,
-        limit=cfg.num_train_examples if is_training else cfg.num_eval_examples,
-        crop_min_area=cfg.train_crop_min_area)
-
-  return (lambda ctx: input_fn(ctx, True), lambda ctx: input_fn(ctx, False))
-
-
-def _cifar_input_fns(cfg: RunConfig, global_batch_size: int, dtype: tf.DType):
-  files = {split: cifar.find_files(cfg.data_dir, cfg.dataset, split)
-           for split in ('train', 'validation')}
-
-  def input_fn(ctx: tf.distribute.InputContext, is_training: bool):
-    return cifar.dataset(
-        files['train' if is_training else 'validation'], cfg.dataset,
+    return build(
+        list(info.train_files if is_training else info.eval_files),
         is_training=is_training,
         batch_size=ctx.get_per_replica_batch_size(global_batch_size),
         image_size=cfg.image_size, dtype=dtype,

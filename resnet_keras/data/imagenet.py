@@ -93,10 +93,13 @@ def scan_shards(files: List[str]) -> Dict[str, int]:
   return {'num_examples': count, 'max_label': max_label}
 
 
-def describe(data_dir: str) -> Dict[str, int]:
-  """Class count and examples per split, from metadata or by counting."""
-  train_files = find_shards(data_dir, 'train')
-  eval_files = find_shards(data_dir, 'validation')
+def describe(data_dir: str, train_files: List[str],
+             eval_files: List[str]) -> Dict[str, int]:
+  """Class count and examples per split, from metadata or by counting.
+
+  `train_files`/`eval_files` are the shards find_shards returned; they are
+  only read when data_dir has no metadata.json.
+  """
   metadata = read_metadata(data_dir)
   if metadata:
     return {'num_classes': int(metadata['num_classes']),
@@ -123,10 +126,8 @@ def parse_record(serialized):
   return parsed['image/encoded'], label, boxes
 
 
-def _finish(image, image_size, dtype):
-  """Resized float pixels -> the loader's dtype (uint8: raw, else normalised)."""
-  image = tf.image.resize(image, [image_size, image_size])
-  image = tf.ensure_shape(image, [image_size, image_size, 3])
+def _to_loader_dtype(image, dtype):
+  """Float pixels -> the loader's dtype (uint8: raw pixels, else normalised)."""
   if dtype == tf.uint8:
     return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
   return normalize_images(image, dtype)
@@ -145,7 +146,9 @@ def preprocess_train(image_bytes, boxes, image_size, dtype, seed=None,
   image = tf.image.decode_and_crop_jpeg(
       image_bytes, tf.stack([offset_y, offset_x, height, width]), channels=3)
   image = tf.image.random_flip_left_right(image, seed=seed)
-  return _finish(image, image_size, dtype)
+  image = tf.image.resize(image, [image_size, image_size])
+  return _to_loader_dtype(tf.ensure_shape(image, [image_size, image_size, 3]),
+                          dtype)
 
 
 def preprocess_eval(image_bytes, image_size, dtype):
@@ -158,10 +161,8 @@ def preprocess_eval(image_bytes, image_size, dtype):
   top = (new_size[0] - image_size) // 2
   left = (new_size[1] - image_size) // 2
   image = image[top:top + image_size, left:left + image_size]
-  image = tf.ensure_shape(image, [image_size, image_size, 3])
-  if dtype == tf.uint8:
-    return tf.cast(tf.clip_by_value(tf.round(image), 0, 255), tf.uint8)
-  return normalize_images(image, dtype)
+  return _to_loader_dtype(tf.ensure_shape(image, [image_size, image_size, 3]),
+                          dtype)
 
 
 def dataset(files: List[str], *, is_training: bool, batch_size: int,
@@ -181,7 +182,8 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
     num_classes: labels outside [0, num_classes) stop the run with an error.
     input_pipeline_id: this pipeline's index (tf.distribute or Horovod rank).
     num_input_pipelines: how many pipelines share the files.
-    cache: cache the raw records in memory after the first epoch.
+    cache: training only: cache the raw records in memory after the first
+      epoch (evaluation reads each record once per eval anyway).
     num_private_threads: > 0: a private threadpool of that size.
     seed: fixes file and record order (None: a fresh order every run).
     limit: > 0: only the first `limit` records (in file order) are used.
@@ -205,7 +207,7 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
     # order and keeps every n-th record, so the shares stay disjoint.
     ds = tf.data.TFRecordDataset(files).shard(num_input_pipelines,
                                               input_pipeline_id)
-  if cache:
+  if cache and is_training:
     ds = ds.cache()
   if is_training:
     ds = ds.shuffle(SHUFFLE_BUFFER, seed=seed).repeat()
