@@ -122,4 +122,7 @@ def weight_decay_path(cfg: RunConfig) -> str:
     return 'none'
   if cfg.uses_lars:
     return 'lars'
-  return 'single_l2_loss_op' if cfg.single_l2_loss_op else 'regularizers'
+  # keras.applications backbones have no per-layer regularisers.
+  if cfg.single_l2_loss_op or cfg.keras_applications_model:
+    return 'single_l2_loss_op'
+  return 'regularizers'

@@ -97,13 +97,6 @@ def _log_flag_notes(cfg: RunConfig, weight_decay_path: str,
     logging.info('--loss_scale only applies to --dtype=fp16; ignored')
 
 
-def _weight_decay_path(cfg: RunConfig) -> str:
-  path = optimizers.weight_decay_path(cfg)
-  if path == 'regularizers' and cfg.keras_applications_model:
-    return 'single_l2_loss_op'
-  return path
-
-
 class _Profiler:
   """orbit train action: a TensorBoard profile of --profile_steps.
 
@@ -161,7 +154,7 @@ def run(cfg: RunConfig) -> Dict:
         f'--batch_size={plan.global_batch_size} is the global batch and must '
         f'be divisible by the {strategy.num_replicas_in_sync} replicas')
   _log_plan(cfg, plan, info, strategy)
-  wd_path = _weight_decay_path(cfg)
+  wd_path = optimizers.weight_decay_path(cfg)
   _log_flag_notes(cfg, wd_path, has_gpu)
 
   schedule = schedules.schedule_for_run(

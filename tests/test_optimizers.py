@@ -100,3 +100,5 @@ def test_weight_decay_path_selection():
   assert optimizers.weight_decay_path(
       RunConfig(optimizer='LARS', single_l2_loss_op=True)) == 'lars'
   assert optimizers.weight_decay_path(RunConfig(weight_decay=0)) == 'none'
+  assert optimizers.weight_decay_path(
+      RunConfig(keras_applications_model='ResNet50')) == 'single_l2_loss_op'
