@@ -18,12 +18,14 @@ LOADER_IMAGE_TYPES = ('fp32', 'bf16', 'uint8')
 OPTIMIZERS = ('SGD', 'LARS')
 LR_SCHEDULES = ('piecewise', 'polynomial', 'constant', 'cosine')
 RESNET_DEPTHS = (18, 34, 50, 101, 152)
+# Stem -> how much it downsamples. The stages downsample 8x more, so an image
+# must be at least 8 x this many pixels for the last stage to see 1x1.
+STEM_STRIDES = {'imagenet': 4, 'small': 2, 'cifar': 1}
 KERAS_APPLICATIONS_MODELS = ('ResNet50', 'ResNet101', 'ResNet152',
                              'ResNet50V2', 'ResNet101V2', 'ResNet152V2')
 DISTRIBUTION_STRATEGIES = ('off', 'one_device', 'mirrored',
                            'multi_worker_mirrored')
-# Five stride-2 reductions: below 32 pixels the last stage sees less than 1x1.
-MIN_IMAGE_SIZE = 32
+STAGE_STRIDE = 8
 
 # ImageNet-1k, used for synthetic data so its step counts match real runs.
 IMAGENET_NUM_CLASSES = 1000
@@ -49,6 +51,7 @@ class RunConfig:
   datasets_num_private_threads: int = 0  # 0: tf.data's shared pool.
   # Model.
   resnet_depth: int = 50
+  stem: str = 'imagenet'
   keras_applications_model: Optional[str] = None
   # Precision.
   dtype: str = 'fp32'
@@ -96,6 +99,13 @@ class RunConfig:
         self.dtype]
 
   @property
+  def min_image_size(self) -> int:
+    """Smallest input for which the last stage still sees 1x1."""
+    if self.keras_applications_model:
+      return STAGE_STRIDE * STEM_STRIDES['imagenet']
+    return STAGE_STRIDE * STEM_STRIDES[self.stem]
+
+  @property
   def uses_lars(self) -> bool:
     return self.optimizer == 'LARS'
 
@@ -108,6 +118,7 @@ class RunConfig:
     _check_choice('optimizer', self.optimizer, OPTIMIZERS)
     _check_choice('lr_schedule', self.lr_schedule, LR_SCHEDULES)
     _check_choice('resnet_depth', self.resnet_depth, RESNET_DEPTHS)
+    _check_choice('stem', self.stem, tuple(STEM_STRIDES))
     _check_choice('distribution_strategy', self.distribution_strategy,
                   DISTRIBUTION_STRATEGIES)
     if self.keras_applications_model is not None:
@@ -127,10 +138,12 @@ class RunConfig:
     if self.num_classes == 1:
       raise UsageError('--num_classes=1 cannot be trained as a classifier; '
                        'use 0 (from the data) or >= 2')
-    if self.image_size < MIN_IMAGE_SIZE:
+    if self.image_size < self.min_image_size:
       raise UsageError(
-          f'--image_size={self.image_size} is too small for ResNet: it '
-          f'downsamples by 32, use --image_size >= {MIN_IMAGE_SIZE}')
+          f'--image_size={self.image_size} is too small for ResNet with '
+          f'--stem={self.stem}: it downsamples by {self.min_image_size}, use '
+          f'--image_size >= {self.min_image_size} (or a stem that '
+          'downsamples less)')
     if self.base_learning_rate <= 0:
       raise UsageError('--base_learning_rate must be > 0, got '
                        f'{self.base_learning_rate}')

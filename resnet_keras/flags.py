@@ -34,8 +34,8 @@ def define_flags() -> None:
                        'Train on random images held in memory (no files).')
   _alias('synth', 'use_synthetic_data')
   flags.DEFINE_integer('image_size', _D.image_size,
-                       f'Height and width of the model input (>= '
-                       f'{config_lib.MIN_IMAGE_SIZE}).')
+                       'Height and width of the model input (>= 32 with the '
+                       'imagenet stem, 16 small, 8 cifar).')
   flags.DEFINE_string('data_loader_image_type', _D.data_loader_image_type,
                       'dtype images leave the input pipeline in: fp32, bf16, '
                       'or uint8 (cast and mean subtraction run on the device).')
@@ -63,6 +63,11 @@ def define_flags() -> None:
   # Model.
   flags.DEFINE_integer('resnet_depth', _D.resnet_depth,
                        'ResNet v1.5 depth: 18, 34, 50, 101 or 152.')
+  flags.DEFINE_string('stem', _D.stem,
+                      'First layers before the residual stages: imagenet '
+                      '(7x7/2 conv + 3x3/2 max pool), small (3x3/1 conv + '
+                      'max pool: for 28-64 px images, 4x the compute at the '
+                      'same size) or cifar (3x3/1 conv, no pool: 16x).')
   flags.DEFINE_string('keras_applications_model', None,
                       'Use a keras.applications backbone instead: ResNet50, '
                       'ResNet101, ResNet152, ResNet50V2, ResNet101V2, '

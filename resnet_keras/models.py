@@ -75,8 +75,14 @@ def _classifier_head(features, num_classes, regularizer):
   return layers.Activation('softmax', dtype='float32', name='probs')(logits)
 
 
+# Stem -> (conv kernel, conv stride, max pool?). Small images lose too much
+# detail to the ImageNet stem's 4x reduction (28 px -> 7x7 before stage 1).
+_STEMS = {'imagenet': (7, 2, True), 'small': (3, 1, True),
+          'cifar': (3, 1, False)}
+
+
 def resnet(depth: int, num_classes: int, image_size: int,
-           weight_decay: float = 0.0) -> tf_keras.Model:
+           weight_decay: float = 0.0, stem: str = 'imagenet') -> tf_keras.Model:
   """ResNet v1.5 of `depth` on normalised float images.
 
   Args:
@@ -85,14 +91,17 @@ def resnet(depth: int, num_classes: int, image_size: int,
     image_size: height and width of the input.
     weight_decay: if > 0, per-layer L2 regularisers with the strength defined
       in `resnet_keras.optimizers` (0: decay is applied elsewhere, or not).
+    stem: 'imagenet', 'small' or 'cifar' (see `_STEMS`).
   """
   blocks, bottleneck = _STAGES[depth]
+  kernel, stride, pool = _STEMS[stem]
   regularizer = l2_regularizer(weight_decay)
   inputs = layers.Input((image_size, image_size, 3), name='images')
-  x = _conv(64, 7, 2, 'stem_conv', regularizer)(inputs)
+  x = _conv(64, kernel, stride, 'stem_conv', regularizer)(inputs)
   x = _bn('stem_bn')(x)
   x = layers.Activation('relu', name='stem_relu')(x)
-  x = layers.MaxPooling2D(3, strides=2, padding='same', name='stem_pool')(x)
+  if pool:
+    x = layers.MaxPooling2D(3, strides=2, padding='same', name='stem_pool')(x)
   for stage, (num_blocks, filters) in enumerate(zip(blocks, _STAGE_FILTERS)):
     for b in range(num_blocks):
       strides = 2 if stage > 0 and b == 0 else 1
@@ -126,7 +135,8 @@ def build_network(cfg: RunConfig, num_classes: int,
     return keras_application(cfg.keras_applications_model, num_classes,
                              cfg.image_size)
   return resnet(cfg.resnet_depth, num_classes, cfg.image_size,
-                weight_decay=cfg.weight_decay if use_regularizers else 0.0)
+                weight_decay=cfg.weight_decay if use_regularizers else 0.0,
+                stem=cfg.stem)
 
 
 def build_training_model(network: tf_keras.Model, image_size: int,

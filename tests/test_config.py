@@ -14,6 +14,8 @@ from resnet_keras.errors import UsageError
     ('data_loader_image_type', 'int8', 'use one of: fp32, bf16, uint8'),
     ('batch_size', 0, '--batch_size must be > 0'),
     ('image_size', 16, '--image_size=16 is too small'),
+    ('stem', 'deep', '--stem=deep is not supported; use one of: imagenet, '
+     'small, cifar'),
     ('keras_applications_model', 'ResNet18', 'use one of: ResNet50,'),
     ('distribution_strategy', 'tpu', 'use one of: off, one_device,'),
     ('label_smoothing', 1.5, '--label_smoothing must be in [0, 1)'),
@@ -23,6 +25,13 @@ def test_bad_values_name_the_flag_and_the_choices(field, value, expected):
     RunConfig(**{field: value}).validate()
   assert expected in str(e.value)
   assert '\n' not in str(e.value)
+
+
+def test_smaller_stems_allow_smaller_images():
+  RunConfig(stem='small', image_size=16).validate()
+  RunConfig(stem='cifar', image_size=8).validate()
+  with pytest.raises(UsageError, match='use --image_size >= 16'):
+    RunConfig(stem='small', image_size=12).validate()
 
 
 def test_while_loop_needs_tf_function():

@@ -33,6 +33,18 @@ def test_v1_5_stride_is_on_the_3x3_conv():
   assert bn.momentum == 0.9 and bn.epsilon == 1e-5
 
 
+@pytest.mark.parametrize('stem,stage1_size', [('imagenet', 8), ('small', 16),
+                                               ('cifar', 32)])
+def test_stem_sets_the_resolution_of_the_first_stage(stem, stage1_size):
+  model = models.resnet(18, 10, 32, stem=stem)
+  stage1 = model.get_layer('stage1_block1_out').output_shape
+  assert stage1 == (None, stage1_size, stage1_size, 64)
+  # The stem changes no residual stage, only the stem conv's kernel.
+  base = models.count_trainable_parameters(models.resnet(18, 10, 32))
+  stem_kernel_delta = 64 * 3 * (7 * 7 - 3 * 3) if stem != 'imagenet' else 0
+  assert models.count_trainable_parameters(model) == base - stem_kernel_delta
+
+
 def test_bf16_policy_keeps_float32_softmax_and_variables():
   tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
   try:
