@@ -16,12 +16,21 @@ def fail(message: str) -> None:
   sys.exit(USAGE_EXIT_CODE)
 
 
+_HELP_FLAGS = ('-h', '-?', '--help', '-help', '--helpfull', '-helpfull',
+               '--helpshort', '-helpshort')
+
+
 def parse_flags_or_fail(argv):
   """absl flag parser for app.run that reports a bad flag in one line."""
   try:
     return flags.FLAGS(argv)
   except flags.Error as e:
     fail(f'{e} (see --helpfull)')
+  except SystemExit:
+    # absl prints the help and exits 1; asking for help is not an error.
+    if any(arg in _HELP_FLAGS for arg in argv[1:]):
+      sys.exit(0)
+    raise
 
 
 def run_main(main, argv):

@@ -1,22 +1,117 @@
-"""Distribution backends: which tf.distribute strategy a run uses.
+"""Distribution backends: one interface over tf.distribute and Horovod.
 
-The training loop asks the strategy for replicas, scopes and reductions; it
-never branches on the backend. `--batch_size` is the global batch under
-tf.distribute (one program drives every replica), as in the reference.
+The training loop asks a `Backend` "am I the chief?", "how is input
+sharded?", "sum this over the workers", "sync these variables from the
+chief"; it never branches on Horovod vs tf.distribute itself.
+
+Batch semantics follow the reference: `--batch_size` is the global batch
+under tf.distribute (one program drives every replica) and the per-worker
+batch under Horovod (every process is a worker with its own program).
 """
+
+import dataclasses
+import os
+from typing import Any
 
 from absl import logging
 import tensorflow as tf
 from official.common import distribute_utils
 
+from common import launch
 from resnet_keras.errors import UsageError
 
 
-def build_strategy(name: str, num_gpus: int = -1) -> tf.distribute.Strategy:
-  """The strategy `--distribution_strategy` names (off: the default one)."""
-  if name == 'hpu':
-    raise UsageError('--distribution_strategy=hpu is Gaudi-only; use mirrored '
-                     '(one host) or multi_worker_mirrored (several hosts)')
+@dataclasses.dataclass
+class Backend:
+  """The strategy a process builds its model under, and its place in the job.
+
+  Attributes:
+    strategy: replicas driven by this program (Horovod: the default strategy).
+    worker_index: this process among `num_workers` (tf.distribute: task id).
+    num_workers: processes training together.
+    hvd: the horovod.tensorflow module under --use_horovod, else None.
+  """
+  strategy: tf.distribute.Strategy
+  worker_index: int = 0
+  num_workers: int = 1
+  hvd: Any = None
+
+  @property
+  def is_chief(self) -> bool:
+    return self.worker_index == 0
+
+  @property
+  def name(self) -> str:
+    return 'horovod' if self.hvd else 'tf.distribute'
+
+  @property
+  def collective_saves(self) -> bool:
+    """tf.distribute multi-worker: every worker must take part in saving
+    (reading some variables is a collective); non-chiefs save to their
+    worker_dir. Horovod workers hold plain variables: only the chief saves."""
+    return not self.hvd and self.num_workers > 1
+
+  @property
+  def batch_multiplier(self) -> int:
+    """Global batch / --batch_size: workers under Horovod, 1 otherwise."""
+    return self.num_workers if self.hvd else 1
+
+  def input_context(self, ctx: tf.distribute.InputContext
+                   ) -> tf.distribute.InputContext:
+    """The strategy's input context widened to every Horovod worker."""
+    if not self.hvd:
+      return ctx
+    return tf.distribute.InputContext(
+        num_input_pipelines=ctx.num_input_pipelines * self.num_workers,
+        input_pipeline_id=(self.worker_index * ctx.num_input_pipelines +
+                           ctx.input_pipeline_id),
+        num_replicas_in_sync=ctx.num_replicas_in_sync)
+
+  def gradient_tape(self, tape: tf.GradientTape):
+    """A tape whose gradients are averaged over Horovod workers."""
+    return self.hvd.DistributedGradientTape(tape) if self.hvd else tape
+
+  def sum_over_workers(self, value, name: str):
+    """A tensor summed over Horovod workers, as numpy (tf.distribute
+    reductions already span every worker). Every worker must call this in
+    the same order with the same `name`."""
+    if self.hvd:
+      value = self.hvd.allreduce(value, op=self.hvd.Sum,
+                                 name=name.replace(':', '_'))
+    return value.numpy()
+
+  def sum_metrics_over_workers(self, metrics) -> None:
+    """Horovod: each worker evaluated its own shard; summing the metrics'
+    totals and counts weights every worker by its number of examples.
+    (tf.distribute metrics already aggregate over every replica.)"""
+    if not self.hvd:
+      return
+    for metric in metrics:
+      for variable in metric.variables:
+        variable.assign(self.sum_over_workers(
+            variable.value(), f'{metric.name}_{variable.name}'))
+
+  def sync_from_chief(self, variables) -> None:
+    """Horovod: every worker takes the chief's values (fresh init or the
+    checkpoint only the chief restored)."""
+    if self.hvd:
+      self.hvd.broadcast_variables(variables, root_rank=0)
+
+  def worker_dir(self, model_dir: str) -> str:
+    """Where this worker writes: model_dir for the chief, a subdirectory
+    for the others, so workers never overwrite the chief's files."""
+    if self.is_chief:
+      return model_dir
+    return os.path.join(model_dir, f'worker_{self.worker_index}')
+
+
+def build_backend(name: str, num_gpus: int = -1,
+                  use_horovod: bool = False) -> Backend:
+  """The backend `--distribution_strategy`/`--use_horovod` ask for."""
+  if use_horovod:
+    return _horovod_backend()
+  if name == 'multi_worker_mirrored':
+    _ensure_tf_config()
   gpus = len(tf.config.list_physical_devices('GPU'))
   if num_gpus < 0:
     num_gpus = gpus
@@ -26,6 +121,38 @@ def build_strategy(name: str, num_gpus: int = -1) -> tf.distribute.Strategy:
   strategy = distribute_utils.get_distribution_strategy(
       distribution_strategy=name, num_gpus=num_gpus)
   strategy = strategy or tf.distribute.get_strategy()
-  logging.info('distribution: %s, %d replica(s) in sync', name,
-               strategy.num_replicas_in_sync)
-  return strategy
+  worker_index, num_workers = 0, 1
+  resolver = getattr(strategy, 'cluster_resolver', None)
+  if name == 'multi_worker_mirrored' and resolver is not None:
+    worker_index = resolver.task_id or 0
+    num_workers = len(resolver.cluster_spec().as_dict().get('worker', [1]))
+  return Backend(strategy, worker_index, num_workers)
+
+
+def _ensure_tf_config() -> None:
+  """Sets TF_CONFIG from the MPI rank when the launcher started us via
+  mpirun and none is set; a TF_CONFIG the user set is used as is."""
+  if os.environ.get('TF_CONFIG'):
+    return
+  try:
+    tf_config = launch.tf_config_from_mpi(os.environ)
+  except launch.LaunchError as e:
+    raise UsageError(str(e)) from None
+  if tf_config:
+    os.environ['TF_CONFIG'] = tf_config
+    logging.info('TF_CONFIG from the MPI rank: %s', tf_config)
+
+
+def _horovod_backend() -> Backend:
+  try:
+    import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise UsageError(f'--use_horovod needs Horovod ({e}); install it with '
+                     'scripts/install_horovod.sh') from None
+  hvd.init()
+  gpus = tf.config.list_physical_devices('GPU')
+  if gpus:
+    # One GPU per process: the local rank picks it.
+    tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], 'GPU')
+  return Backend(tf.distribute.get_strategy(), hvd.rank(), hvd.size(), hvd)
+

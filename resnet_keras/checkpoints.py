@@ -10,10 +10,10 @@ import tensorflow as tf
 MAX_TO_KEEP = 5
 
 
-def make_manager(model, optimizer,
-                 model_dir: str) -> tf.train.CheckpointManager:
+def make_manager(model, optimizer, model_dir: str,
+                 max_to_keep: int = MAX_TO_KEEP) -> tf.train.CheckpointManager:
   """A manager for model_dir. run.py decides when to save (every epoch)."""
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
   return tf.train.CheckpointManager(
-      checkpoint, directory=model_dir, max_to_keep=MAX_TO_KEEP,
+      checkpoint, directory=model_dir, max_to_keep=max_to_keep,
       step_counter=optimizer.iterations)

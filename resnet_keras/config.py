@@ -89,6 +89,7 @@ class RunConfig:
   profile_steps: Optional[Tuple[int, int]] = None
   # Runtime.
   distribution_strategy: str = 'off'
+  use_horovod: bool = False
   num_gpus: int = -1  # -1: every visible GPU.
   inter_op_parallelism_threads: int = 0  # 0: chosen from the machine.
   intra_op_parallelism_threads: int = 0
@@ -119,8 +120,17 @@ class RunConfig:
     _check_choice('lr_schedule', self.lr_schedule, LR_SCHEDULES)
     _check_choice('resnet_depth', self.resnet_depth, RESNET_DEPTHS)
     _check_choice('stem', self.stem, tuple(STEM_STRIDES))
+    if self.distribution_strategy == 'hpu':
+      raise UsageError('--distribution_strategy=hpu is Gaudi-only; use '
+                       'mirrored (GPUs of one host), multi_worker_mirrored '
+                       '(several processes or hosts) or --use_horovod')
     _check_choice('distribution_strategy', self.distribution_strategy,
                   DISTRIBUTION_STRATEGIES)
+    if self.use_horovod and self.distribution_strategy != 'off':
+      raise UsageError(
+          f'--use_horovod and --distribution_strategy='
+          f'{self.distribution_strategy} both distribute training; use one '
+          '(Horovod needs --distribution_strategy=off)')
     if self.keras_applications_model is not None:
       _check_choice('keras_applications_model', self.keras_applications_model,
                     KERAS_APPLICATIONS_MODELS)

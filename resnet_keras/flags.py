@@ -159,8 +159,13 @@ def define_flags() -> None:
   # Runtime.
   flags.DEFINE_string('distribution_strategy', _D.distribution_strategy,
                       'off, one_device, mirrored (GPUs of one host) or '
-                      'multi_worker_mirrored (several hosts; uses TF_CONFIG).')
+                      'multi_worker_mirrored (several processes or hosts; '
+                      'TF_CONFIG, or derived from the MPI rank under mpirun).')
   _alias('ds', 'distribution_strategy')
+  flags.DEFINE_boolean('use_horovod', False,
+                       'Train with Horovod: one process per worker (started '
+                       'by mpirun, e.g. via demo_resnet_keras.py); '
+                       '--batch_size is per worker.')
   flags.DEFINE_integer('num_gpus', -1,
                        'GPUs for mirrored/one_device; -1: every visible GPU.')
   flags.DEFINE_integer('inter_op_parallelism_threads', 0,

@@ -116,6 +116,16 @@ def build_optimizer(cfg: RunConfig, learning_rate):
   return optimizer
 
 
+def create_slots(optimizer, variables) -> None:
+  """Creates the optimizer's slot variables now rather than at the first step.
+
+  Then a checkpoint restores them at once (not deferred) and a multi-worker
+  job can sync them from the chief before training starts. tf_keras's legacy
+  optimizers (and their LossScaleOptimizer) expose this only privately.
+  """
+  optimizer._create_all_weights(variables)  # pylint: disable=protected-access
+
+
 def weight_decay_path(cfg: RunConfig) -> str:
   """Which of the three equivalent paths applies weight decay in this run."""
   if not cfg.weight_decay:

@@ -6,6 +6,7 @@ the target-accuracy stop, export and the run summary. What a step computes
 is in trainer.py.
 """
 
+import hashlib
 import os
 import shutil
 import tempfile
@@ -126,14 +127,46 @@ class _Profiler:
       logging.info('profiler stopped at step %d', int(self._step.numpy()))
 
 
-def _log_plan(cfg: RunConfig, plan: TrainingPlan, info, strategy) -> None:
+def _checkpoint_manager(cfg: RunConfig, backend: distribution.Backend,
+                        model, optimizer):
+  """The manager this worker saves with (None: it never saves).
+
+  The chief's lives in model_dir, and the orbit Controller restores from it.
+  Other tf.distribute workers take part in every save, into a scratch
+  manager in their worker_dir, and restore model_dir's latest checkpoint
+  themselves (model_dir must be shared). Other Horovod workers take the
+  chief's variables by broadcast instead.
+  """
+  if backend.is_chief:
+    return checkpoints.make_manager(model, optimizer, cfg.model_dir)
+  if not backend.collective_saves:
+    return None
+  scratch = os.path.join(backend.worker_dir(cfg.model_dir), 'checkpoints')
+  shutil.rmtree(scratch, ignore_errors=True)
+  manager = checkpoints.make_manager(model, optimizer, scratch, max_to_keep=1)
+  latest = tf.train.latest_checkpoint(cfg.model_dir)
+  if latest:
+    manager.checkpoint.restore(latest)
+  return manager
+
+
+def weights_digest(model) -> str:
+  """sha256 of the trainable weights: equal on every worker of a job."""
+  digest = hashlib.sha256()
+  for variable in model.trainable_variables:
+    digest.update(variable.numpy().tobytes())
+  return digest.hexdigest()
+
+
+def _log_plan(cfg: RunConfig, plan: TrainingPlan, info, backend) -> None:
   logging.info(
       'data: %s, %d classes, %d train / %d eval examples', info.name,
       info.num_classes, info.num_train_examples, info.num_eval_examples)
   logging.info(
-      'plan: global batch %d on %d replica(s), %d steps/epoch, %d epochs, '
-      '%d steps, %d steps per loop, dtype %s, optimizer %s, schedule %s',
-      plan.global_batch_size, strategy.num_replicas_in_sync,
+      'plan: global batch %d on %d worker(s) (%s) x %d replica(s), %d '
+      'steps/epoch, %d epochs, %d steps, %d steps per loop, dtype %s, '
+      'optimizer %s, schedule %s', plan.global_batch_size, backend.num_workers,
+      backend.name, backend.strategy.num_replicas_in_sync,
       plan.steps_per_epoch, cfg.train_epochs, plan.total_train_steps,
       plan.steps_per_loop, cfg.dtype, cfg.optimizer, cfg.lr_schedule)
 
@@ -143,17 +176,27 @@ def run(cfg: RunConfig) -> Dict:
   cfg.validate()
   started = time.time()
   info = datasets.describe(cfg)
-  prepare_model_dir(cfg.model_dir, cfg.clean)
   has_gpu = configure_runtime(cfg)
-  strategy = distribution.build_strategy(cfg.distribution_strategy,
-                                         cfg.num_gpus)
+  backend = distribution.build_backend(cfg.distribution_strategy,
+                                       cfg.num_gpus, cfg.use_horovod)
+  strategy = backend.strategy
+  if backend.is_chief:
+    prepare_model_dir(cfg.model_dir, cfg.clean)
+  else:
+    logging.info('worker %d: logging warnings only; the chief (worker 0) '
+                 'logs the run', backend.worker_index)
+    logging.set_verbosity(logging.WARNING)
+  write_dir = backend.worker_dir(cfg.model_dir)
   plan = make_training_plan(cfg, info.num_train_examples,
-                            info.num_eval_examples)
-  if plan.global_batch_size % strategy.num_replicas_in_sync:
+                            info.num_eval_examples,
+                            num_workers=backend.batch_multiplier)
+  # The batch this program's replicas share (per worker under Horovod).
+  program_batch = plan.global_batch_size // backend.batch_multiplier
+  if program_batch % strategy.num_replicas_in_sync:
     raise UsageError(
-        f'--batch_size={plan.global_batch_size} is the global batch and must '
+        f'--batch_size={program_batch} is the global batch and must '
         f'be divisible by the {strategy.num_replicas_in_sync} replicas')
-  _log_plan(cfg, plan, info, strategy)
+  _log_plan(cfg, plan, info, backend)
   wd_path = optimizers.weight_decay_path(cfg)
   _log_flag_notes(cfg, wd_path, has_gpu)
 
@@ -168,28 +211,30 @@ def run(cfg: RunConfig) -> Dict:
         normalize_on_device=cfg.data_loader_image_type == 'uint8',
         compute_dtype=tf_keras.mixed_precision.global_policy().compute_dtype)
     optimizer = optimizers.build_optimizer(cfg, schedule)
-    manager = checkpoints.make_manager(model, optimizer, cfg.model_dir)
+    optimizers.create_slots(optimizer, model.trainable_variables)
+    manager = _checkpoint_manager(cfg, backend, model, optimizer)
+  saves = backend.is_chief or backend.collective_saves
 
-  train_fn, eval_fn = datasets.make_input_fns(cfg, info,
-                                              plan.global_batch_size)
+  train_fn, eval_fn = datasets.make_input_fns(cfg, info, program_batch)
   # Preloading: tf.distribute prefetches each replica's next batches into
   # device memory while the current step runs.
   input_options = tf.distribute.InputOptions(
       experimental_fetch_to_device=cfg.experimental_preloading and has_gpu,
       experimental_per_replica_buffer_size=2)
-  train_ds = strategy.distribute_datasets_from_function(train_fn,
-                                                        input_options)
+  train_ds = strategy.distribute_datasets_from_function(
+      lambda ctx: train_fn(backend.input_context(ctx)), input_options)
   eval_ds = (None if cfg.skip_eval else
-             strategy.distribute_datasets_from_function(eval_fn,
-                                                        input_options))
+             strategy.distribute_datasets_from_function(
+                 lambda ctx: eval_fn(backend.input_context(ctx)),
+                 input_options))
   trainer = trainer_lib.ResnetTrainer(
       strategy=strategy, model=model, optimizer=optimizer,
       train_dataset=train_ds, eval_dataset=eval_ds,
-      global_batch_size=plan.global_batch_size, num_classes=info.num_classes,
+      global_batch_size=program_batch, num_classes=info.num_classes,
       max_steps_per_loop=plan.steps_per_loop,
       label_smoothing=cfg.label_smoothing, weight_decay=cfg.weight_decay,
       weight_decay_path=wd_path, use_tf_function=cfg.use_tf_function,
-      use_tf_while_loop=cfg.use_tf_while_loop)
+      use_tf_while_loop=cfg.use_tf_while_loop, backend=backend)
 
   logger = metrics.StepLogger(
       get_loop=lambda: trainer.last_loop, log_steps=cfg.log_steps,
@@ -205,7 +250,7 @@ def run(cfg: RunConfig) -> Dict:
                          global_step=optimizer.iterations)
     actions.append(profiler)
   summary_dir = eval_summary_dir = None
-  if cfg.enable_tensorboard:
+  if cfg.enable_tensorboard and backend.is_chief:
     summary_dir = os.path.join(cfg.model_dir, 'train')
     eval_summary_dir = os.path.join(cfg.model_dir, 'eval')
     metrics.write_hparams(summary_dir, _hparams(cfg, plan))
@@ -214,10 +259,12 @@ def run(cfg: RunConfig) -> Dict:
       strategy=strategy, trainer=trainer,
       evaluator=None if cfg.skip_eval else trainer,
       global_step=optimizer.iterations, steps_per_loop=plan.steps_per_loop,
-      checkpoint_manager=manager, summary_dir=summary_dir,
+      checkpoint_manager=manager if backend.is_chief else None,
+      summary_dir=summary_dir,
       eval_summary_dir=eval_summary_dir, train_actions=actions)
+  backend.sync_from_chief(model.variables + optimizer.variables())
   start_step = int(optimizer.iterations.numpy())
-  if manager.latest_checkpoint:
+  if start_step and backend.is_chief:
     logging.info('restored from %s at step %d', manager.latest_checkpoint,
                  start_step)
 
@@ -230,7 +277,7 @@ def run(cfg: RunConfig) -> Dict:
       controller.train(min(epoch_end, plan.total_train_steps),
                        checkpoint_at_completion=False)
       step = int(optimizer.iterations.numpy())
-      if cfg.enable_checkpoint_and_export:
+      if cfg.enable_checkpoint_and_export and saves:
         logging.info('saved checkpoint %s',
                      manager.save(checkpoint_number=step))
       at_eval = (step % plan.eval_interval_steps == 0 or
@@ -244,14 +291,18 @@ def run(cfg: RunConfig) -> Dict:
     if profiler:
       profiler.finish()
     logger.close()
-  if cfg.enable_checkpoint_and_export:
+  if cfg.enable_checkpoint_and_export and saves:
     path = export.export_saved_model(
-        network, cfg.image_size, os.path.join(cfg.model_dir, SAVED_MODEL_DIR))
+        network, cfg.image_size, os.path.join(write_dir, SAVED_MODEL_DIR))
     logging.info('exported SavedModel to %s', path)
 
   summary = {
       'global_batch_size': plan.global_batch_size,
-      'num_replicas': strategy.num_replicas_in_sync,
+      'num_replicas': strategy.num_replicas_in_sync * (
+          backend.batch_multiplier),
+      'num_workers': backend.num_workers,
+      'worker_index': backend.worker_index,
+      'distribution': backend.name,
       'train_steps': step,
       'steps_per_epoch': plan.steps_per_epoch,
       'epochs_completed': step / plan.steps_per_epoch,
@@ -271,8 +322,10 @@ def run(cfg: RunConfig) -> Dict:
       'dataset': info.name,
       'target_accuracy_reached': target_reached,
       'wall_seconds': time.time() - started,
+      'weights_sha256': weights_digest(model),
   }
-  metrics.write_json_atomically(os.path.join(cfg.model_dir, SUMMARY_FILE),
+  os.makedirs(write_dir, exist_ok=True)
+  metrics.write_json_atomically(os.path.join(write_dir, SUMMARY_FILE),
                                 summary)
   logging.info('run summary: %s', summary)
   return summary

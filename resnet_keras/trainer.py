@@ -17,6 +17,7 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
+from common import distribution
 from resnet_keras import optimizers as optimizers_lib
 
 
@@ -37,8 +38,12 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                global_batch_size: int, num_classes: int, max_steps_per_loop: int,
                label_smoothing: float = 0.0, weight_decay: float = 0.0,
                weight_decay_path: str = 'none', use_tf_function: bool = True,
-               use_tf_while_loop: bool = True):
+               use_tf_while_loop: bool = True,
+               backend: Optional[distribution.Backend] = None):
+    """`global_batch_size` is the batch of `strategy`'s replicas together;
+    under Horovod each worker has its own (see distribution.Backend)."""
     self.strategy = strategy
+    self.backend = backend or distribution.Backend(strategy)
     self.model = model
     self.optimizer = optimizer
     self.global_step = optimizer.iterations
@@ -115,7 +120,7 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         if self.uses_loss_scale:
           loss = self.optimizer.get_scaled_loss(loss)
       variables = self.model.trainable_variables
-      grads = tape.gradient(loss, variables)
+      grads = self.backend.gradient_tape(tape).gradient(loss, variables)
       if self.uses_loss_scale:
         grads = self.optimizer.get_unscaled_gradients(grads)
       self.optimizer.apply_gradients(zip(grads, variables))
@@ -132,8 +137,12 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
   def train_loop_end(self):
     num_steps = int(self.global_step.numpy() - self._loop_start.numpy())
-    losses = self._losses.numpy()[:num_steps]
-    accuracies = self._correct.numpy()[:num_steps] / self.global_batch_size
+    workers = self.backend.batch_multiplier
+    losses = self.backend.sum_over_workers(
+        self._losses[:num_steps], 'loop_losses') / workers
+    accuracies = self.backend.sum_over_workers(
+        self._correct[:num_steps], 'loop_correct') / (
+            self.global_batch_size * workers)
     seconds = time.perf_counter() - self._loop_started_at
     self.last_loop = LoopRecord(
         first_step=int(self._loop_start.numpy()) + 1, losses=losses,
@@ -142,7 +151,8 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         'train_loss': float(np.mean(losses)),
         'train_accuracy': float(np.mean(accuracies)),
         'learning_rate': float(self.current_learning_rate()),
-        'examples_per_second': num_steps * self.global_batch_size / seconds,
+        'examples_per_second':
+            num_steps * self.global_batch_size * workers / seconds,
     }
 
   def current_learning_rate(self):
@@ -169,6 +179,8 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     self.strategy.run(step_fn, args=(next(iterator),))
 
   def eval_end(self):
+    self.backend.sum_metrics_over_workers(
+        (self.eval_loss, self.eval_accuracy, self.eval_top5))
     return {
         'eval_loss': float(self.eval_loss.result().numpy()),
         'eval_accuracy': float(self.eval_accuracy.result().numpy()),

@@ -1,0 +1,198 @@
+"""How training processes are started: mpirun commands and TF_CONFIG, as data.
+
+Everything here is a pure function of its arguments (the environment and the
+machine's core count are passed in), so `demo_resnet_keras.py --dry_run`
+prints exactly what a real launch runs, and tests check commands without
+starting anything. Used by the launcher (to build commands) and by the
+trainer (to turn an MPI rank into a TF_CONFIG for multi_worker_mirrored).
+"""
+
+import dataclasses
+import json
+import os
+import shlex
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from resnet_keras.errors import UsageError
+
+DEFAULT_SSH_PORT = 3022
+DEFAULT_TF_BASE_PORT = 2410
+# Variables every rank needs from the launching shell (exported with -x when
+# set). Prefixes cover whole families.
+FORWARDED_ENV = ('PATH', 'PYTHONPATH', 'LD_LIBRARY_PATH', 'LD_PRELOAD',
+                 'MULTI_HLS_IPS', 'MPI_TCP_INCLUDE', 'TF_BASE_PORT',
+                 'CUDA_VISIBLE_DEVICES', 'MALLOC_CONF')
+FORWARDED_ENV_PREFIXES = ('TF_', 'HOROVOD_', 'NCCL_', 'OMP_', 'KMP_', 'ONEDNN_',
+                          'DNNL_')
+# Rank and world size as the common MPI launchers publish them.
+_RANK_VARS = (('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'),
+              ('PMI_RANK', 'PMI_SIZE'), ('PMIX_RANK', 'PMIX_SIZE'))
+
+
+@dataclasses.dataclass(frozen=True)
+class Launch:
+  """One command to exec, its extra environment and files it needs."""
+  argv: List[str]
+  env: Dict[str, str]
+  files: Dict[str, str]  # path -> content, written before exec
+  notes: List[str]  # lines for the log (e.g. why binding is off)
+
+  def describe(self) -> str:
+    lines = [f'command: {shlex.join(self.argv)}']
+    lines += [f'env: {k}={v}' for k, v in sorted(self.env.items())]
+    for path, content in self.files.items():
+      lines.append(f'file {path}:')
+      lines += [f'  {line}' for line in content.splitlines()]
+    return '\n'.join(lines)
+
+
+def parse_hosts(multi_hls_ips: Optional[str]) -> List[str]:
+  """MULTI_HLS_IPS ('ip1,ip2,...') -> host list; empty: this host only."""
+  if not multi_hls_ips:
+    return []
+  hosts = [h.strip() for h in multi_hls_ips.split(',') if h.strip()]
+  if len(set(hosts)) != len(hosts):
+    raise UsageError(f'MULTI_HLS_IPS={multi_hls_ips} lists a host twice; '
+                      'give each host once')
+  return hosts
+
+
+def cores_per_worker(physical_cores: int, workers_per_host: int) -> int:
+  """Physical cores each worker gets (0: fewer cores than workers)."""
+  return physical_cores // workers_per_host
+
+
+def mpirun_command(program: Sequence[str], *, workers_per_host: int,
+                   hosts: Sequence[str], physical_cores: int,
+                   environ: Mapping[str, str], hostfile_path: str,
+                   extra_env: Optional[Dict[str, str]] = None) -> Launch:
+  """The mpirun invocation that starts `program` on every worker.
+
+  Args:
+    program: argv of one worker (python, script, flags).
+    workers_per_host: processes per host (--num_workers_per_hls).
+    hosts: MULTI_HLS_IPS hosts; empty for this host only.
+    physical_cores: physical cores of this host (binding assumes the others
+      are alike).
+    environ: the launching environment (variables to forward, MPI_ROOT,
+      MPI_TCP_INCLUDE, DOCKER_SSHD_PORT).
+    hostfile_path: where the multi-host hostfile is written.
+    extra_env: variables the launcher adds for the job (forwarded too).
+  """
+  extra_env = dict(extra_env or {})
+  environ = {**environ, **extra_env}
+  num_hosts = max(1, len(hosts))
+  argv = ['mpirun', '--allow-run-as-root', '-np',
+          str(workers_per_host * num_hosts)]
+  notes = []
+  pe = cores_per_worker(physical_cores, workers_per_host)
+  if pe >= 1:
+    argv += ['--bind-to', 'core', '--map-by', f'socket:PE={pe}']
+  else:
+    # More workers than cores is deliberate (e.g. tests on a small box):
+    # binding would fail, and mpirun refuses more ranks than slots.
+    argv += ['--bind-to', 'none', '--oversubscribe']
+    notes.append(f'{workers_per_host} workers per host but {physical_cores} '
+                 'physical cores: not binding workers to cores')
+  argv += ['--tag-output', '--merge-stderr-to-stdout']
+  files = {}
+  if hosts:
+    files[hostfile_path] = ''.join(
+        f'{h} slots={workers_per_host}\n' for h in hosts)
+    ssh_port = environ.get('DOCKER_SSHD_PORT', str(DEFAULT_SSH_PORT))
+    argv += ['--hostfile', hostfile_path,
+             '--mca', 'plm_rsh_args', f'-p{ssh_port}']
+  if environ.get('MPI_TCP_INCLUDE'):
+    interfaces = environ['MPI_TCP_INCLUDE']
+    argv += ['--mca', 'btl_tcp_if_include', interfaces,
+             '--mca', 'oob_tcp_if_include', interfaces]
+  if environ.get('MPI_ROOT'):
+    argv += ['--prefix', environ['MPI_ROOT']]
+  for name in forwarded_env_names(environ):
+    argv += ['-x', name]
+  return Launch(argv=argv + list(program), env=extra_env, files=files,
+                notes=notes)
+
+
+def strip_flags(args: Sequence[str], boolean: Sequence[str],
+                valued: Sequence[str]) -> List[str]:
+  """`args` without the named flags, in any absl spelling.
+
+  Boolean flags: --x, --nox, --x=v. Valued flags: --x v, --x=v (one or two
+  leading dashes).
+  """
+  out, skip_next = [], False
+  for arg in args:
+    if skip_next:
+      skip_next = False
+      continue
+    name = arg.lstrip('-').split('=', 1)[0] if arg.startswith('-') else None
+    if name in valued:
+      skip_next = '=' not in arg
+      continue
+    if name in boolean or (name and name.startswith('no') and
+                           name[2:] in boolean):
+      continue
+    out.append(arg)
+  return out
+
+
+def forwarded_env_names(environ: Mapping[str, str]) -> List[str]:
+  """Names of the set variables every rank must see."""
+  return sorted(name for name in environ
+                if name in FORWARDED_ENV or
+                name.startswith(FORWARDED_ENV_PREFIXES))
+
+
+def mpi_rank_and_size(environ: Mapping[str, str]):
+  """(rank, size) from an MPI launcher's environment, or None."""
+  for rank_var, size_var in _RANK_VARS:
+    if rank_var in environ and size_var in environ:
+      return int(environ[rank_var]), int(environ[size_var])
+  return None
+
+
+def tf_config_for_rank(rank: int, size: int, hosts: Sequence[str],
+                       base_port: int = DEFAULT_TF_BASE_PORT) -> Dict:
+  """TF_CONFIG of worker `rank` among `size`, laid out as mpirun places them.
+
+  mpirun fills each host's slots before the next host, so rank r runs on
+  host r // per_host with local rank r % per_host, and listens on
+  base_port + local rank (several workers share a host).
+  """
+  hosts = list(hosts) or ['localhost']
+  if size % len(hosts):
+    raise UsageError(f'{size} workers cannot be spread evenly over '
+                      f'{len(hosts)} hosts in MULTI_HLS_IPS')
+  per_host = size // len(hosts)
+  workers = [f'{hosts[r // per_host]}:{base_port + r % per_host}'
+             for r in range(size)]
+  return {'cluster': {'worker': workers},
+          'task': {'type': 'worker', 'index': rank}}
+
+
+def tf_config_from_mpi(environ: Mapping[str, str]) -> Optional[str]:
+  """The TF_CONFIG (JSON) this MPI rank should use, or None outside MPI."""
+  rank_size = mpi_rank_and_size(environ)
+  if rank_size is None:
+    return None
+  base_port = int(environ.get('TF_BASE_PORT', DEFAULT_TF_BASE_PORT))
+  config = tf_config_for_rank(*rank_size, parse_hosts(
+      environ.get('MULTI_HLS_IPS')), base_port)
+  return json.dumps(config)
+
+
+def physical_core_count() -> int:
+  """Physical cores of this machine (hyperthread siblings counted once)."""
+  cores = set()
+  root = '/sys/devices/system/cpu'
+  for name in os.listdir(root) if os.path.isdir(root) else []:
+    topology = os.path.join(root, name, 'topology')
+    if not (name.startswith('cpu') and name[3:].isdigit() and
+            os.path.isdir(topology)):
+      continue
+    with open(os.path.join(topology, 'physical_package_id')) as f:
+      package = f.read().strip()
+    with open(os.path.join(topology, 'core_id')) as f:
+      cores.add((package, f.read().strip()))
+  return len(cores) or os.cpu_count() or 1

@@ -1,0 +1,179 @@
+"""Launches resnet_ctl_imagenet_main.py: optimizer presets, then 1..N workers.
+
+  python demo_resnet_keras.py -dt bf16 -dlit bf16 -bs 256 -te 90 -ebe 90
+  python demo_resnet_keras.py --optimizer LARS -dt bf16
+  python demo_resnet_keras.py --use_horovod --num_workers_per_hls 8 \\
+      --optimizer LARS -dt bf16 -bs 256 -te 40 -ebe 40
+  python demo_resnet_keras.py -ds multi_worker_mirrored \\
+      --num_workers_per_hls 2 -bs 512
+  MULTI_HLS_IPS=10.0.0.1,10.0.0.2 python demo_resnet_keras.py --use_horovod \\
+      --num_workers_per_hls 8 --optimizer LARS
+  python demo_resnet_keras.py ... --dry_run   # print the command, run nothing
+
+Every flag of resnet_ctl_imagenet_main.py is accepted and forwarded as typed.
+--optimizer LARS / SGD fill in their recipe's hyperparameters unless given
+(in any spelling). With more than one worker in total (--num_workers_per_hls
+> 1 or several MULTI_HLS_IPS hosts) the workers are started with mpirun;
+they train with Horovod (--use_horovod; -bs per worker) or tf.distribute
+(--distribution_strategy=multi_worker_mirrored; -bs global, each rank's
+TF_CONFIG derived from its MPI rank). Environment: MULTI_HLS_IPS,
+MPI_TCP_INCLUDE, DOCKER_SSHD_PORT (3022), MPI_ROOT, TF_BASE_PORT (2410).
+The exit code is the training job's.
+"""
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+
+from common import env
+
+env.prepare_tensorflow_environment()
+
+from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags  # pylint: disable=g-import-not-at-top
+
+from common import cli  # pylint: disable=g-import-not-at-top
+from common import launch  # pylint: disable=g-import-not-at-top
+from resnet_keras import flags as flags_lib  # pylint: disable=g-import-not-at-top
+from resnet_keras.errors import UsageError  # pylint: disable=g-import-not-at-top
+
+TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                       'resnet_ctl_imagenet_main.py')
+# Launcher-only flags: consumed here, never forwarded.
+_LAUNCHER_BOOLEANS = ('kubernetes_run', 'horovod_hierarchical_allreduce',
+                      'dry_run')
+_LAUNCHER_VALUED = ('num_workers_per_hls',)
+
+FLAGS = flags.FLAGS
+
+
+def define_launcher_flags() -> None:
+  flags.DEFINE_integer('num_workers_per_hls', 1,
+                       'Workers (processes) per host. More than one worker in '
+                       'total runs them with mpirun; needs --use_horovod or '
+                       '--distribution_strategy=multi_worker_mirrored.')
+  flags.DEFINE_boolean('kubernetes_run', False,
+                       'Each rank is already started by an external launcher '
+                       '(e.g. a Kubeflow MPIJob): run this rank in-process, '
+                       'without mpirun.')
+  flags.DEFINE_boolean('horovod_hierarchical_allreduce', False,
+                       'Set HOROVOD_HIERARCHICAL_ALLREDUCE=1 (allreduce '
+                       'within each host first; for multi-host Horovod).')
+  flags.DEFINE_boolean('dry_run', False,
+                       'Print the command(s), environment and per-worker '
+                       'TF_CONFIG, then exit without running anything.')
+
+
+def preset(optimizer: str, total_workers: int) -> dict:
+  """The recipe's hyperparameters for `--optimizer` (reference README).
+
+  LARS's base learning rate was tuned for one worker (2.5) and for the
+  8-worker global batch (9.5).
+  """
+  if optimizer == 'LARS':
+    return {'base_learning_rate': 2.5 if total_workers == 1 else 9.5,
+            'warmup_epochs': 3, 'lr_schedule': 'polynomial',
+            'label_smoothing': 0.1, 'weight_decay': 0.0001,
+            'single_l2_loss_op': True}
+  # SGD: the Model Garden's 90-epoch recipe (LR 0.1 per 256 images).
+  return {'base_learning_rate': 0.1, 'warmup_epochs': 5,
+          'lr_schedule': 'piecewise', 'weight_decay': 0.0001}
+
+
+def preset_args(values: dict, given) -> list:
+  """--name=value for each preset the user did not give."""
+  args = []
+  for name, value in values.items():
+    if given(name):
+      continue
+    if isinstance(value, bool):
+      args.append(f'--{name}' if value else f'--no{name}')
+    else:
+      args.append(f'--{name}={value}')
+  return args
+
+
+def _total_workers(hosts) -> int:
+  if FLAGS.num_workers_per_hls < 1:
+    raise UsageError('--num_workers_per_hls must be >= 1, got '
+                     f'{FLAGS.num_workers_per_hls}')
+  return FLAGS.num_workers_per_hls * max(1, len(hosts))
+
+
+def build_launch(argv, environ) -> launch.Launch:
+  """The command this invocation runs, from parsed FLAGS and `environ`."""
+  hosts = launch.parse_hosts(environ.get('MULTI_HLS_IPS'))
+  total_workers = _total_workers(hosts)
+  multi_worker = (FLAGS.use_horovod or
+                  FLAGS.distribution_strategy == 'multi_worker_mirrored')
+  if total_workers > 1 and not multi_worker:
+    raise UsageError(
+        f'{total_workers} workers need a multi-worker backend: add '
+        '--use_horovod or --distribution_strategy=multi_worker_mirrored')
+  forwarded = launch.strip_flags(argv[1:], _LAUNCHER_BOOLEANS,
+                                 _LAUNCHER_VALUED)
+  forwarded += preset_args(preset(FLAGS.optimizer, total_workers),
+                           lambda name: FLAGS[name].present)
+  program = [sys.executable, TRAINER] + forwarded
+  extra_env = {}
+  if FLAGS.horovod_hierarchical_allreduce:
+    extra_env['HOROVOD_HIERARCHICAL_ALLREDUCE'] = '1'
+  if FLAGS.kubernetes_run or total_workers == 1:
+    return launch.Launch(argv=program, env=extra_env, files={}, notes=[])
+  hostfile = os.path.join(tempfile.gettempdir(),
+                          f'resnet_keras_hostfile_{os.getpid()}')
+  return launch.mpirun_command(
+      program, workers_per_host=FLAGS.num_workers_per_hls, hosts=hosts,
+      physical_cores=launch.physical_core_count(), environ=environ,
+      hostfile_path=hostfile, extra_env=extra_env)
+
+
+def _check_tools(plan: launch.Launch) -> None:
+  if plan.argv[0] == 'mpirun' and not shutil.which('mpirun'):
+    cli.fail('mpirun not found; install OpenMPI (apt-get install openmpi-bin '
+             'libopenmpi-dev, or run scripts/install_horovod.sh)')
+  if FLAGS.use_horovod:
+    import importlib.util  # pylint: disable=g-import-not-at-top
+    if importlib.util.find_spec('horovod') is None:
+      cli.fail('--use_horovod needs Horovod; install it with '
+               'scripts/install_horovod.sh')
+
+
+def _print_tf_configs(environ) -> None:
+  """multi_worker_mirrored: the TF_CONFIG each rank will derive."""
+  hosts = launch.parse_hosts(environ.get('MULTI_HLS_IPS'))
+  total = _total_workers(hosts)
+  if FLAGS.distribution_strategy != 'multi_worker_mirrored' or total == 1:
+    return
+  base_port = int(environ.get('TF_BASE_PORT', launch.DEFAULT_TF_BASE_PORT))
+  for rank in range(total):
+    config = launch.tf_config_for_rank(rank, total, hosts, base_port)
+    print(f'TF_CONFIG rank {rank}: {json.dumps(config)}')
+
+
+def main(argv):
+  cli.configure_logging()
+  flags_lib.config_from_flags()  # Bad trainer flags fail here, before launch.
+  environ = dict(os.environ)
+  plan = build_launch(sys.argv, environ)
+  for note in plan.notes:
+    print(f'note: {note}', flush=True)
+  if FLAGS.dry_run:
+    print(plan.describe())
+    _print_tf_configs(environ)
+    return 0
+  _check_tools(plan)
+  for path, content in plan.files.items():
+    with open(path, 'w') as f:
+      f.write(content)
+  sys.stdout.flush()
+  os.execvpe(plan.argv[0], plan.argv, {**environ, **plan.env})
+
+
+if __name__ == '__main__':
+  flags_lib.define_flags()
+  define_launcher_flags()
+  app.run(lambda argv: cli.run_main(main, argv),
+          flags_parser=cli.parse_flags_or_fail)

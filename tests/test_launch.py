@@ -1,0 +1,109 @@
+"""mpirun commands, TF_CONFIG and flag stripping, as pure functions."""
+
+import json
+
+import pytest
+
+from common import launch
+from resnet_keras.errors import UsageError
+
+PROGRAM = ['python', 'resnet_ctl_imagenet_main.py', '-bs', '8']
+
+
+def _mpirun(**overrides):
+  kwargs = dict(workers_per_host=2, hosts=[], physical_cores=8,
+                environ={'PATH': '/bin'}, hostfile_path='/tmp/hosts')
+  kwargs.update(overrides)
+  return launch.mpirun_command(PROGRAM, **kwargs)
+
+
+def test_single_host_binds_each_worker_to_its_share_of_cores():
+  plan = _mpirun(workers_per_host=4, physical_cores=56)
+  argv = ' '.join(plan.argv)
+  assert argv.startswith('mpirun --allow-run-as-root -np 4 --bind-to core '
+                         '--map-by socket:PE=14 --tag-output '
+                         '--merge-stderr-to-stdout')
+  assert argv.endswith(' '.join(PROGRAM))
+  assert '--hostfile' not in argv and '--oversubscribe' not in argv
+  assert plan.files == {} and plan.notes == []
+
+
+def test_more_workers_than_cores_oversubscribes_without_binding():
+  plan = _mpirun(workers_per_host=4, physical_cores=2)
+  assert plan.argv[4:7] == ['--bind-to', 'none', '--oversubscribe']
+  assert '4 workers per host but 2 physical cores' in plan.notes[0]
+
+
+def test_multi_host_writes_a_hostfile_and_uses_the_ssh_port():
+  plan = _mpirun(hosts=['10.0.0.1', '10.0.0.2'], workers_per_host=8,
+                 physical_cores=16,
+                 environ={'DOCKER_SSHD_PORT': '4022', 'MPI_ROOT': '/opt/mpi',
+                          'MPI_TCP_INCLUDE': '10.0.0.0/24'})
+  argv = ' '.join(plan.argv)
+  assert '-np 16 ' in argv
+  assert plan.files == {'/tmp/hosts': '10.0.0.1 slots=8\n10.0.0.2 slots=8\n'}
+  assert '--hostfile /tmp/hosts --mca plm_rsh_args -p4022' in argv
+  assert ('--mca btl_tcp_if_include 10.0.0.0/24 '
+          '--mca oob_tcp_if_include 10.0.0.0/24') in argv
+  assert '--prefix /opt/mpi' in argv
+  default = ' '.join(_mpirun(hosts=['a', 'b']).argv)
+  assert f'-p{launch.DEFAULT_SSH_PORT}' in default
+
+
+def test_only_relevant_set_variables_are_forwarded():
+  environ = {'PATH': '/bin', 'PYTHONPATH': '/x', 'TF_CONFIG': '{}',
+             'HOROVOD_FUSION_THRESHOLD': '1', 'NCCL_DEBUG': 'INFO',
+             'HOME': '/root', 'SECRET_TOKEN': 'x'}
+  plan = _mpirun(environ=environ, extra_env={'HOROVOD_CYCLE_TIME': '1'})
+  forwarded = [plan.argv[i + 1] for i, a in enumerate(plan.argv) if a == '-x']
+  assert forwarded == ['HOROVOD_CYCLE_TIME', 'HOROVOD_FUSION_THRESHOLD',
+                       'NCCL_DEBUG', 'PATH', 'PYTHONPATH', 'TF_CONFIG']
+  assert plan.env == {'HOROVOD_CYCLE_TIME': '1'}
+
+
+def test_tf_config_follows_mpirun_placement():
+  config = launch.tf_config_for_rank(3, 4, ['h1', 'h2'], base_port=5000)
+  assert config == {'cluster': {'worker': ['h1:5000', 'h1:5001', 'h2:5000',
+                                           'h2:5001']},
+                    'task': {'type': 'worker', 'index': 3}}
+  local = launch.tf_config_for_rank(0, 2, [])
+  assert local['cluster']['worker'] == ['localhost:2410', 'localhost:2411']
+  with pytest.raises(UsageError, match='spread evenly'):
+    launch.tf_config_for_rank(0, 3, ['h1', 'h2'])
+
+
+@pytest.mark.parametrize('environ,expected_rank', [
+    ({'OMPI_COMM_WORLD_RANK': '1', 'OMPI_COMM_WORLD_SIZE': '2'}, 1),
+    ({'PMI_RANK': '0', 'PMI_SIZE': '2', 'TF_BASE_PORT': '3000'}, 0),
+])
+def test_tf_config_from_the_mpi_environment(environ, expected_rank):
+  config = json.loads(launch.tf_config_from_mpi(environ))
+  assert config['task']['index'] == expected_rank
+  port = int(environ.get('TF_BASE_PORT', 2410))
+  assert config['cluster']['worker'] == [f'localhost:{port}',
+                                         f'localhost:{port + 1}']
+
+
+def test_no_tf_config_outside_mpi():
+  assert launch.tf_config_from_mpi({'PATH': '/bin'}) is None
+
+
+def test_hosts_parsing():
+  assert launch.parse_hosts(None) == []
+  assert launch.parse_hosts(' a, b ,') == ['a', 'b']
+  with pytest.raises(UsageError, match='lists a host twice'):
+    launch.parse_hosts('a,a')
+
+
+def test_strip_flags_in_every_spelling():
+  args = ['--num_workers_per_hls', '8', '-bs', '4', '--num_workers_per_hls=2',
+          '--kubernetes_run=True', '--nokubernetes_run', '--dry_run',
+          '-kubernetes_run', '--use_horovod', '--base_learning_rate=3']
+  assert launch.strip_flags(args, ('kubernetes_run', 'dry_run'),
+                            ('num_workers_per_hls',)) == [
+                                '-bs', '4', '--use_horovod',
+                                '--base_learning_rate=3']
+
+
+def test_physical_cores_is_positive():
+  assert launch.physical_core_count() >= 1
