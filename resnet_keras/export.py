@@ -36,8 +36,9 @@ def export_saved_model(network: tf_keras.Model, image_size: int,
                       ('serving_uint8', tf.uint8)):
     spec = tf.TensorSpec([None, image_size, image_size, 3], dtype,
                          name='images')
-    signatures[name] = tf.function(module.predict,
-                                   input_signature=[spec]).get_concrete_function()
+    # A tf.function, not a concrete function: under a distribution strategy
+    # only the former can be saved.
+    signatures[name] = tf.function(module.predict, input_signature=[spec])
   staging = export_dir + '.partial'
   shutil.rmtree(staging, ignore_errors=True)
   tf.saved_model.save(module, staging, signatures=signatures)

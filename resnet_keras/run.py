@@ -9,6 +9,7 @@ is in trainer.py.
 import hashlib
 import os
 import shutil
+import sys
 import tempfile
 import time
 from typing import Dict
@@ -57,6 +58,9 @@ def prepare_model_dir(model_dir: str, clean: bool) -> None:
 def configure_runtime(cfg: RunConfig) -> bool:
   """Threads, XLA, seeds and precision policy; True if a GPU is present."""
   has_gpu = bool(tf.config.list_physical_devices('GPU'))
+  # TensorFlow's Python INFO lines (collective setup, SavedModel internals)
+  # drown the step lines; its warnings still show.
+  tf.get_logger().setLevel('WARNING')
   if cfg.inter_op_parallelism_threads:
     tf.config.threading.set_inter_op_parallelism_threads(
         cfg.inter_op_parallelism_threads)
@@ -241,7 +245,9 @@ def run(cfg: RunConfig) -> Dict:
       total_steps=plan.total_train_steps,
       steps_per_epoch=plan.steps_per_epoch,
       global_batch_size=plan.global_batch_size,
-      learning_rate_at=lambda step: float(schedule(step).numpy()))
+      learning_rate_at=lambda step: float(schedule(step).numpy()),
+      # mpirun gives every rank a terminal; one bar per rank would garble it.
+      progress_bar=sys.stdout.isatty() and backend.num_workers == 1)
   actions = [logger]
   profiler = None
   if cfg.profile_steps:
@@ -294,7 +300,10 @@ def run(cfg: RunConfig) -> Dict:
   if cfg.enable_checkpoint_and_export and saves:
     path = export.export_saved_model(
         network, cfg.image_size, os.path.join(write_dir, SAVED_MODEL_DIR))
-    logging.info('exported SavedModel to %s', path)
+    if backend.is_chief:
+      logging.info('exported SavedModel to %s', path)
+    else:  # Only written because saving is collective; the chief's counts.
+      shutil.rmtree(path)
 
   summary = {
       'global_batch_size': plan.global_batch_size,

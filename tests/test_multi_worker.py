@@ -1,0 +1,102 @@
+"""Real 2-process jobs through demo_resnet_keras.py (mpirun on this host).
+
+Horovod and multi_worker_mirrored each train a tiny model; both workers must
+end with identical weights. A job whose worker dies must end, non-zero,
+without leaving processes behind.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests import e2e
+
+DEMO = os.path.join(e2e.REPO_ROOT, 'demo_resnet_keras.py')
+TINY = [a for a in e2e.TINY if not a.startswith('--batch_size')]
+
+
+def _summaries(model_dir):
+  return (e2e.read_summary(model_dir),
+          e2e.read_summary(os.path.join(model_dir, 'worker_1')))
+
+
+@pytest.mark.parametrize('backend_args,batch_flag,global_batch', [
+    (['--use_horovod'], '--batch_size=8', 16),  # -bs per worker
+    (['-ds', 'multi_worker_mirrored'], '--batch_size=16', 16),  # -bs global
+])
+def test_two_workers_train_in_lockstep(tmp_path, backend_args, batch_flag,
+                                       global_batch):
+  model_dir = str(tmp_path / 'model')
+  result = e2e.run_script(
+      DEMO, backend_args + ['--num_workers_per_hls=2', batch_flag,
+                            f'--model_dir={model_dir}'] + TINY, timeout=300)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  chief, worker = _summaries(model_dir)
+  assert chief['num_workers'] == worker['num_workers'] == 2
+  assert (chief['worker_index'], worker['worker_index']) == (0, 1)
+  assert chief['global_batch_size'] == global_batch
+  assert chief['train_steps'] == 4
+  assert chief['eval_examples'] == 13  # Every example once, over both.
+  assert chief['weights_sha256'] == worker['weights_sha256']
+
+
+def _rank_pids(launcher_pid):
+  """pid -> MPI rank of the trainer processes under the launcher's mpirun."""
+  ranks = {}
+  for pid in os.listdir('/proc'):
+    if not pid.isdigit():
+      continue
+    try:
+      with open(f'/proc/{pid}/environ', 'rb') as f:
+        environ = dict(item.split(b'=', 1) for item in f.read().split(b'\0')
+                       if b'=' in item)
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        cmdline = f.read()
+    except OSError:
+      continue
+    if (b'resnet_ctl_imagenet_main.py' in cmdline and
+        b'OMPI_COMM_WORLD_RANK' in environ and
+        environ.get(b'RESNET_TEST_JOB') == str(launcher_pid).encode()):
+      ranks[int(pid)] = int(environ[b'OMPI_COMM_WORLD_RANK'])
+  return ranks
+
+
+@pytest.mark.parametrize('backend_args', [
+    ['--use_horovod'], ['-ds', 'multi_worker_mirrored']])
+def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
+  log = open(tmp_path / 'log.txt', 'w+')
+  env = dict(os.environ, RESNET_TEST_JOB='pending')
+  args = [sys.executable, DEMO] + backend_args + [
+      '--num_workers_per_hls=2', f'--model_dir={tmp_path / "model"}',
+      '--batch_size=8', '--train_steps=100000', '--train_epochs=1'] + [
+          a for a in TINY if not a.startswith(('--train_steps', '--batch'))]
+  # The launcher execs mpirun, so its pid is mpirun's; tag the job with it.
+  job = subprocess.Popen(['sh', '-c', 'RESNET_TEST_JOB=$$ exec "$@"', 'sh'] +
+                         args, cwd=e2e.REPO_ROOT, stdout=log,
+                         stderr=subprocess.STDOUT, env=env)
+  try:
+    deadline = time.time() + 240
+    while 'step 2/' not in (tmp_path / 'log.txt').read_text():
+      assert job.poll() is None, (tmp_path / 'log.txt').read_text()[-3000:]
+      assert time.time() < deadline, 'training did not start'
+      time.sleep(1)
+    ranks = _rank_pids(job.pid)
+    assert sorted(ranks.values()) == [0, 1], ranks
+    victim = next(pid for pid, rank in ranks.items() if rank == 1)
+    killed_at = time.time()
+    os.kill(victim, signal.SIGKILL)
+    returncode = job.wait(timeout=60)
+    assert returncode != 0
+    assert time.time() - killed_at < 60
+    output = (tmp_path / 'log.txt').read_text()
+    assert 'rank 1' in output or '[[' in output and ',1]' in output, output[-2000:]
+    time.sleep(1)
+    assert not _rank_pids(job.pid), 'a worker outlived the job'
+  finally:
+    if job.poll() is None:
+      job.kill()
+    log.close()
