@@ -130,3 +130,10 @@ def test_help_lists_launcher_and_trainer_flags():
   for name in ('num_workers_per_hls', 'kubernetes_run', 'dry_run',
                'optimizer', 'use_horovod', 'data_loader_image_type'):
     assert f'--{name}' in result.stdout or f'--[no]{name}' in result.stdout
+
+
+def test_missing_mpirun_says_how_to_install_it(tmp_path):
+  result = e2e.run_script(DEMO, ['--use_horovod', '--num_workers_per_hls=2',
+                                 f'--model_dir={tmp_path}'],
+                          timeout=120, env={'PATH': str(tmp_path)})
+  e2e.assert_one_line_error(result, 'mpirun not found', 'install_horovod.sh')
