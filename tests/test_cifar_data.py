@@ -70,8 +70,24 @@ def test_train_end_to_end(cifar10_dir, tmp_path):
   model_dir = str(tmp_path / 'run')
   result = e2e.run_main(['--dataset', 'cifar10', '-dd', str(root), '-md',
                          model_dir, '--resnet_depth', '18', '--image_size',
-                         '32', '-bs', '4', '--steps_per_loop', '2'])
+                         '32', '-bs', '4', '--steps_per_loop', '2',
+                         '--training_dataset_cache',
+                         '--datasets_num_private_threads=2'])
   assert result.returncode == 0, result.stderr
   summary = e2e.read_summary(model_dir)
   assert summary['num_classes'] == 10 and summary['eval_examples'] == 3
   assert summary['steps_per_epoch'] == 2
+
+
+def test_pipeline_flags_reach_the_dataset(cifar10_dir):
+  root, _ = cifar10_dir
+  files = cifar.find_files(str(root), 'cifar10', 'train')
+  ds = cifar.dataset(files, 'cifar10', is_training=True, batch_size=2,
+                     image_size=32, dtype=tf.uint8, cache=True,
+                     num_private_threads=3)
+  assert ds.options().threading.private_threadpool_size == 3
+  graph = ds._as_serialized_graph().numpy()  # pylint: disable=protected-access
+  assert b'CacheDataset' in graph
+  plain = cifar.dataset(files, 'cifar10', is_training=True, batch_size=2,
+                        image_size=32, dtype=tf.uint8)
+  assert b'CacheDataset' not in plain._as_serialized_graph().numpy()  # pylint: disable=protected-access

@@ -336,6 +336,20 @@ def test_converts_tiny_dataset_with_two_workers(tmp_path):
   per_shard = [name for name, _ in train]
   assert sorted(per_shard.count(n) for n in set(per_shard)) == [5, 5, 5, 6]
 
+  # The trainer reads the converter's output as is: counts from
+  # metadata.json, and eval covers all 6 images with batch 4 (4 + 2).
+  trained = subprocess.run(
+      [sys.executable, os.path.join(REPO_ROOT, 'resnet_ctl_imagenet_main.py'),
+       '-dd', out, '-md', str(tmp_path / 'model'), '--resnet_depth=18',
+       '--image_size=32', '-bs', '4', '--steps_per_loop=5', '--log_steps=5'],
+      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  with open(tmp_path / 'model' / 'run_summary.json') as f:
+    summary = json.load(f)
+  assert summary['num_classes'] == 3
+  assert summary['steps_per_epoch'] == 3 * TRAIN_PER_CLASS // 4
+  assert summary['eval_examples'] == NUM_VALIDATION
+
 
 def test_rgb_jpegs_are_stored_byte_for_byte(tmp_path):
   raw, out = make_raw(str(tmp_path), 'class_folders'), str(tmp_path / 'out')

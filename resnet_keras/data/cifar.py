@@ -12,7 +12,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from resnet_keras.data.preprocessing import normalize_images
+from resnet_keras.data.preprocessing import normalize_images, with_private_threads
 from resnet_keras.errors import UsageError
 
 IMAGE_BYTES = 32 * 32 * 3
@@ -61,15 +61,23 @@ def _decode(record, label_bytes):
 def dataset(files: List[str], name: str, *, is_training: bool,
             batch_size: int, image_size: int, dtype: tf.DType,
             input_pipeline_id: int = 0, num_input_pipelines: int = 1,
-            seed: Optional[int] = None, limit: int = 0) -> tf.data.Dataset:
-  """Batches of (images, labels); images resized when image_size != 32."""
+            seed: Optional[int] = None, limit: int = 0, cache: bool = False,
+            num_private_threads: int = 0) -> tf.data.Dataset:
+  """Batches of (images, labels); images resized when image_size != 32.
+
+  `cache` keeps the decoded-from-disk records in memory after the first
+  epoch (training only); `num_private_threads` > 0 gives the pipeline a
+  private threadpool.
+  """
   label_bytes = SPECS[name]['label_bytes']
   ds = tf.data.FixedLengthRecordDataset(files, label_bytes + IMAGE_BYTES)
   if limit:
     ds = ds.take(limit)
   ds = ds.shard(num_input_pipelines, input_pipeline_id)
+  if cache and is_training:
+    ds = ds.cache()
   if is_training:
-    ds = ds.cache().shuffle(50_000, seed=seed).repeat()
+    ds = ds.shuffle(50_000, seed=seed).repeat()
 
   def preprocess(record):
     image, label = _decode(record, label_bytes)
@@ -87,5 +95,6 @@ def dataset(files: List[str], name: str, *, is_training: bool,
 
   ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE,
               deterministic=not is_training or seed is not None)
-  return ds.batch(batch_size, drop_remainder=is_training).prefetch(
-      tf.data.AUTOTUNE)
+  return with_private_threads(
+      ds.batch(batch_size, drop_remainder=is_training).prefetch(
+          tf.data.AUTOTUNE), num_private_threads)

@@ -87,14 +87,14 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo,
   dtype = loader_dtype(cfg)
   seed = cfg.global_seed or 0
   if not cfg.use_synthetic_data:
+    pipeline = dict(cache=cfg.training_dataset_cache,
+                    num_private_threads=cfg.datasets_num_private_threads)
     if cfg.dataset in cifar.SPECS:
-      build = functools.partial(cifar.dataset, name=cfg.dataset)
+      build = functools.partial(cifar.dataset, name=cfg.dataset, **pipeline)
     else:
       build = functools.partial(
           imagenet.dataset, num_classes=info.num_classes,
-          cache=cfg.training_dataset_cache,
-          num_private_threads=cfg.datasets_num_private_threads,
-          crop_min_area=cfg.train_crop_min_area)
+          crop_min_area=cfg.train_crop_min_area, **pipeline)
     return _file_input_fns(cfg, info, global_batch_size, dtype, build)
 
   def train_input_fn(ctx: tf.distribute.InputContext):

@@ -18,7 +18,7 @@ from typing import Dict, List, Optional
 
 import tensorflow as tf
 
-from resnet_keras.data.preprocessing import normalize_images
+from resnet_keras.data.preprocessing import normalize_images, with_private_threads
 from resnet_keras.errors import UsageError
 
 SPLIT_PATTERNS = {
@@ -228,9 +228,5 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
   ds = ds.map(parse_and_preprocess, num_parallel_calls=tf.data.AUTOTUNE,
               deterministic=not is_training or seed is not None)
   ds = ds.batch(batch_size, drop_remainder=is_training)
-  ds = ds.prefetch(tf.data.AUTOTUNE)
-  if num_private_threads:
-    options = tf.data.Options()
-    options.threading.private_threadpool_size = num_private_threads
-    ds = ds.with_options(options)
-  return ds
+  return with_private_threads(ds.prefetch(tf.data.AUTOTUNE),
+                              num_private_threads)

@@ -16,3 +16,12 @@ def normalize_images(images, dtype=tf.float32):
   """Casts 0-255 RGB images to float32, subtracts the mean, casts to dtype."""
   images = tf.cast(images, tf.float32) - tf.constant(MEAN_RGB, tf.float32)
   return tf.cast(images, dtype)
+
+
+def with_private_threads(ds, num_threads: int):
+  """`ds` on a private tf.data threadpool of `num_threads` (0: shared)."""
+  if not num_threads:
+    return ds
+  options = tf.data.Options()
+  options.threading.private_threadpool_size = num_threads
+  return ds.with_options(options)
