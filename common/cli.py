@@ -6,14 +6,12 @@ import sys
 from absl import flags
 from absl import logging
 
-from resnet_keras.errors import UsageError
-
-USAGE_EXIT_CODE = 2
+from resnet_keras.errors import RunStopped, UsageError
 
 
-def fail(message: str) -> None:
+def fail(message: str, exit_code: int = UsageError.exit_code) -> None:
   print(f'error: {message}', file=sys.stderr, flush=True)
-  sys.exit(USAGE_EXIT_CODE)
+  sys.exit(exit_code)
 
 
 _HELP_FLAGS = ('-h', '-?', '--help', '-help', '--helpfull', '-helpfull',
@@ -34,11 +32,11 @@ def parse_flags_or_fail(argv):
 
 
 def run_main(main, argv):
-  """Runs `main(argv)`, turning UsageError into the one-line report."""
+  """Runs `main(argv)`, turning our errors into the one-line report."""
   try:
     return main(argv)
-  except UsageError as e:
-    fail(str(e))
+  except (UsageError, RunStopped) as e:
+    fail(str(e), e.exit_code)
 
 
 def configure_logging() -> None:

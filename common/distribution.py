@@ -80,6 +80,15 @@ class Backend:
                                  name=name.replace(':', '_'))
     return value.numpy()
 
+  def any_worker(self, flag: bool) -> bool:
+    """True if `flag` is true on any worker (a collective: all must call)."""
+    if self.hvd:
+      return self.sum_over_workers(tf.constant(int(flag)), 'any_worker') > 0
+    if self.num_workers > 1:
+      per_replica = self.strategy.run(lambda: tf.constant(int(flag)))
+      return int(self.strategy.reduce('SUM', per_replica, axis=None)) > 0
+    return flag
+
   def sum_metrics_over_workers(self, metrics) -> None:
     """Horovod: each worker evaluated its own shard; summing the metrics'
     totals and counts weights every worker by its number of examples.

@@ -85,6 +85,8 @@ class RunConfig:
   model_dir: str = '/tmp/resnet'
   clean: bool = False
   enable_checkpoint_and_export: bool = False
+  checkpoint_interval_steps: int = 0  # 0: at every epoch end.
+  max_checkpoints: int = 5
   enable_tensorboard: bool = False
   profile_steps: Optional[Tuple[int, int]] = None
   # Runtime.
@@ -139,7 +141,9 @@ class RunConfig:
     _check_positive('steps_per_loop', self.steps_per_loop)
     _check_positive('log_steps', self.log_steps)
     _check_positive('epochs_between_evals', self.epochs_between_evals)
+    _check_positive('max_checkpoints', self.max_checkpoints)
     for name in ('train_steps', 'num_classes', 'num_train_examples',
+                 'checkpoint_interval_steps',
                  'datasets_num_private_threads',
                  'num_eval_examples', 'inter_op_parallelism_threads',
                  'intra_op_parallelism_threads'):
@@ -204,9 +208,26 @@ class TrainingPlan:
   eval_interval_steps: int
   eval_steps: int
   num_eval_examples: int
+  checkpoint_interval_steps: int = 0  # 0: epoch ends only.
 
   def epoch_of(self, step: int) -> float:
     return step / self.steps_per_epoch
+
+  def is_checkpoint_step(self, step: int) -> bool:
+    """Epoch ends, multiples of the checkpoint interval, and the end."""
+    return (step % self.steps_per_epoch == 0 or
+            step == self.total_train_steps or
+            bool(self.checkpoint_interval_steps and
+                 step % self.checkpoint_interval_steps == 0))
+
+  def next_stop(self, step: int) -> int:
+    """The next step after `step` where the host checkpoints or evaluates."""
+    stops = [(step // self.steps_per_epoch + 1) * self.steps_per_epoch,
+             self.total_train_steps]
+    if self.checkpoint_interval_steps:
+      interval = self.checkpoint_interval_steps
+      stops.append((step // interval + 1) * interval)
+    return min(stops)
 
 
 def make_training_plan(cfg: RunConfig, num_train_examples: int,
@@ -234,4 +255,5 @@ def make_training_plan(cfg: RunConfig, num_train_examples: int,
       steps_per_loop=min(cfg.steps_per_loop, steps_per_epoch),
       eval_interval_steps=steps_per_epoch * cfg.epochs_between_evals,
       eval_steps=math.ceil(num_eval_examples / global_batch),
-      num_eval_examples=num_eval_examples)
+      num_eval_examples=num_eval_examples,
+      checkpoint_interval_steps=cfg.checkpoint_interval_steps)

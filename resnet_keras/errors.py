@@ -1,11 +1,22 @@
-"""The one exception type for problems the user can fix.
+"""Exceptions that end a run with one line instead of a traceback.
 
-Entry points catch `UsageError` and print its message as a single line
-(`error: ...`) and exit with status 2, so bad input never ends in a traceback.
-Raise it with a message that names what to fix (the flag, the file, the
-allowed values), not what went wrong inside the program.
+Entry points catch these (common/cli.py), print the message as a single line
+and exit with the exception's status. Messages name what to fix (the flag,
+the file, the allowed values), not what went wrong inside the program.
 """
 
 
 class UsageError(Exception):
-  """A problem with the user's input (flags, files, directories)."""
+  """A problem with the user's input (flags, files, directories); exit 2."""
+  exit_code = 2
+
+
+class RunStopped(Exception):
+  """Training stopped early on purpose (a signal, a non-finite loss).
+
+  Whatever could be saved was saved before this is raised.
+  """
+
+  def __init__(self, message: str, exit_code: int):
+    super().__init__(message)
+    self.exit_code = exit_code

@@ -150,6 +150,11 @@ def define_flags() -> None:
   flags.DEFINE_boolean('enable_checkpoint_and_export', False,
                        'Checkpoint every epoch and export a SavedModel to '
                        'model_dir/saved_model at the end.')
+  flags.DEFINE_integer('checkpoint_interval_steps', 0,
+                       'With --enable_checkpoint_and_export: also checkpoint '
+                       'every N steps; 0: at every epoch end only.')
+  flags.DEFINE_integer('max_checkpoints', _D.max_checkpoints,
+                       'Checkpoints kept in model_dir (oldest deleted first).')
   flags.DEFINE_boolean('enable_tensorboard', False,
                        'Write TensorBoard summaries to model_dir/train and '
                        'model_dir/eval.')

@@ -22,6 +22,7 @@ from absl import logging
 from common import distribution
 from resnet_keras import checkpoints
 from resnet_keras import export
+from resnet_keras import guards
 from resnet_keras import metrics
 from resnet_keras import models
 from resnet_keras import optimizers
@@ -29,7 +30,7 @@ from resnet_keras import schedules
 from resnet_keras import trainer as trainer_lib
 from resnet_keras.config import RunConfig, TrainingPlan, make_training_plan
 from resnet_keras.data import datasets
-from resnet_keras.errors import UsageError
+from resnet_keras.errors import RunStopped, UsageError
 
 # orbit's Controller logs every status twice (log and stdout) as multi-line
 # dicts; StepLogger and _evaluate print one line each instead.
@@ -142,7 +143,8 @@ def _checkpoint_manager(cfg: RunConfig, backend: distribution.Backend,
   chief's variables by broadcast instead.
   """
   if backend.is_chief:
-    return checkpoints.make_manager(model, optimizer, cfg.model_dir)
+    return checkpoints.make_manager(model, optimizer, cfg.model_dir,
+                                    max_to_keep=cfg.max_checkpoints)
   if not backend.collective_saves:
     return None
   scratch = os.path.join(backend.worker_dir(cfg.model_dir), 'checkpoints')
@@ -184,8 +186,12 @@ def run(cfg: RunConfig) -> Dict:
   backend = distribution.build_backend(cfg.distribution_strategy,
                                        cfg.num_gpus, cfg.use_horovod)
   strategy = backend.strategy
+  identity = checkpoints.model_identity(
+      cfg.keras_applications_model or f'resnet{cfg.resnet_depth}', cfg.stem,
+      info.num_classes)
   if backend.is_chief:
     prepare_model_dir(cfg.model_dir, cfg.clean)
+    checkpoints.check_resumable(cfg.model_dir, identity)
   else:
     logging.info('worker %d: logging warnings only; the chief (worker 0) '
                  'logs the run', backend.worker_index)
@@ -248,7 +254,11 @@ def run(cfg: RunConfig) -> Dict:
       learning_rate_at=lambda step: float(schedule(step).numpy()),
       # mpirun gives every rank a terminal; one bar per rank would garble it.
       progress_bar=sys.stdout.isatty() and backend.num_workers == 1)
-  actions = [logger]
+  guard = guards.LoopGuard(
+      get_loop=lambda: trainer.last_loop, any_worker=backend.any_worker,
+      last_checkpoint=lambda: manager and manager.latest_checkpoint,
+      dtype=cfg.dtype)
+  actions = [logger, guard]
   profiler = None
   if cfg.profile_steps:
     profiler = _Profiler(*cfg.profile_steps,
@@ -261,13 +271,19 @@ def run(cfg: RunConfig) -> Dict:
     eval_summary_dir = os.path.join(cfg.model_dir, 'eval')
     metrics.write_hparams(summary_dir, _hparams(cfg, plan))
 
-  controller = orbit.Controller(
-      strategy=strategy, trainer=trainer,
-      evaluator=None if cfg.skip_eval else trainer,
-      global_step=optimizer.iterations, steps_per_loop=plan.steps_per_loop,
-      checkpoint_manager=manager if backend.is_chief else None,
-      summary_dir=summary_dir,
-      eval_summary_dir=eval_summary_dir, train_actions=actions)
+  try:  # The Controller restores the latest checkpoint.
+    controller = orbit.Controller(
+        strategy=strategy, trainer=trainer,
+        evaluator=None if cfg.skip_eval else trainer,
+        global_step=optimizer.iterations, steps_per_loop=plan.steps_per_loop,
+        checkpoint_manager=manager if backend.is_chief else None,
+        summary_dir=summary_dir,
+        eval_summary_dir=eval_summary_dir, train_actions=actions)
+  except (ValueError, tf.errors.InvalidArgumentError) as e:
+    raise UsageError(
+        f'--model_dir={cfg.model_dir} holds a checkpoint this model cannot '
+        f'restore ({str(e).splitlines()[0][:200]}); use another --model_dir, '
+        'or --clean to delete it and start over') from None
   backend.sync_from_chief(model.variables + optimizer.variables())
   start_step = int(optimizer.iterations.numpy())
   if start_step and backend.is_chief:
@@ -276,14 +292,24 @@ def run(cfg: RunConfig) -> Dict:
 
   eval_results, target_reached = {}, False
   step = start_step
+  if backend.is_chief:
+    checkpoints.record_model(cfg.model_dir, identity)
+  guard.install()
   try:
     while step < plan.total_train_steps and not target_reached:
-      # Stop at every epoch end: checkpoints are per epoch, evals every -ebe.
-      epoch_end = (step // plan.steps_per_epoch + 1) * plan.steps_per_epoch
-      controller.train(min(epoch_end, plan.total_train_steps),
-                       checkpoint_at_completion=False)
+      try:
+        controller.train(plan.next_stop(step), checkpoint_at_completion=False)
+      except guards.SignalReceived as stop:
+        step = int(optimizer.iterations.numpy())
+        if saves:
+          path = manager.save(checkpoint_number=step)
+          logging.info('saved checkpoint at step %d after signal (%s)', step,
+                       path)
+        raise RunStopped(f'stopped by {stop} at step {step}; rerun the same '
+                         'command to resume', stop.exit_code) from None
       step = int(optimizer.iterations.numpy())
-      if cfg.enable_checkpoint_and_export and saves:
+      if (cfg.enable_checkpoint_and_export and saves and
+          plan.is_checkpoint_step(step)):
         logging.info('saved checkpoint %s',
                      manager.save(checkpoint_number=step))
       at_eval = (step % plan.eval_interval_steps == 0 or
@@ -293,7 +319,14 @@ def run(cfg: RunConfig) -> Dict:
         target_reached = _reached(cfg, eval_results)
     if not cfg.skip_eval and not eval_results:
       eval_results = _evaluate(controller, plan, step)
+  except tf.errors.InvalidArgumentError as e:
+    if 'label out of range' not in e.message:
+      raise
+    raise UsageError(f'a record in --data_dir={cfg.data_dir} has a label '
+                     f'outside 1..{info.num_classes}; fix the records or '
+                     'their metadata.json, or raise --num_classes') from None
   finally:
+    guard.uninstall()
     if profiler:
       profiler.finish()
     logger.close()

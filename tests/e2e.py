@@ -41,3 +41,13 @@ def assert_one_line_error(result, *fragments):
   assert 'Traceback' not in result.stderr + result.stdout
   for fragment in fragments:
     assert fragment in lines[0], lines[0]
+
+
+def assert_stopped_with(result, *fragments):
+  """A run that stopped mid-training: its last stderr line is the error."""
+  assert result.returncode != 0, result.stdout + result.stderr
+  assert 'Traceback' not in result.stderr + result.stdout
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith('error: '), result.stderr
+  for fragment in fragments:
+    assert fragment in last, last

@@ -74,3 +74,19 @@ def test_plan_counts_workers_in_global_batch():
 def test_batch_larger_than_dataset_is_a_usage_error():
   with pytest.raises(UsageError, match='larger than the training set'):
     make_training_plan(RunConfig(batch_size=64), 10, 10)
+
+
+def test_plan_checkpoint_and_stop_steps():
+  plan = make_training_plan(RunConfig(batch_size=10, train_epochs=2,
+                                      checkpoint_interval_steps=3), 100, 10)
+  assert plan.steps_per_epoch == 10 and plan.total_train_steps == 20
+  stops, step = [], 0
+  while step < plan.total_train_steps:
+    step = plan.next_stop(step)
+    stops.append(step)
+  assert stops == [3, 6, 9, 10, 12, 15, 18, 20]
+  assert [s for s in stops if plan.is_checkpoint_step(s)] == stops
+  assert not plan.is_checkpoint_step(4)
+  per_epoch = make_training_plan(RunConfig(batch_size=10, train_epochs=2),
+                                 100, 10)
+  assert per_epoch.next_stop(3) == 10 and not per_epoch.is_checkpoint_step(9)

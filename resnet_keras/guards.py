@@ -1,0 +1,94 @@
+"""What stops a run between loops: preemption signals and non-finite losses.
+
+`LoopGuard` is an orbit train action, so it runs on the host after every
+loop of `steps_per_loop` steps (a signal arriving mid-loop is noticed when
+the loop's tf.function returns). Every worker reaches the same verdict at
+the same loop: the signal flag is combined over workers, and the losses it
+checks are already reduced over them, so no worker is left waiting in a
+collective for one that stopped.
+"""
+
+import signal
+from typing import Callable, Optional
+
+import numpy as np
+from absl import logging
+
+from resnet_keras.errors import RunStopped
+
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+NON_FINITE_EXIT_CODE = 3
+
+
+class SignalReceived(Exception):
+  """A preemption signal arrived; run.py saves and then stops."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
+
+  @property
+  def exit_code(self) -> int:
+    return 128 + self.signum  # The shell's convention: 143 TERM, 130 INT.
+
+
+def non_finite_step(losses: np.ndarray, first_step: int) -> Optional[int]:
+  """Global step of the first non-finite loss in a loop, or None."""
+  bad = np.flatnonzero(~np.isfinite(losses))
+  return first_step + int(bad[0]) if bad.size else None
+
+
+def non_finite_message(step: int, loss: float, last_checkpoint: Optional[str],
+                       dtype: str) -> str:
+  kept = (f'the last checkpoint ({last_checkpoint}) is kept' if
+          last_checkpoint else 'no checkpoint was written')
+  causes = ['a learning rate too high for this batch (--base_learning_rate, '
+            '--warmup_epochs)']
+  if dtype == 'fp16':
+    causes.append('fp16 overflow (use dynamic loss scaling: --loss_scale=0, '
+                  'or --dtype=bf16)')
+  causes.append('corrupt input data')
+  return (f'training loss is {loss} at step {step}; stopped, {kept}. Likely '
+          f'causes: {"; ".join(causes)}')
+
+
+class LoopGuard:
+  """Train action: stops on a non-finite loss or a preemption signal."""
+
+  def __init__(self, get_loop: Callable, any_worker: Callable[[bool], bool],
+               last_checkpoint: Callable[[], Optional[str]], dtype: str):
+    self._get_loop = get_loop
+    self._any_worker = any_worker
+    self._last_checkpoint = last_checkpoint
+    self._dtype = dtype
+    self._signum = None
+    self._previous = {}
+
+  def install(self) -> None:
+    for signum in _SIGNALS:
+      self._previous[signum] = signal.signal(signum, self._on_signal)
+
+  def uninstall(self) -> None:
+    for signum, handler in self._previous.items():
+      signal.signal(signum, handler)
+    self._previous = {}
+
+  def _on_signal(self, signum, frame):
+    del frame
+    logging.warning('received %s: stopping after the current loop',
+                    signal.Signals(signum).name)
+    self._signum = signum
+    # A second signal acts as it would without us (e.g. a hard Ctrl-C).
+    signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+
+  def __call__(self, output) -> None:
+    del output
+    loop = self._get_loop()
+    step = non_finite_step(loop.losses, loop.first_step)
+    if step is not None:
+      raise RunStopped(
+          non_finite_message(step, float(loop.losses[step - loop.first_step]),
+                             self._last_checkpoint(), self._dtype),
+          NON_FINITE_EXIT_CODE)
+    if self._any_worker(self._signum is not None):
+      raise SignalReceived(self._signum or signal.SIGTERM)

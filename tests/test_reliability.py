@@ -1,0 +1,111 @@
+"""Stops that lose nothing: signals, non-finite losses, foreign checkpoints."""
+
+import glob
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from resnet_keras import guards
+from tests import e2e
+
+LONG = [a for a in e2e.TINY if not a.startswith('--train_steps')] + [
+    '--train_steps=100000']
+
+
+def test_non_finite_step_finds_the_first_bad_loss():
+  assert guards.non_finite_step(np.array([1.0, 2.0]), 11) is None
+  assert guards.non_finite_step(np.array([1.0, np.inf, np.nan]), 11) == 12
+
+
+def test_non_finite_message_names_step_checkpoint_and_causes():
+  text = guards.non_finite_message(7, float('nan'), '/m/ckpt-4', 'fp16')
+  assert 'loss is nan at step 7' in text and '/m/ckpt-4' in text
+  assert '--base_learning_rate' in text and 'loss scaling' in text
+  assert 'no checkpoint' in guards.non_finite_message(7, 1e999, None, 'fp32')
+
+
+def _checkpoint_steps(model_dir):
+  return sorted(int(p.rsplit('-', 1)[1].split('.')[0])
+                for p in glob.glob(os.path.join(model_dir, 'ckpt-*.index')))
+
+
+@pytest.mark.parametrize('signum,exit_code', [(signal.SIGTERM, 143),
+                                              (signal.SIGINT, 130)])
+def test_signal_saves_a_checkpoint_and_a_rerun_resumes(tmp_path, signum,
+                                                       exit_code):
+  model_dir = str(tmp_path / 'model')
+  args = [sys.executable, e2e.MAIN, f'--model_dir={model_dir}'] + LONG
+  job = subprocess.Popen(args, cwd=e2e.REPO_ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+  seen = []
+  deadline = time.time() + 240
+  for line in job.stderr:  # Wait for a log line, not a guessed time.
+    seen.append(line)
+    if 'step 4/' in line:
+      break
+    assert time.time() < deadline, ''.join(seen)
+  job.send_signal(signum)
+  rest = job.stderr.read()
+  assert job.wait(timeout=120) == exit_code, ''.join(seen) + rest
+  saved = [l for l in rest.splitlines() if 'after signal' in l]
+  assert saved, rest
+  step = int(saved[0].split('saved checkpoint at step ')[1].split()[0])
+  assert step >= 4 and _checkpoint_steps(model_dir) == [step]
+  assert rest.strip().splitlines()[-1].startswith('error: stopped by SIG')
+
+  resumed = e2e.run_main([f'--model_dir={model_dir}'] + e2e.TINY[:-4] + [
+      f'--train_steps={step + 2}', '--steps_per_loop=2', '--log_steps=2',
+      '--skip_eval'])
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert f'at step {step}' in resumed.stderr
+  assert e2e.read_summary(model_dir)['resumed_from_step'] == step
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tmp_path):
+  model_dir = str(tmp_path / 'model')
+  first = e2e.run_main([f'--model_dir={model_dir}',
+                        '--enable_checkpoint_and_export', '--skip_eval'] +
+                       e2e.TINY)
+  assert first.returncode == 0, first.stderr[-3000:]
+  assert _checkpoint_steps(model_dir) == [4]
+  exploding = e2e.run_main([f'--model_dir={model_dir}', '-te', '3',
+                            '--enable_checkpoint_and_export', '--skip_eval',
+                            '--base_learning_rate=1e30',
+                            '--warmup_epochs=0'] + e2e.TINY)
+  e2e.assert_stopped_with(exploding, 'training loss is', 'at step',
+                            'ckpt-4', '--base_learning_rate')
+  assert exploding.returncode == guards.NON_FINITE_EXIT_CODE
+  assert _checkpoint_steps(model_dir) == [4]
+
+
+def test_checkpoint_interval_and_max_checkpoints(tmp_path):
+  model_dir = str(tmp_path / 'model')
+  result = e2e.run_main([f'--model_dir={model_dir}', '-te', '2',
+                         '--enable_checkpoint_and_export', '--skip_eval',
+                         '--checkpoint_interval_steps=1', '--steps_per_loop=1',
+                         '--max_checkpoints=3'] + e2e.TINY[:-3])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stderr.count('saved checkpoint') == 8  # every step of 2x4
+  assert _checkpoint_steps(model_dir) == [6, 7, 8]
+
+
+def test_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
+  model_dir = str(tmp_path / 'model')
+  first = e2e.run_main([f'--model_dir={model_dir}',
+                        '--enable_checkpoint_and_export', '--skip_eval'] +
+                       e2e.TINY)
+  assert first.returncode == 0, first.stderr[-3000:]
+  before = {p: os.path.getmtime(p) for p in glob.glob(f'{model_dir}/*')}
+  other = [a for a in e2e.TINY if not a.startswith('--num_classes')]
+  for change in (['--num_classes=5'], ['--resnet_depth=34', '--num_classes=10']):
+    result = e2e.run_main([f'--model_dir={model_dir}',
+                           '--enable_checkpoint_and_export'] + other + change)
+    e2e.assert_one_line_error(result, 'holds checkpoints of another model',
+                              '--clean')
+  after = {p: os.path.getmtime(p) for p in glob.glob(f'{model_dir}/*')}
+  assert before == after
