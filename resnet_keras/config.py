@@ -47,6 +47,7 @@ class RunConfig:
   num_train_examples: int = 0  # 0: all of the dataset.
   num_eval_examples: int = 0
   train_crop_min_area: float = 0.05
+  eval_crop_fraction: float = 0.875
   training_dataset_cache: bool = False
   datasets_num_private_threads: int = 0  # 0: tf.data's shared pool.
   # Model.
@@ -165,6 +166,9 @@ class RunConfig:
                  'lars_epsilon', 'weight_decay', 'loss_scale'):
       if getattr(self, name) < 0:
         raise UsageError(f'--{name} must be >= 0, got {getattr(self, name)}')
+    if not 0 < self.eval_crop_fraction <= 1:
+      raise UsageError('--eval_crop_fraction is a fraction in (0, 1], got '
+                       f'{self.eval_crop_fraction}')
     if not 0 < self.train_crop_min_area <= 1:
       raise UsageError('--train_crop_min_area is a fraction in (0, 1], got '
                        f'{self.train_crop_min_area}')

@@ -54,6 +54,10 @@ def define_flags() -> None:
   flags.DEFINE_float('train_crop_min_area', _D.train_crop_min_area,
                      'Smallest fraction of an image a random training crop '
                      'covers (0.05: ImageNet; larger for small images).')
+  flags.DEFINE_float('eval_crop_fraction', _D.eval_crop_fraction,
+                     'Evaluation keeps this central fraction of the short '
+                     'side (0.875 = 224/256, ImageNet\'s standard; 1.0 for '
+                     'small images centred in their frame).')
   flags.DEFINE_boolean('training_dataset_cache', False,
                        'Cache the training records in memory after the first '
                        'epoch (for datasets that fit in RAM).')

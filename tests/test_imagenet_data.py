@@ -155,3 +155,13 @@ def test_missing_data_dir_is_one_line(tmp_path):
                          str(model_dir), '--image_size=32'])
   e2e.assert_one_line_error(result, 'nothing', 'does not exist')
   assert not model_dir.exists()
+
+
+def test_eval_crop_fraction_one_keeps_the_whole_image():
+  pixels = np.random.RandomState(0).randint(0, 256, [40, 40, 3]).astype(np.uint8)
+  encoded = tf.io.encode_png(pixels)  # Lossless: decode_jpeg reads PNG too.
+  whole = imagenet.preprocess_eval(encoded, 40, tf.uint8, crop_fraction=1.0)
+  np.testing.assert_array_equal(whole.numpy(), pixels)
+  cropped = imagenet.preprocess_eval(encoded, 40, tf.uint8)
+  assert cropped.shape == (40, 40, 3)
+  assert not np.array_equal(cropped.numpy(), pixels)

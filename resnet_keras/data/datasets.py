@@ -94,7 +94,8 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo,
     else:
       build = functools.partial(
           imagenet.dataset, num_classes=info.num_classes,
-          crop_min_area=cfg.train_crop_min_area, **pipeline)
+          crop_min_area=cfg.train_crop_min_area,
+          eval_crop_fraction=cfg.eval_crop_fraction, **pipeline)
     return _file_input_fns(cfg, info, global_batch_size, dtype, build)
 
   def train_input_fn(ctx: tf.distribute.InputContext):

@@ -27,8 +27,9 @@ SPLIT_PATTERNS = {
 }
 METADATA_FILE = 'metadata.json'
 LABELS_FILE = 'labels.txt'
-# Eval resizes the short side to image_size * 256/224, then crops the centre.
-EVAL_RESIZE_RATIO = 256 / 224
+# Eval resizes the short side to image_size / fraction, then crops the
+# centre: 224/256 is ImageNet's standard.
+DEFAULT_EVAL_CROP_FRACTION = 224 / 256
 DEFAULT_CROP_MIN_AREA = 0.05
 CROP_ASPECT_RANGE = (3 / 4, 4 / 3)
 SHUFFLE_BUFFER = 10_000
@@ -151,11 +152,13 @@ def preprocess_train(image_bytes, boxes, image_size, dtype, seed=None,
                           dtype)
 
 
-def preprocess_eval(image_bytes, image_size, dtype):
-  """Aspect-preserving resize of the short side, then a central crop."""
+def preprocess_eval(image_bytes, image_size, dtype,
+                    crop_fraction=DEFAULT_EVAL_CROP_FRACTION):
+  """Aspect-preserving resize of the short side, then a central crop that
+  keeps `crop_fraction` of it (1.0: the whole short side)."""
   image = tf.image.decode_jpeg(image_bytes, channels=3)
   shape = tf.cast(tf.shape(image)[:2], tf.float32)
-  scale = image_size * EVAL_RESIZE_RATIO / tf.reduce_min(shape)
+  scale = image_size / crop_fraction / tf.reduce_min(shape)
   new_size = tf.cast(tf.round(shape * scale), tf.int32)
   image = tf.image.resize(image, new_size)
   top = (new_size[0] - image_size) // 2
@@ -170,7 +173,9 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
             input_pipeline_id: int = 0, num_input_pipelines: int = 1,
             cache: bool = False, num_private_threads: int = 0,
             seed: Optional[int] = None, limit: int = 0,
-            crop_min_area: float = DEFAULT_CROP_MIN_AREA) -> tf.data.Dataset:
+            crop_min_area: float = DEFAULT_CROP_MIN_AREA,
+            eval_crop_fraction: float = DEFAULT_EVAL_CROP_FRACTION
+            ) -> tf.data.Dataset:
   """Batches of (images, 0-based labels) for one input pipeline.
 
   Args:
@@ -188,6 +193,7 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
     seed: fixes file and record order (None: a fresh order every run).
     limit: > 0: only the first `limit` records (in file order) are used.
     crop_min_area: smallest fraction of the image a training crop covers.
+    eval_crop_fraction: fraction of the short side the eval crop keeps.
   """
   if limit:
     ds = tf.data.TFRecordDataset(files).take(limit).shard(
@@ -222,7 +228,8 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
       image = preprocess_train(image_bytes, boxes, image_size, dtype, seed,
                                crop_min_area)
     else:
-      image = preprocess_eval(image_bytes, image_size, dtype)
+      image = preprocess_eval(image_bytes, image_size, dtype,
+                              eval_crop_fraction)
     return image, label
 
   ds = ds.map(parse_and_preprocess, num_parallel_calls=tf.data.AUTOTUNE,
