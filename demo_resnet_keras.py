@@ -102,10 +102,8 @@ def _total_workers(hosts) -> int:
   return FLAGS.num_workers_per_hls * max(1, len(hosts))
 
 
-def build_launch(argv, environ) -> launch.Launch:
+def build_launch(argv, environ, hosts, total_workers: int) -> launch.Launch:
   """The command this invocation runs, from parsed FLAGS and `environ`."""
-  hosts = launch.parse_hosts(environ.get('MULTI_HLS_IPS'))
-  total_workers = _total_workers(hosts)
   multi_worker = (FLAGS.use_horovod or
                   FLAGS.distribution_strategy == 'multi_worker_mirrored')
   if total_workers > 1 and not multi_worker:
@@ -141,15 +139,13 @@ def _check_tools(plan: launch.Launch) -> None:
                'scripts/install_horovod.sh')
 
 
-def _print_tf_configs(environ) -> None:
+def _print_tf_configs(environ, total_workers: int) -> None:
   """multi_worker_mirrored: the TF_CONFIG each rank will derive."""
-  hosts = launch.parse_hosts(environ.get('MULTI_HLS_IPS'))
-  total = _total_workers(hosts)
-  if FLAGS.distribution_strategy != 'multi_worker_mirrored' or total == 1:
+  if (FLAGS.distribution_strategy != 'multi_worker_mirrored' or
+      total_workers == 1):
     return
-  base_port = int(environ.get('TF_BASE_PORT', launch.DEFAULT_TF_BASE_PORT))
-  for rank in range(total):
-    config = launch.tf_config_for_rank(rank, total, hosts, base_port)
+  for rank in range(total_workers):
+    config = launch.tf_config_from_env(rank, total_workers, environ)
     print(f'TF_CONFIG rank {rank}: {json.dumps(config)}')
 
 
@@ -157,12 +153,14 @@ def main(argv):
   cli.configure_logging()
   flags_lib.config_from_flags()  # Bad trainer flags fail here, before launch.
   environ = dict(os.environ)
-  plan = build_launch(sys.argv, environ)
+  hosts = launch.parse_hosts(environ.get('MULTI_HLS_IPS'))
+  total_workers = _total_workers(hosts)
+  plan = build_launch(sys.argv, environ, hosts, total_workers)
   for note in plan.notes:
     print(f'note: {note}', flush=True)
   if FLAGS.dry_run:
     print(plan.describe())
-    _print_tf_configs(environ)
+    _print_tf_configs(environ, total_workers)
     return 0
   _check_tools(plan)
   for path, content in plan.files.items():

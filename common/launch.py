@@ -171,15 +171,22 @@ def tf_config_for_rank(rank: int, size: int, hosts: Sequence[str],
           'task': {'type': 'worker', 'index': rank}}
 
 
+def tf_config_from_env(rank: int, size: int,
+                       environ: Mapping[str, str]) -> Dict:
+  """TF_CONFIG of worker `rank`, hosts from MULTI_HLS_IPS, ports from
+  TF_BASE_PORT."""
+  base_port = int(environ.get('TF_BASE_PORT', DEFAULT_TF_BASE_PORT))
+  return tf_config_for_rank(rank, size,
+                            parse_hosts(environ.get('MULTI_HLS_IPS')),
+                            base_port)
+
+
 def tf_config_from_mpi(environ: Mapping[str, str]) -> Optional[str]:
   """The TF_CONFIG (JSON) this MPI rank should use, or None outside MPI."""
   rank_size = mpi_rank_and_size(environ)
   if rank_size is None:
     return None
-  base_port = int(environ.get('TF_BASE_PORT', DEFAULT_TF_BASE_PORT))
-  config = tf_config_for_rank(*rank_size, parse_hosts(
-      environ.get('MULTI_HLS_IPS')), base_port)
-  return json.dumps(config)
+  return json.dumps(tf_config_from_env(*rank_size, environ))
 
 
 def physical_core_count() -> int:

@@ -110,6 +110,10 @@ class RunConfig:
     return STAGE_STRIDE * STEM_STRIDES[self.stem]
 
   @property
+  def model_name(self) -> str:
+    return self.keras_applications_model or f'resnet{self.resnet_depth}'
+
+  @property
   def uses_lars(self) -> bool:
     return self.optimizer == 'LARS'
 

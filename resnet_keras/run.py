@@ -186,9 +186,8 @@ def run(cfg: RunConfig) -> Dict:
   backend = distribution.build_backend(cfg.distribution_strategy,
                                        cfg.num_gpus, cfg.use_horovod)
   strategy = backend.strategy
-  identity = checkpoints.model_identity(
-      cfg.keras_applications_model or f'resnet{cfg.resnet_depth}', cfg.stem,
-      info.num_classes)
+  identity = checkpoints.model_identity(cfg.model_name, cfg.stem,
+                                        info.num_classes)
   if backend.is_chief:
     prepare_model_dir(cfg.model_dir, cfg.clean)
     checkpoints.check_resumable(cfg.model_dir, identity)
@@ -359,7 +358,7 @@ def run(cfg: RunConfig) -> Dict:
       'dtype': cfg.dtype,
       'optimizer': cfg.optimizer,
       'lr_schedule': cfg.lr_schedule,
-      'model': cfg.keras_applications_model or f'resnet{cfg.resnet_depth}',
+      'model': cfg.model_name,
       'num_classes': info.num_classes,
       'dataset': info.name,
       'target_accuracy_reached': target_reached,

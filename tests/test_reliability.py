@@ -29,6 +29,14 @@ def test_non_finite_message_names_step_checkpoint_and_causes():
   assert 'no checkpoint' in guards.non_finite_message(7, 1e999, None, 'fp32')
 
 
+def _train_with_checkpoint(model_dir):
+  """A tiny run that leaves one checkpoint, at step 4."""
+  result = e2e.run_main([f'--model_dir={model_dir}',
+                         '--enable_checkpoint_and_export', '--skip_eval'] +
+                        e2e.TINY)
+  assert result.returncode == 0, result.stderr[-3000:]
+
+
 def _checkpoint_steps(model_dir):
   return sorted(int(p.rsplit('-', 1)[1].split('.')[0])
                 for p in glob.glob(os.path.join(model_dir, 'ckpt-*.index')))
@@ -68,10 +76,7 @@ def test_signal_saves_a_checkpoint_and_a_rerun_resumes(tmp_path, signum,
 
 def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tmp_path):
   model_dir = str(tmp_path / 'model')
-  first = e2e.run_main([f'--model_dir={model_dir}',
-                        '--enable_checkpoint_and_export', '--skip_eval'] +
-                       e2e.TINY)
-  assert first.returncode == 0, first.stderr[-3000:]
+  _train_with_checkpoint(model_dir)
   assert _checkpoint_steps(model_dir) == [4]
   exploding = e2e.run_main([f'--model_dir={model_dir}', '-te', '3',
                             '--enable_checkpoint_and_export', '--skip_eval',
@@ -96,10 +101,7 @@ def test_checkpoint_interval_and_max_checkpoints(tmp_path):
 
 def test_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
   model_dir = str(tmp_path / 'model')
-  first = e2e.run_main([f'--model_dir={model_dir}',
-                        '--enable_checkpoint_and_export', '--skip_eval'] +
-                       e2e.TINY)
-  assert first.returncode == 0, first.stderr[-3000:]
+  _train_with_checkpoint(model_dir)
   before = {p: os.path.getmtime(p) for p in glob.glob(f'{model_dir}/*')}
   other = [a for a in e2e.TINY if not a.startswith('--num_classes')]
   for change in (['--num_classes=5'], ['--resnet_depth=34', '--num_classes=10']):
