@@ -2,21 +2,28 @@
 
 The model and the optimizer (slots, iteration count, loss scale) are saved
 together, so a rerun with the same model_dir continues at the saved step with
-the same optimizer state and learning-rate position.
+the same optimizer state and learning-rate position. config.json says what
+they are checkpoints of: a run refuses another model's checkpoints, and
+`python -m resnet_keras.validate` rebuilds the model and its data from it.
 """
 
+import dataclasses
 import json
 import os
-from typing import Dict
+from typing import Dict, Tuple
 
 import tensorflow as tf
 
+from resnet_keras import config as config_lib
+from resnet_keras.config import RunConfig, TrainingPlan
 from resnet_keras.errors import UsageError
 from resnet_keras.metrics import write_json_atomically
 
 MAX_TO_KEEP = 5
-# What the checkpoints in a model_dir are checkpoints of.
-MODEL_FILE = 'model.json'
+# The run's effective config and training plan: what the checkpoints in a
+# model_dir are checkpoints of, and everything tools need to rebuild the model
+# and its data without repeating flags.
+CONFIG_FILE = 'config.json'
 
 
 def make_manager(model, optimizer, model_dir: str,
@@ -28,22 +35,51 @@ def make_manager(model, optimizer, model_dir: str,
       step_counter=optimizer.iterations)
 
 
-def model_identity(model_name: str, stem: str, num_classes: int) -> Dict:
-  """The properties a checkpoint must share with a model to restore into it."""
-  return {'model': model_name, 'stem': stem, 'num_classes': num_classes}
+def model_identity(cfg: RunConfig) -> Dict:
+  """The properties a checkpoint must share with a model to restore into it.
+
+  `cfg.num_classes` must be resolved (the effective config's, not 0).
+  """
+  return {'model': cfg.model_name, 'stem': cfg.stem,
+          'num_classes': cfg.num_classes}
 
 
-def check_resumable(model_dir: str, identity: Dict) -> None:
+def record_config(model_dir: str, cfg: RunConfig, plan: TrainingPlan) -> None:
+  """Writes model_dir/config.json; `cfg` has num_classes resolved."""
+  write_json_atomically(os.path.join(model_dir, CONFIG_FILE),
+                        {'config': dataclasses.asdict(cfg),
+                         'training_plan': dataclasses.asdict(plan)})
+
+
+def read_config(model_dir: str) -> Tuple[RunConfig, TrainingPlan]:
+  """The config and plan a run recorded; its model_dir is where it is now."""
+  path = os.path.join(model_dir, CONFIG_FILE)
+  if not os.path.isfile(path):
+    raise UsageError(f'{path} does not exist; --model_dir must be a directory '
+                     'a training run wrote (resnet_ctl_imagenet_main.py '
+                     'records its config there when it starts)')
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+    cfg = config_lib.from_dict(RunConfig, saved['config'])
+    plan = config_lib.from_dict(TrainingPlan, saved['training_plan'])
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise UsageError(f'{path} is unreadable ({e!r}); delete it, and the next '
+                     'training run in this directory writes it again') from None
+  return dataclasses.replace(cfg, model_dir=model_dir), plan
+
+
+def check_resumable(model_dir: str, cfg: RunConfig) -> None:
   """Refuses a model_dir whose checkpoints belong to a different model.
 
   Restoring them would fail on a shape mismatch halfway, or worse, succeed
   partially; and a later save would mix the two runs.
   """
-  path = os.path.join(model_dir, MODEL_FILE)
-  if not (tf.train.latest_checkpoint(model_dir) and os.path.exists(path)):
+  if not (tf.train.latest_checkpoint(model_dir) and
+          os.path.exists(os.path.join(model_dir, CONFIG_FILE))):
     return
-  with open(path) as f:
-    saved = json.load(f)
+  saved = model_identity(read_config(model_dir)[0])
+  identity = model_identity(cfg)
   if saved != identity:
     describe = lambda d: ', '.join(f'{k} {v}' for k, v in sorted(d.items()))
     raise UsageError(
@@ -51,6 +87,3 @@ def check_resumable(model_dir: str, identity: Dict) -> None:
         f'({describe(saved)}; this run: {describe(identity)}); use another '
         '--model_dir, or --clean to delete them and start over')
 
-
-def record_model(model_dir: str, identity: Dict) -> None:
-  write_json_atomically(os.path.join(model_dir, MODEL_FILE), identity)

@@ -8,7 +8,7 @@ dataset's size into a training plan lives here too, as pure functions.
 
 import dataclasses
 import math
-from typing import Optional, Tuple
+from typing import Any, Dict, Optional, Tuple, Type, TypeVar
 
 from resnet_keras.errors import UsageError
 
@@ -236,6 +236,21 @@ class TrainingPlan:
       interval = self.checkpoint_interval_steps
       stops.append((step // interval + 1) * interval)
     return min(stops)
+
+
+_Record = TypeVar('_Record', RunConfig, TrainingPlan)
+
+
+def from_dict(cls: Type[_Record], values: Dict[str, Any]) -> _Record:
+  """Rebuilds a RunConfig or TrainingPlan from `dataclasses.asdict` JSON.
+
+  Keys the class no longer has are ignored and missing ones take their
+  defaults, so a model_dir written by another version still loads. JSON has
+  no tuples; these classes hold no lists, so lists become tuples again.
+  """
+  names = {f.name for f in dataclasses.fields(cls)}
+  return cls(**{k: tuple(v) if isinstance(v, list) else v
+                for k, v in values.items() if k in names})
 
 
 def make_training_plan(cfg: RunConfig, num_train_examples: int,

@@ -2,10 +2,11 @@
 
 This module owns *when* things happen: train loops of `steps_per_loop` steps,
 evaluation every `epochs_between_evals` epochs and at the end, checkpoints,
-the target-accuracy stop, export and the run summary. What a step computes
-is in trainer.py.
+the target-accuracy stop, export, the run's config (model_dir/config.json)
+and the run summary. What a step computes is in trainer.py.
 """
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -186,11 +187,11 @@ def run(cfg: RunConfig) -> Dict:
   backend = distribution.build_backend(cfg.distribution_strategy,
                                        cfg.num_gpus, cfg.use_horovod)
   strategy = backend.strategy
-  identity = checkpoints.model_identity(cfg.model_name, cfg.stem,
-                                        info.num_classes)
+  # The config as this run applies it; recorded in model_dir for tools.
+  effective_cfg = dataclasses.replace(cfg, num_classes=info.num_classes)
   if backend.is_chief:
     prepare_model_dir(cfg.model_dir, cfg.clean)
-    checkpoints.check_resumable(cfg.model_dir, identity)
+    checkpoints.check_resumable(cfg.model_dir, effective_cfg)
   else:
     logging.info('worker %d: logging warnings only; the chief (worker 0) '
                  'logs the run', backend.worker_index)
@@ -292,7 +293,7 @@ def run(cfg: RunConfig) -> Dict:
   eval_results, target_reached = {}, False
   step = start_step
   if backend.is_chief:
-    checkpoints.record_model(cfg.model_dir, identity)
+    checkpoints.record_config(cfg.model_dir, effective_cfg, plan)
   guard.install()
   try:
     while step < plan.total_train_steps and not target_reached:

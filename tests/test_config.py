@@ -1,7 +1,12 @@
-"""RunConfig validation and the batch/step arithmetic of a training plan."""
+"""RunConfig validation, the batch/step arithmetic of a training plan, and
+their JSON form (model_dir/config.json)."""
+
+import dataclasses
+import json
 
 import pytest
 
+from resnet_keras import config as config_lib
 from resnet_keras.config import RunConfig, make_training_plan
 from resnet_keras.errors import UsageError
 
@@ -90,3 +95,20 @@ def test_plan_checkpoint_and_stop_steps():
   per_epoch = make_training_plan(RunConfig(batch_size=10, train_epochs=2),
                                  100, 10)
   assert per_epoch.next_stop(3) == 10 and not per_epoch.is_checkpoint_step(9)
+
+
+def test_config_and_plan_survive_json():
+  cfg = RunConfig(resnet_depth=18, num_classes=7, profile_steps=(2, 4),
+                  keras_applications_model=None, eval_crop_fraction=0.5)
+  plan = make_training_plan(cfg, 1000, 130)
+  for record in (cfg, plan):
+    text = json.dumps(dataclasses.asdict(record))
+    assert config_lib.from_dict(type(record), json.loads(text)) == record
+
+
+def test_config_from_another_version_loads():
+  values = dataclasses.asdict(RunConfig(resnet_depth=34))
+  del values['stem']                       # a field this version added
+  values['retired_flag'] = True            # a field this version removed
+  cfg = config_lib.from_dict(RunConfig, values)
+  assert cfg.resnet_depth == 34 and cfg.stem == RunConfig().stem

@@ -1,12 +1,15 @@
 """End-to-end runs of resnet_ctl_imagenet_main.py as a subprocess."""
 
+import dataclasses
 import glob
+import json
 import os
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from resnet_keras.config import RunConfig
 from tests import e2e
 
 
@@ -38,6 +41,14 @@ def test_fp32_sgd_train_eval_checkpoint_export_and_resume(tmp_path):
   assert log.count('eval at step') == 2        # every epoch
   assert os.path.exists(os.path.join(model_dir, 'ckpt-4.index'))
   assert os.path.exists(os.path.join(model_dir, 'ckpt-8.index'))
+  # The effective config, for tools: every field, the class count resolved.
+  with open(os.path.join(model_dir, 'config.json')) as f:
+    recorded = json.load(f)
+  assert set(recorded['config']) == {
+      f.name for f in dataclasses.fields(RunConfig)}
+  assert recorded['config']['resnet_depth'] == 18
+  assert recorded['config']['num_classes'] == 10
+  assert recorded['training_plan']['steps_per_epoch'] == 4
   assert glob.glob(os.path.join(model_dir, 'train', 'events.out.tfevents.*'))
   assert glob.glob(os.path.join(model_dir, 'eval', 'events.out.tfevents.*'))
 
