@@ -1,20 +1,30 @@
-"""What a person sees: log lines, a progress bar, and run_summary.json.
+"""What a person sees: log lines, a progress bar, metrics.jsonl, run_summary.json.
 
 `StepLogger` is an orbit train action. After each loop it has the loop's
 per-step losses and accuracies (see trainer.LoopRecord), so it prints one line
 per `--log_steps` even when a loop covers many of them. Throughput is measured
 per loop; the run's average excludes the first loop, which includes tracing.
+Each log line, and each evaluation (run.py), is also a record of
+model_dir/metrics.jsonl, which `resnet_keras.plots` draws.
+
+TensorFlow is only imported where it is used, so the plots command starts
+without it.
 """
 
 import json
 import os
 import sys
-from typing import Callable, Dict, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 import numpy as np
 from absl import logging
 
-from resnet_keras.trainer import LoopRecord
+from resnet_keras.errors import UsageError
+
+if TYPE_CHECKING:
+  from resnet_keras.trainer import LoopRecord
+
+METRICS_LOG_FILE = 'metrics.jsonl'
 
 
 def format_step_line(step: int, total_steps: int, epoch: float, loss: float,
@@ -28,11 +38,13 @@ def format_step_line(step: int, total_steps: int, epoch: float, loss: float,
 class StepLogger:
   """orbit train action: log lines every `log_steps`, throughput totals."""
 
-  def __init__(self, *, get_loop: Callable[[], LoopRecord], log_steps: int,
+  def __init__(self, *, get_loop: Callable[[], 'LoopRecord'], log_steps: int,
                total_steps: int, steps_per_epoch: int, global_batch_size: int,
                learning_rate_at: Callable[[int], float],
-               progress_bar: Optional[bool] = None):
+               progress_bar: Optional[bool] = None,
+               metrics_log: Optional['MetricsLog'] = None):
     self._get_loop = get_loop
+    self._metrics_log = metrics_log
     self._log_steps = log_steps
     self._total_steps = total_steps
     self._steps_per_epoch = steps_per_epoch
@@ -70,13 +82,19 @@ class StepLogger:
       if step % self._log_steps == 0 or step == self._total_steps:
         losses, accuracies = zip(*self._since_log)
         self._since_log = []
+        record = {'step': step, 'epoch': step / self._steps_per_epoch,
+                  'train_loss': float(np.mean(losses)),
+                  'train_accuracy': float(np.mean(accuracies)),
+                  'learning_rate': self._lr_at(step),
+                  'examples_per_second': rate}
         line = format_step_line(
-            step, self._total_steps, step / self._steps_per_epoch,
-            float(np.mean(losses)), float(np.mean(accuracies)),
-            self._lr_at(step), rate)
+            step, self._total_steps, record['epoch'], record['train_loss'],
+            record['train_accuracy'], record['learning_rate'], rate)
         if self._bar is not None:
           self._bar.write(line)
         logging.info(line)
+        if self._metrics_log is not None:
+          self._metrics_log.append(record)
     if num_steps:
       self.last_loss = float(loop.losses[-1])
       self.last_accuracy = float(loop.accuracies[-1])
@@ -96,13 +114,61 @@ class StepLogger:
       self._bar.close()
 
 
-def write_json_atomically(path: str, content: Dict) -> None:
-  """Writes `content` so a reader never sees a half-written file."""
+class MetricsLog:
+  """model_dir/metrics.jsonl: one JSON object per line, appended as it goes.
+
+  Log-line records have step, epoch, train_loss, train_accuracy,
+  learning_rate and examples_per_second; evaluation records have step, epoch,
+  eval_loss, eval_accuracy (top-1), eval_top5_accuracy and eval_examples.
+  Only the chief writes it, from the values it logs.
+  """
+
+  def __init__(self, model_dir: str):
+    self.model_dir = model_dir
+    self.path = os.path.join(model_dir, METRICS_LOG_FILE)
+
+  def resume_at(self, step: int) -> None:
+    """Drops records past `step`: a run resumed there trains them again."""
+    kept = [r for r in read_metrics_log(self.model_dir) if r['step'] <= step]
+    write_text_atomically(self.path,
+                          ''.join(json.dumps(r) + '\n' for r in kept))
+
+  def append(self, record: Dict) -> None:
+    with open(self.path, 'a') as f:
+      f.write(json.dumps(record) + '\n')
+
+
+def read_metrics_log(model_dir: str) -> List[Dict]:
+  """The records of model_dir/metrics.jsonl in order; [] if there is none."""
+  path = os.path.join(model_dir, METRICS_LOG_FILE)
+  if not os.path.exists(path):
+    return []
+  with open(path) as f:
+    lines = [l for l in f.read().splitlines() if l.strip()]
+  records = []
+  for i, line in enumerate(lines):
+    try:
+      records.append(json.loads(line))
+    except ValueError:
+      # A run killed while appending leaves a torn last line; that one alone
+      # is expected.
+      if i < len(lines) - 1:
+        raise UsageError(f'{path} line {i + 1} is not JSON; delete the line '
+                         'or the file') from None
+  return records
+
+
+def write_text_atomically(path: str, text: str) -> None:
+  """Writes `text` so a reader never sees a half-written file."""
   tmp = path + '.tmp'
   with open(tmp, 'w') as f:
-    json.dump(content, f, indent=2, sort_keys=True)
-    f.write('\n')
+    f.write(text)
   os.replace(tmp, path)
+
+
+def write_json_atomically(path: str, content: Dict) -> None:
+  write_text_atomically(path, json.dumps(content, indent=2, sort_keys=True) +
+                        '\n')
 
 
 def write_hparams(summary_dir: str, hparams: Dict) -> None:

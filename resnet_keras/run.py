@@ -2,8 +2,9 @@
 
 This module owns *when* things happen: train loops of `steps_per_loop` steps,
 evaluation every `epochs_between_evals` epochs and at the end, checkpoints,
-the target-accuracy stop, export, the run's config (model_dir/config.json)
-and the run summary. What a step computes is in trainer.py.
+the target-accuracy stop, export, and the records of a run in model_dir
+(config.json, metrics.jsonl, plots/, run_summary.json). What a step computes
+is in trainer.py.
 """
 
 import dataclasses
@@ -13,7 +14,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Dict
+from typing import Dict, Optional
 
 import orbit
 import tensorflow as tf
@@ -27,6 +28,7 @@ from resnet_keras import guards
 from resnet_keras import metrics
 from resnet_keras import models
 from resnet_keras import optimizers
+from resnet_keras import plots
 from resnet_keras import schedules
 from resnet_keras import trainer as trainer_lib
 from resnet_keras.config import RunConfig, TrainingPlan, make_training_plan
@@ -246,6 +248,7 @@ def run(cfg: RunConfig) -> Dict:
       weight_decay_path=wd_path, use_tf_function=cfg.use_tf_function,
       use_tf_while_loop=cfg.use_tf_while_loop, backend=backend)
 
+  metrics_log = metrics.MetricsLog(cfg.model_dir) if backend.is_chief else None
   logger = metrics.StepLogger(
       get_loop=lambda: trainer.last_loop, log_steps=cfg.log_steps,
       total_steps=plan.total_train_steps,
@@ -253,7 +256,8 @@ def run(cfg: RunConfig) -> Dict:
       global_batch_size=plan.global_batch_size,
       learning_rate_at=lambda step: float(schedule(step).numpy()),
       # mpirun gives every rank a terminal; one bar per rank would garble it.
-      progress_bar=sys.stdout.isatty() and backend.num_workers == 1)
+      progress_bar=sys.stdout.isatty() and backend.num_workers == 1,
+      metrics_log=metrics_log)
   guard = guards.LoopGuard(
       get_loop=lambda: trainer.last_loop, any_worker=backend.any_worker,
       last_checkpoint=lambda: manager and manager.latest_checkpoint,
@@ -294,6 +298,7 @@ def run(cfg: RunConfig) -> Dict:
   step = start_step
   if backend.is_chief:
     checkpoints.record_config(cfg.model_dir, effective_cfg, plan)
+    metrics_log.resume_at(start_step)
   guard.install()
   try:
     while step < plan.total_train_steps and not target_reached:
@@ -315,10 +320,10 @@ def run(cfg: RunConfig) -> Dict:
       at_eval = (step % plan.eval_interval_steps == 0 or
                  step == plan.total_train_steps)
       if not cfg.skip_eval and at_eval:
-        eval_results = _evaluate(controller, plan, step)
+        eval_results = _evaluate(controller, plan, step, metrics_log)
         target_reached = _reached(cfg, eval_results)
     if not cfg.skip_eval and not eval_results:
-      eval_results = _evaluate(controller, plan, step)
+      eval_results = _evaluate(controller, plan, step, metrics_log)
   except tf.errors.InvalidArgumentError as e:
     if 'label out of range' not in e.message:
       raise
@@ -330,6 +335,8 @@ def run(cfg: RunConfig) -> Dict:
     if profiler:
       profiler.finish()
     logger.close()
+    if backend.is_chief:
+      _write_plots(cfg.model_dir)
   if cfg.enable_checkpoint_and_export and saves:
     path = export.export_saved_model(
         network, cfg.image_size, os.path.join(write_dir, SAVED_MODEL_DIR))
@@ -373,9 +380,11 @@ def run(cfg: RunConfig) -> Dict:
   return summary
 
 
-def _evaluate(controller: orbit.Controller, plan: TrainingPlan,
-              step: int) -> Dict:
+def _evaluate(controller: orbit.Controller, plan: TrainingPlan, step: int,
+              metrics_log: Optional[metrics.MetricsLog]) -> Dict:
   results = controller.evaluate(steps=-1)
+  if metrics_log is not None:
+    metrics_log.append({'step': step, 'epoch': plan.epoch_of(step), **results})
   logging.info(
       'eval at step %d (epoch %.2f): accuracy %.4f, top-5 %.4f, loss %.4f '
       'over %d examples', step, plan.epoch_of(step), results['eval_accuracy'],
@@ -385,6 +394,18 @@ def _evaluate(controller: orbit.Controller, plan: TrainingPlan,
     logging.warning('evaluated %d examples, expected %d',
                     results['eval_examples'], plan.num_eval_examples)
   return results
+
+
+def _write_plots(model_dir: str) -> None:
+  """Redraws model_dir/plots; never fails the run, metrics.jsonl is kept."""
+  try:
+    paths = plots.write_plots(model_dir)
+  except Exception as e:  # pylint: disable=broad-except
+    logging.warning('plots not written (%s); metrics.jsonl is complete: '
+                    'python -m resnet_keras.plots %s', e, model_dir)
+  else:
+    logging.info('wrote %d plots to %s', len(paths),
+                 os.path.join(model_dir, plots.PLOTS_DIR))
 
 
 def _reached(cfg: RunConfig, results: Dict) -> bool:

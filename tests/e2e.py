@@ -14,17 +14,34 @@ TINY = ['--use_synthetic_data', '--resnet_depth=18', '--image_size=32',
         '--steps_per_loop=2', '--log_steps=2', '--num_eval_examples=13']
 
 
-def run_script(script, args, timeout=600, env=None):
-  """Runs `script args` with this Python; returns the CompletedProcess."""
+def _run(argv, timeout=600, env=None):
   full_env = dict(os.environ)
   full_env.update(env or {})
-  return subprocess.run([sys.executable, script] + list(args), cwd=REPO_ROOT,
+  return subprocess.run([sys.executable] + list(argv), cwd=REPO_ROOT,
                         capture_output=True, text=True, timeout=timeout,
                         env=full_env)
 
 
+def run_script(script, args, **kwargs):
+  """Runs `script args` with this Python; returns the CompletedProcess."""
+  return _run([script] + list(args), **kwargs)
+
+
 def run_main(args, **kwargs):
   return run_script(MAIN, args, **kwargs)
+
+
+def run_tool(module, args, **kwargs):
+  """Runs `python -m module args`, as the README documents the tools."""
+  return _run(['-m', module] + list(args), **kwargs)
+
+
+def train_tiny(model_dir, args=tuple(TINY)):
+  """Two epochs of `args` with checkpoints (ckpt-4, ckpt-8) and an export."""
+  result = run_main(list(args) + ['-md', str(model_dir), '-te', '2',
+                                  '--enable_checkpoint_and_export'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  return result
 
 
 def read_summary(model_dir):

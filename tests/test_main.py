@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from resnet_keras import metrics
 from resnet_keras.config import RunConfig
 from tests import e2e
 
@@ -70,6 +71,11 @@ def test_fp32_sgd_train_eval_checkpoint_export_and_resume(tmp_path):
   summary = e2e.read_summary(model_dir)
   assert summary['train_steps'] == 12 and summary['resumed_from_step'] == 8
   assert os.path.exists(os.path.join(model_dir, 'ckpt-12.index'))
+  # The metrics log goes on where the first run left it.
+  steps = [(r['step'], 'eval_loss' in r)
+           for r in metrics.read_metrics_log(model_dir)]
+  assert steps == [(2, False), (4, False), (4, True), (6, False), (8, False),
+                   (8, True), (10, False), (12, False), (12, True)]
 
 
 def test_bf16_lars_reference_preset(tmp_path):

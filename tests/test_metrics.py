@@ -3,23 +3,28 @@
 import json
 
 import numpy as np
+import pytest
 from absl import logging
 
 from resnet_keras import metrics
+from resnet_keras.errors import UsageError
 from resnet_keras.trainer import LoopRecord
 
 
-def test_log_lines_every_log_steps_within_and_across_loops(monkeypatch):
+def test_log_lines_every_log_steps_within_and_across_loops(monkeypatch,
+                                                          tmp_path):
   lines = []
   monkeypatch.setattr(logging, 'info', lambda msg, *a: lines.append(msg % a
                                                                     if a else msg))
   loops = [LoopRecord(1, np.array([4., 3., 2.]), np.array([0., .5, 1.]), 10.0),
            LoopRecord(4, np.array([1., 1., 1.]), np.array([1., 1., 1.]), 1.0)]
   current = {}
+  log = metrics.MetricsLog(str(tmp_path))
   logger = metrics.StepLogger(
       get_loop=lambda: current['loop'], log_steps=2, total_steps=6,
       steps_per_epoch=3, global_batch_size=10,
-      learning_rate_at=lambda step: 0.1 * step, progress_bar=False)
+      learning_rate_at=lambda step: 0.1 * step, progress_bar=False,
+      metrics_log=log)
   for loop in loops:
     current['loop'] = loop
     logger({})
@@ -31,6 +36,12 @@ def test_log_lines_every_log_steps_within_and_across_loops(monkeypatch):
   assert 'step 6/6' in lines[2] and '30.0 examples/sec' in lines[2]
   assert logger.average_examples_per_second == 30.0   # first loop excluded
   assert logger.last_loss == 1.0
+  # metrics.jsonl has a record per line, with the values the line shows.
+  records = metrics.read_metrics_log(str(tmp_path))
+  assert [r['step'] for r in records] == [2, 4, 6]
+  assert records[0] == {'step': 2, 'epoch': 2 / 3, 'train_loss': 3.5,
+                        'train_accuracy': 0.25,
+                        'learning_rate': 0.2, 'examples_per_second': 3.0}
 
 
 def test_single_loop_throughput_uses_it():
@@ -47,3 +58,24 @@ def test_write_json_atomically(tmp_path):
   metrics.write_json_atomically(str(path), {'a': 1})
   assert json.loads(path.read_text()) == {'a': 1}
   assert not (tmp_path / 'summary.json.tmp').exists()
+
+
+def test_metrics_log_resumes_at_a_step_and_tolerates_a_torn_end(tmp_path):
+  log = metrics.MetricsLog(str(tmp_path))
+  for step in (2, 4, 6):
+    log.append({'step': step, 'train_loss': float(step)})
+  with open(log.path, 'a') as f:
+    f.write('{"step": 8, "train_lo')           # killed mid-append
+  assert [r['step'] for r in metrics.read_metrics_log(str(tmp_path))] == [
+      2, 4, 6]
+  log.resume_at(4)                              # the checkpoint's step
+  log.append({'step': 6, 'train_loss': -1.0})
+  assert metrics.read_metrics_log(str(tmp_path)) == [
+      {'step': 2, 'train_loss': 2.0}, {'step': 4, 'train_loss': 4.0},
+      {'step': 6, 'train_loss': -1.0}]
+
+
+def test_a_torn_line_in_the_middle_is_an_error(tmp_path):
+  (tmp_path / 'metrics.jsonl').write_text('{"step": 2}\n{"st\n{"step": 4}\n')
+  with pytest.raises(UsageError, match='line 2 is not JSON'):
+    metrics.read_metrics_log(str(tmp_path))
