@@ -87,3 +87,22 @@ def check_resumable(model_dir: str, cfg: RunConfig) -> None:
         f'({describe(saved)}; this run: {describe(identity)}); use another '
         '--model_dir, or --clean to delete them and start over')
 
+
+def restore(checkpoint: tf.train.Checkpoint, path: str,
+            cfg: RunConfig) -> None:
+  """Restores `path` for evaluation; refuses one of another model.
+
+  Every variable that exists must get a value (a checkpoint of another depth
+  would otherwise restore partially and evaluate a half-random model);
+  optimizer slots, which evaluation never creates, may stay unread.
+  """
+  try:
+    checkpoint.restore(path).expect_partial().assert_existing_objects_matched()
+  except (AssertionError, ValueError, tf.errors.OpError) as e:
+    # A failed restore leaves pending restorations behind that warn about
+    # every variable when collected at exit; this error says it all.
+    tf.get_logger().setLevel('ERROR')
+    what = ', '.join(f'{k} {v}' for k, v in sorted(model_identity(cfg).items()))
+    raise UsageError(
+        f'{path} is not a checkpoint of this run\'s model ({what}, from '
+        f'{CONFIG_FILE}): {str(e).splitlines()[0][:200]}') from None

@@ -11,12 +11,13 @@ wraps it with the input the data pipeline delivers (uint8 images get cast and
 normalised on the device as the first layer).
 """
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import tensorflow as tf
 import tf_keras
 
 from resnet_keras.config import RunConfig
+from resnet_keras.data import datasets
 from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.optimizers import l2_regularizer
 
@@ -152,6 +153,21 @@ def build_training_model(network: tf_keras.Model, image_size: int,
         lambda t: normalize_images(t, compute_dtype or tf.float32),
         name='normalize_on_device')(x)
   return tf_keras.Model(inputs, network(x), name='training_model')
+
+
+def build_models(cfg: RunConfig, num_classes: int, use_regularizers: bool
+                 ) -> Tuple[tf_keras.Model, tf_keras.Model]:
+  """(network, training model) of a run, under the current precision policy.
+
+  Training and `resnet_keras.validate` both build them here, so a
+  checkpoint's object graph is the same in both.
+  """
+  network = build_network(cfg, num_classes, use_regularizers)
+  model = build_training_model(
+      network, cfg.image_size, datasets.loader_dtype(cfg),
+      normalize_on_device=cfg.data_loader_image_type == 'uint8',
+      compute_dtype=tf_keras.mixed_precision.global_policy().compute_dtype)
+  return network, model
 
 
 def count_trainable_parameters(model: tf_keras.Model) -> int:

@@ -216,12 +216,8 @@ def run(cfg: RunConfig) -> Dict:
       cfg, plan.global_batch_size, plan.steps_per_epoch,
       plan.total_train_steps)
   with strategy.scope():
-    network = models.build_network(
+    network, model = models.build_models(
         cfg, info.num_classes, use_regularizers=wd_path == 'regularizers')
-    model = models.build_training_model(
-        network, cfg.image_size, datasets.loader_dtype(cfg),
-        normalize_on_device=cfg.data_loader_image_type == 'uint8',
-        compute_dtype=tf_keras.mixed_precision.global_policy().compute_dtype)
     optimizer = optimizers.build_optimizer(cfg, schedule)
     optimizers.create_slots(optimizer, model.trainable_variables)
     manager = _checkpoint_manager(cfg, backend, model, optimizer)

@@ -1,0 +1,156 @@
+"""Evaluates a run's checkpoints on its validation data.
+
+  python -m resnet_keras.validate --model_dir DIR                 # the latest
+  python -m resnet_keras.validate --model_dir DIR --checkpoint all
+  python -m resnet_keras.validate --model_dir DIR --checkpoint ckpt-4
+  python -m resnet_keras.validate --model_dir DIR --data_dir /data/tf_records
+
+The model and data flags come from DIR/config.json, which training writes
+when it starts, so none are repeated; --data_dir reads other (or moved) data
+of the run's --dataset format instead. The evaluation is the trainer's own:
+the same input pipeline and the same metrics, every validation example once,
+so the run's last checkpoint scores what its last evaluation logged. Prints
+a table and writes DIR/validation.csv (one row per checkpoint evaluated).
+"""
+
+from common import env
+
+env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
+
+# pylint: disable=g-import-not-at-top
+import csv
+import dataclasses
+import io
+import os
+from typing import Dict, List, Optional
+
+import tensorflow as tf
+from absl import app
+from absl import flags
+from absl import logging
+
+from common import cli
+from resnet_keras import checkpoints
+from resnet_keras import metrics
+from resnet_keras import models
+from resnet_keras import optimizers
+from resnet_keras import run
+from resnet_keras import trainer as trainer_lib
+from resnet_keras.config import RunConfig, TrainingPlan
+from resnet_keras.data import datasets
+from resnet_keras.errors import UsageError
+# pylint: enable=g-import-not-at-top
+
+RESULTS_FILE = 'validation.csv'
+COLUMNS = ('checkpoint', 'step', 'epoch', 'top1', 'top5', 'loss', 'examples')
+
+
+def define_flags() -> None:
+  flags.DEFINE_string('model_dir', None,
+                      'Directory of a training run: its config.json and '
+                      'checkpoints.')
+  flags.DEFINE_string('checkpoint', None,
+                      'A checkpoint (a path, or a name in --model_dir such as '
+                      'ckpt-4), or "all" for every checkpoint kept; default: '
+                      'the latest.')
+  flags.DEFINE_string('data_dir', None,
+                      'Read the validation data here instead of the run\'s '
+                      'data_dir (same --dataset format; real data even for a '
+                      'synthetic-data run).')
+  flags.mark_flag_as_required('model_dir')
+
+
+def checkpoint_paths(manager: tf.train.CheckpointManager, model_dir: str,
+                     which: Optional[str]) -> List[str]:
+  """The checkpoints --checkpoint names: one, 'all', or (None) the latest."""
+  kept = list(manager.checkpoints)
+  if not kept and which in (None, 'all'):
+    raise UsageError(f'{model_dir} has no checkpoints; train with '
+                     '--enable_checkpoint_and_export')
+  if which is None:
+    return [manager.latest_checkpoint]
+  if which == 'all':
+    return kept
+  for path in (which, os.path.join(model_dir, which)):
+    if os.path.exists(path + '.index'):
+      return [path]
+  names = ', '.join(os.path.basename(p) for p in kept) or 'none'
+  raise UsageError(f'--checkpoint={which} is not a checkpoint (no '
+                   f'{which}.index); {model_dir} has: {names}')
+
+
+def evaluate_checkpoints(cfg: RunConfig, plan: TrainingPlan,
+                         which: Optional[str]) -> List[Dict]:
+  """Evaluates each checkpoint `which` names; one row per checkpoint."""
+  info = datasets.describe(cfg)
+  run.configure_runtime(cfg)
+  _, model = models.build_models(cfg, info.num_classes,
+                                 use_regularizers=False)
+  # The checkpoint's optimizer holds the step; its learning rate is unused.
+  optimizer = optimizers.build_optimizer(cfg, learning_rate=0.0)
+  manager = checkpoints.make_manager(model, optimizer, cfg.model_dir)
+  paths = checkpoint_paths(manager, cfg.model_dir, which)
+  _, eval_fn = datasets.make_input_fns(cfg, info, cfg.batch_size)
+  strategy = tf.distribute.get_strategy()
+  evaluator = trainer_lib.ResnetTrainer(
+      strategy=strategy, model=model, optimizer=optimizer, train_dataset=None,
+      eval_dataset=strategy.distribute_datasets_from_function(eval_fn),
+      global_batch_size=cfg.batch_size, num_classes=info.num_classes,
+      max_steps_per_loop=1, use_tf_function=cfg.use_tf_function)
+  rows = []
+  for path in paths:
+    checkpoints.restore(manager.checkpoint, path, cfg)
+    results = evaluator.evaluate(tf.constant(-1))
+    step = int(optimizer.iterations.numpy())
+    rows.append({'checkpoint': os.path.basename(path), 'step': step,
+                 'epoch': plan.epoch_of(step),
+                 'top1': results['eval_accuracy'],
+                 'top5': results['eval_top5_accuracy'],
+                 'loss': results['eval_loss'],
+                 'examples': results['eval_examples']})
+    logging.info('%s: step %d, top-1 %.4f over %d examples', path, step,
+                 results['eval_accuracy'], results['eval_examples'])
+  return rows
+
+
+def format_table(rows: List[Dict]) -> str:
+  width = max(len('checkpoint'), *(len(r['checkpoint']) for r in rows))
+  lines = [f'{"checkpoint":<{width}}  {"step":>8}  {"epoch":>7}  '
+           f'{"top-1":>6}  {"top-5":>6}  {"loss":>8}']
+  for r in rows:
+    lines.append(f'{r["checkpoint"]:<{width}}  {r["step"]:>8}  '
+                 f'{r["epoch"]:>7.2f}  {r["top1"]:>6.4f}  {r["top5"]:>6.4f}  '
+                 f'{r["loss"]:>8.4f}')
+  return '\n'.join(lines)
+
+
+def write_csv(path: str, rows: List[Dict]) -> None:
+  text = io.StringIO()
+  writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator='\n')
+  writer.writeheader()
+  writer.writerows(rows)
+  metrics.write_text_atomically(path, text.getvalue())
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise UsageError(f'unexpected arguments {argv[1:]}; see --help')
+  cli.configure_logging()
+  model_dir = flags.FLAGS.model_dir
+  if not os.path.isdir(model_dir):
+    raise UsageError(f'--model_dir={model_dir} is not a directory')
+  cfg, plan = checkpoints.read_config(model_dir)
+  if flags.FLAGS.data_dir:
+    cfg = dataclasses.replace(cfg, data_dir=flags.FLAGS.data_dir,
+                              use_synthetic_data=False)
+  rows = evaluate_checkpoints(cfg, plan, flags.FLAGS.checkpoint)
+  print(format_table(rows))
+  path = os.path.join(model_dir, RESULTS_FILE)
+  write_csv(path, rows)
+  print(f'wrote {path}')
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(lambda argv: cli.run_main(main, argv),
+          flags_parser=cli.parse_flags_or_fail)

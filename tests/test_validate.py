@@ -1,0 +1,100 @@
+"""python -m resnet_keras.validate: a run's checkpoints, scored as it scored them."""
+
+import csv
+import json
+import os
+import shutil
+
+import pytest
+
+from resnet_keras import checkpoints
+from resnet_keras import metrics
+from tests import e2e
+
+
+def _validate(model_dir, *args, **kwargs):
+  return e2e.run_tool('resnet_keras.validate',
+                      ['--model_dir', model_dir] + list(args), **kwargs)
+
+
+def _csv_rows(model_dir):
+  with open(os.path.join(model_dir, 'validation.csv')) as f:
+    return list(csv.DictReader(f))
+
+
+def test_every_checkpoint_scores_what_training_evaluated(synthetic_run):
+  result = _validate(synthetic_run, '--checkpoint', 'all')
+  assert result.returncode == 0, result.stderr[-3000:]
+  table = result.stdout.splitlines()
+  assert table[0].split() == ['checkpoint', 'step', 'epoch', 'top-1', 'top-5',
+                              'loss']
+  assert [l.split()[:3] for l in table[1:3]] == [['ckpt-4', '4', '1.00'],
+                                                 ['ckpt-8', '8', '2.00']]
+  rows = _csv_rows(synthetic_run)
+  evals = [r for r in metrics.read_metrics_log(synthetic_run)
+           if 'eval_loss' in r]
+  assert [int(r['step']) for r in rows] == [e['step'] for e in evals] == [4, 8]
+  for row, logged in zip(rows, evals):
+    assert int(row['examples']) == logged['eval_examples'] == 13
+    assert float(row['top1']) == pytest.approx(logged['eval_accuracy'])
+    assert float(row['top5']) == pytest.approx(logged['eval_top5_accuracy'])
+    assert float(row['loss']) == pytest.approx(logged['eval_loss'], rel=1e-5)
+
+
+def test_latest_checkpoint_of_a_records_run_and_other_data(records_run,
+                                                            tmp_path):
+  data_dir, model_dir = records_run
+  cfg, plan = checkpoints.read_config(model_dir)
+  assert cfg.num_classes == 6                 # resolved from the data
+  assert plan.steps_per_epoch == 4 and plan.global_batch_size == 4
+  result = _validate(model_dir)
+  assert result.returncode == 0, result.stderr[-3000:]
+  (row,) = _csv_rows(model_dir)
+  summary = e2e.read_summary(model_dir)
+  assert row['checkpoint'] == 'ckpt-8' and int(row['examples']) == 9
+  assert float(row['top1']) == pytest.approx(summary['eval_accuracy'])
+  assert float(row['loss']) == pytest.approx(summary['eval_loss'], rel=1e-5)
+
+  # A copy without the second validation shard (4 of the 9 images).
+  other = tmp_path / 'other'
+  shutil.copytree(data_dir, other)
+  os.remove(other / 'validation' / 'validation-00001-of-00002')
+  result = _validate(model_dir, '--data_dir', str(other))
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert int(_csv_rows(model_dir)[0]['examples']) == 5
+
+
+def test_help_lists_the_flags():
+  result = _validate('unused', '--help', timeout=120)
+  assert result.returncode == 0
+  for flag in ('--model_dir', '--checkpoint', '--data_dir'):
+    assert flag in result.stdout
+
+
+def test_bad_inputs_fail_in_one_line(synthetic_run, records_run, tmp_path):
+  empty = tmp_path / 'empty'
+  empty.mkdir()
+  e2e.assert_one_line_error(_validate(str(empty)), 'config.json does not '
+                            'exist')
+  e2e.assert_one_line_error(_validate(str(tmp_path / 'nope')),
+                            'is not a directory')
+  # A run that kept no checkpoints.
+  shutil.copy(os.path.join(synthetic_run, 'config.json'), empty)
+  e2e.assert_one_line_error(_validate(str(empty)), 'has no checkpoints',
+                            '--enable_checkpoint_and_export')
+  e2e.assert_one_line_error(_validate(synthetic_run, '--checkpoint', 'ckpt-5'),
+                            '--checkpoint=ckpt-5', 'ckpt-4, ckpt-8')
+  # records_run's checkpoints have 6 classes, synthetic_run's model 10.
+  other = os.path.join(records_run[1], 'ckpt-4')
+  e2e.assert_one_line_error(_validate(synthetic_run, '--checkpoint', other),
+                            'is not a checkpoint of this run\'s model',
+                            'num_classes 10')
+  e2e.assert_one_line_error(
+      _validate(records_run[1], '--data_dir', str(tmp_path / 'nodata')),
+      '--data_dir=', 'does not exist')
+
+
+def test_unreadable_config_names_the_file(tmp_path):
+  (tmp_path / 'config.json').write_text(json.dumps({'config': {}}))
+  e2e.assert_one_line_error(_validate(str(tmp_path)), 'config.json is '
+                            'unreadable', 'delete it')
