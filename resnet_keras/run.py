@@ -335,7 +335,9 @@ def run(cfg: RunConfig) -> Dict:
       _write_plots(cfg.model_dir)
   if cfg.enable_checkpoint_and_export and saves:
     path = export.export_saved_model(
-        network, cfg.image_size, os.path.join(write_dir, SAVED_MODEL_DIR))
+        network, cfg.image_size, os.path.join(write_dir, SAVED_MODEL_DIR),
+        eval_crop_fraction=datasets.eval_crop_fraction(cfg),
+        labels_file=datasets.labels_file(cfg))
     if backend.is_chief:
       logging.info('exported SavedModel to %s', path)
     else:  # Only written because saving is collective; the chief's counts.

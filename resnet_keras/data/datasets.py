@@ -8,7 +8,7 @@ Everything the trainer needs to know about data goes through `describe`
 
 import dataclasses
 import functools
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import tensorflow as tf
 
@@ -72,6 +72,19 @@ def describe(cfg: RunConfig) -> DatasetInfo:
                                  cfg.num_eval_examples),
       name=f'{cfg.dataset} in {cfg.data_dir}',
       train_files=tuple(train_files), eval_files=tuple(eval_files))
+
+
+def eval_crop_fraction(cfg: RunConfig) -> float:
+  """The central fraction evaluation keeps of an image's short side."""
+  # CIFAR evaluation resizes whole (square) images.
+  return 1.0 if cfg.dataset in cifar.SPECS else cfg.eval_crop_fraction
+
+
+def labels_file(cfg: RunConfig) -> Optional[str]:
+  """The class names of the data (the converter's labels.txt), if any."""
+  if cfg.use_synthetic_data or cfg.dataset in cifar.SPECS:
+    return None
+  return imagenet.find_labels(cfg.data_dir)
 
 
 def _limited(available: int, requested: int) -> int:

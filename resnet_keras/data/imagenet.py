@@ -108,13 +108,24 @@ def describe(data_dir: str, train_files: List[str],
             'num_eval_examples': int(metadata['num_examples']['validation'])}
   train, validation = scan_shards(train_files), scan_shards(eval_files)
   num_classes = max(train['max_label'], validation['max_label'])
-  labels_path = os.path.join(data_dir, LABELS_FILE)
-  if os.path.exists(labels_path):
-    with open(labels_path) as f:
-      num_classes = sum(1 for line in f if line.strip())
+  labels_path = find_labels(data_dir)
+  if labels_path:
+    num_classes = len(read_labels(labels_path))
   return {'num_classes': num_classes,
           'num_train_examples': train['num_examples'],
           'num_eval_examples': validation['num_examples']}
+
+
+def find_labels(data_dir: str) -> Optional[str]:
+  """The converter's labels.txt in data_dir, if it wrote one."""
+  path = os.path.join(data_dir, LABELS_FILE)
+  return path if os.path.isfile(path) else None
+
+
+def read_labels(path: str) -> List[str]:
+  """Class names: line k names the records' label k + 1 (model output k)."""
+  with open(path, encoding='utf-8') as f:
+    return [line.strip() for line in f if line.strip()]
 
 
 def parse_record(serialized):
@@ -155,7 +166,12 @@ def preprocess_train(image_bytes, boxes, image_size, dtype, seed=None,
 def preprocess_eval(image_bytes, image_size, dtype,
                     crop_fraction=DEFAULT_EVAL_CROP_FRACTION):
   """Aspect-preserving resize of the short side, then a central crop that
-  keeps `crop_fraction` of it (1.0: the whole short side)."""
+  keeps `crop_fraction` of it (1.0: the whole short side).
+
+  `image_bytes` may be JPEG or PNG (TensorFlow's JPEG decoder reads both),
+  grayscale, RGB or RGBA: the result always has 3 channels. The exported
+  SavedModel serves encoded images with this function too.
+  """
   image = tf.image.decode_jpeg(image_bytes, channels=3)
   shape = tf.cast(tf.shape(image)[:2], tf.float32)
   scale = image_size / crop_fraction / tf.reduce_min(shape)

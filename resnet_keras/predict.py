@@ -1,0 +1,123 @@
+"""Top-5 classes of image files, from an exported SavedModel.
+
+  python -m resnet_keras.predict --saved_model DIR/saved_model cat.jpg photos/
+  python -m resnet_keras.predict --saved_model DIR/saved_model --labels L img.png
+
+Images are JPEG or PNG files of any size, colour or grayscale; a folder
+stands for its .jpg, .jpeg and .png files, sorted. The SavedModel's
+`serving_encoded` signature preprocesses them exactly as the run's
+evaluation did (aspect-preserving resize, central crop of the run's
+--eval_crop_fraction; see export.py). Classes are named from --labels, else
+from the labels.txt the export took from the training data, else shown as
+class indices. For each image: its path, then its 5 most likely classes, one
+per line, as probability and name.
+"""
+
+from common import env
+
+env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
+
+# pylint: disable=g-import-not-at-top
+import os
+from typing import List, Optional
+
+import numpy as np
+import tensorflow as tf
+from absl import app
+from absl import flags
+
+from common import cli
+from resnet_keras import export
+from resnet_keras.data import imagenet
+from resnet_keras.errors import UsageError
+# pylint: enable=g-import-not-at-top
+
+IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png')
+TOP_K = 5
+
+
+def define_flags() -> None:
+  flags.DEFINE_string('saved_model', None,
+                      'SavedModel directory (model_dir/saved_model of a run '
+                      'with --enable_checkpoint_and_export).')
+  flags.DEFINE_string('labels', None,
+                      'Class names, one per line in label order (the '
+                      'converter\'s labels.txt); default: the one exported '
+                      'with the model, else class indices.')
+  flags.mark_flag_as_required('saved_model')
+
+
+def image_files(args: List[str]) -> List[str]:
+  """The files `args` name, folders expanded to their images."""
+  if not args:
+    raise UsageError('pass one or more image files or folders after the flags')
+  files = []
+  for arg in args:
+    if os.path.isdir(arg):
+      found = sorted(os.path.join(arg, name) for name in os.listdir(arg)
+                     if name.lower().endswith(IMAGE_SUFFIXES))
+      if not found:
+        raise UsageError(f'{arg} has no .jpg, .jpeg or .png files')
+      files.extend(found)
+    elif os.path.isfile(arg):
+      files.append(arg)
+    else:
+      raise UsageError(f'{arg} does not exist')
+  return files
+
+
+def load(saved_model_dir: str):
+  """The SavedModel, refusing one without the encoded-image signature."""
+  if not os.path.isfile(os.path.join(saved_model_dir, 'saved_model.pb')):
+    raise UsageError(
+        f'--saved_model={saved_model_dir} is not a SavedModel (no '
+        'saved_model.pb); training with --enable_checkpoint_and_export '
+        'exports one to model_dir/saved_model')
+  loaded = tf.saved_model.load(saved_model_dir)
+  if export.ENCODED_SIGNATURE not in loaded.signatures:
+    raise UsageError(
+        f'--saved_model={saved_model_dir} has no {export.ENCODED_SIGNATURE} '
+        'signature (exported by an older version); rerun its training '
+        'command with --enable_checkpoint_and_export to export it again')
+  return loaded
+
+
+def class_names(loaded, labels_file: Optional[str],
+                num_classes: int) -> List[str]:
+  """A name per model output: --labels, the exported labels, or indices."""
+  if labels_file and not os.path.isfile(labels_file):
+    raise UsageError(f'--labels={labels_file} does not exist')
+  if not labels_file and hasattr(loaded, 'labels'):
+    labels_file = loaded.labels.asset_path.numpy().decode()
+  names = imagenet.read_labels(labels_file) if labels_file else []
+  if len(names) > num_classes:
+    raise UsageError(f'{labels_file} names {len(names)} classes but the model '
+                     f'has {num_classes}; pass its training data\'s '
+                     'labels.txt with --labels')
+  # A model may have more outputs than its data had classes (--num_classes).
+  return names + [f'class {i}' for i in range(len(names), num_classes)]
+
+
+def main(argv):
+  files = image_files(argv[1:])
+  loaded = load(flags.FLAGS.saved_model)
+  predict = loaded.signatures[export.ENCODED_SIGNATURE]
+  num_classes = int(predict.structured_outputs['probabilities'].shape[-1])
+  names = class_names(loaded, flags.FLAGS.labels, num_classes)
+  for path in files:
+    with open(path, 'rb') as f:
+      encoded = f.read()
+    try:  # One image per call, so an undecodable file is named.
+      probabilities = predict(image_bytes=tf.constant([encoded]))[
+          'probabilities'][0].numpy()
+    except tf.errors.InvalidArgumentError:
+      raise UsageError(f'{path} is not a JPEG or PNG image') from None
+    print(path)
+    for i in np.argsort(-probabilities, kind='stable')[:TOP_K]:
+      print(f'  {probabilities[i]:.4f}  {names[i]}')
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(lambda argv: cli.run_main(main, argv),
+          flags_parser=cli.parse_flags_or_fail)
