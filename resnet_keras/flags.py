@@ -76,6 +76,10 @@ def define_flags() -> None:
                       'Use a keras.applications backbone instead: ResNet50, '
                       'ResNet101, ResNet152, ResNet50V2, ResNet101V2, '
                       'ResNet152V2.')
+  flags.DEFINE_string('pointwise_conv', _D.pointwise_conv,
+                      'How 1x1 convolutions run: matmul (one matmul over all '
+                      'pixels; faster bf16 gradients on CPUs), conv, or auto '
+                      '(matmul for bf16 on CPUs). Same weights either way.')
   # Precision.
   flags.DEFINE_string('dtype', _D.dtype,
                       'Compute precision: fp32, bf16 (mixed_bfloat16; fast on '

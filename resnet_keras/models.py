@@ -35,8 +35,29 @@ BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
 
 
-def _conv(filters, kernel_size, strides, name, regularizer):
-  return layers.Conv2D(
+class PointwiseMatmulConv2D(layers.Conv2D):
+  """A 1x1 convolution computed as one matmul over all pixels.
+
+  Same kernel variable and same result as Conv2D (strides subsample first,
+  which is what a 1x1 'same' convolution does). Why: on CPUs with AMX,
+  oneDNN's bf16 matmul is 2-4x faster than its 1x1 convolution's weight
+  gradient, and autodiff of a matmul is two matmuls (benchmarks/levers.py).
+  """
+
+  def convolution_op(self, inputs, kernel):
+    if self.strides != (1, 1):
+      inputs = inputs[:, ::self.strides[0], ::self.strides[1], :]
+    shape = tf.shape(inputs)
+    pixels = tf.reshape(inputs, [-1, kernel.shape[2]])
+    outputs = tf.matmul(pixels, tf.reshape(kernel, kernel.shape[2:]))
+    return tf.reshape(outputs, tf.concat([shape[:-1], [self.filters]], 0))
+
+
+def _conv(filters, kernel_size, strides, name, regularizer,
+          pointwise_matmul=False):
+  conv_class = (PointwiseMatmulConv2D if pointwise_matmul and kernel_size == 1
+                else layers.Conv2D)
+  return conv_class(
       filters, kernel_size, strides=strides, padding='same', use_bias=False,
       kernel_initializer='he_normal', kernel_regularizer=regularizer,
       name=name)
@@ -47,19 +68,19 @@ def _bn(name):
                                    name=name)
 
 
-def _block(x, filters, strides, bottleneck, name, regularizer):
+def _block(x, filters, strides, bottleneck, name, conv):
   """One residual block; projects the shortcut when the shape changes."""
   out_filters = filters * 4 if bottleneck else filters
   shortcut = x
   if strides != 1 or x.shape[-1] != out_filters:
-    shortcut = _conv(out_filters, 1, strides, name + '_proj', regularizer)(x)
+    shortcut = conv(out_filters, 1, strides, name + '_proj')(x)
     shortcut = _bn(name + '_proj_bn')(shortcut)
   if bottleneck:
     convs = ((filters, 1, 1), (filters, 3, strides), (out_filters, 1, 1))
   else:
     convs = ((filters, 3, strides), (filters, 3, 1))
   for i, (f, k, s) in enumerate(convs):
-    x = _conv(f, k, s, f'{name}_conv{i + 1}', regularizer)(x)
+    x = conv(f, k, s, f'{name}_conv{i + 1}')(x)
     x = _bn(f'{name}_bn{i + 1}')(x)
     if i < len(convs) - 1:
       x = layers.Activation('relu', name=f'{name}_relu{i + 1}')(x)
@@ -82,7 +103,8 @@ _STEMS = {'imagenet': (7, 2, True), 'small': (3, 1, True),
 
 
 def resnet(depth: int, num_classes: int, image_size: int,
-           weight_decay: float = 0.0, stem: str = 'imagenet') -> tf_keras.Model:
+           weight_decay: float = 0.0, stem: str = 'imagenet',
+           pointwise_matmul: bool = False) -> tf_keras.Model:
   """ResNet v1.5 of `depth` on normalised float images.
 
   Args:
@@ -92,12 +114,16 @@ def resnet(depth: int, num_classes: int, image_size: int,
     weight_decay: if > 0, per-layer L2 regularisers with the strength defined
       in `resnet_keras.optimizers` (0: decay is applied elsewhere, or not).
     stem: 'imagenet', 'small' or 'cifar' (see `_STEMS`).
+    pointwise_matmul: compute 1x1 convolutions as matmuls (same variables
+      and results; see `PointwiseMatmulConv2D`).
   """
   blocks, bottleneck = _STAGES[depth]
   kernel, stride, pool = _STEMS[stem]
   regularizer = l2_regularizer(weight_decay)
+  conv = lambda f, k, s, name: _conv(f, k, s, name, regularizer,
+                                     pointwise_matmul)
   inputs = layers.Input((image_size, image_size, 3), name='images')
-  x = _conv(64, kernel, stride, 'stem_conv', regularizer)(inputs)
+  x = conv(64, kernel, stride, 'stem_conv')(inputs)
   x = _bn('stem_bn')(x)
   x = layers.Activation('relu', name='stem_relu')(x)
   if pool:
@@ -105,8 +131,8 @@ def resnet(depth: int, num_classes: int, image_size: int,
   for stage, (num_blocks, filters) in enumerate(zip(blocks, _STAGE_FILTERS)):
     for b in range(num_blocks):
       strides = 2 if stage > 0 and b == 0 else 1
-      x = _block(x, filters, strides, bottleneck, f'stage{stage + 1}_block{b + 1}',
-                 regularizer)
+      x = _block(x, filters, strides, bottleneck,
+                 f'stage{stage + 1}_block{b + 1}', conv)
   x = layers.GlobalAveragePooling2D(name='avg_pool')(x)
   return tf_keras.Model(inputs, _classifier_head(x, num_classes, regularizer),
                         name=f'resnet{depth}')
@@ -128,15 +154,16 @@ def keras_application(name: str, num_classes: int,
       name=name.lower())
 
 
-def build_network(cfg: RunConfig, num_classes: int,
-                  use_regularizers: bool) -> tf_keras.Model:
+def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
+                  has_gpu: bool = False) -> tf_keras.Model:
   """The network the flags ask for (inputs: normalised float images)."""
   if cfg.keras_applications_model:
     return keras_application(cfg.keras_applications_model, num_classes,
                              cfg.image_size)
   return resnet(cfg.resnet_depth, num_classes, cfg.image_size,
                 weight_decay=cfg.weight_decay if use_regularizers else 0.0,
-                stem=cfg.stem)
+                stem=cfg.stem,
+                pointwise_matmul=cfg.pointwise_conv_is_matmul(has_gpu))
 
 
 def build_training_model(network: tf_keras.Model, image_size: int,

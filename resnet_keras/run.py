@@ -214,7 +214,8 @@ def run(cfg: RunConfig) -> Dict:
       plan.total_train_steps)
   with strategy.scope():
     network = models.build_network(
-        cfg, info.num_classes, use_regularizers=wd_path == 'regularizers')
+        cfg, info.num_classes, use_regularizers=wd_path == 'regularizers',
+        has_gpu=has_gpu)
     model = models.build_training_model(
         network, cfg.image_size, datasets.loader_dtype(cfg),
         normalize_on_device=cfg.data_loader_image_type == 'uint8',

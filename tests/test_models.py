@@ -74,3 +74,42 @@ def test_keras_applications_backbone_gets_our_head():
   model = models.build_network(cfg, 10, use_regularizers=False)
   assert model.output_shape == (None, 10)
   assert model.layers[-1].dtype_policy.compute_dtype == 'float32'
+
+
+def test_pointwise_matmul_matches_conv_outputs_and_gradients():
+  # ResNet-50 at 64 px has stride-1 and stride-2 1x1 convolutions.
+  conv = models.resnet(50, 10, 64)
+  matmul = models.resnet(50, 10, 64, pointwise_matmul=True)
+  assert isinstance(matmul.get_layer('stage2_block1_proj'),
+                    models.PointwiseMatmulConv2D)
+  assert matmul.get_layer('stage2_block1_proj').strides == (2, 2)
+  assert not isinstance(matmul.get_layer('stage2_block1_conv2'),
+                        models.PointwiseMatmulConv2D)
+  matmul.set_weights(conv.get_weights())  # Same variables, same order.
+  images = tf.random.stateless_uniform([3, 64, 64, 3], seed=[1, 2])
+
+  labels = tf.constant([1, 4, 7])
+
+  def loss_and_grads(model):
+    # Inference-mode batch norm: batch statistics of 3 images at 2x2 px
+    # would amplify rounding differences far beyond the convolutions'.
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(tf_keras.losses.sparse_categorical_crossentropy(
+          labels, model(images, training=False)))
+    return loss, tape.gradient(loss, model.trainable_variables)
+
+  loss_conv, grads_conv = loss_and_grads(conv)
+  loss_matmul, grads_matmul = loss_and_grads(matmul)
+  np.testing.assert_allclose(loss_matmul, loss_conv, rtol=1e-4)
+  for g_matmul, g_conv in zip(grads_matmul, grads_conv):
+    np.testing.assert_allclose(g_matmul, g_conv, rtol=1e-3,
+                               atol=1e-4 * float(tf.reduce_max(abs(g_conv))))
+
+
+@pytest.mark.parametrize('setting,dtype,has_gpu,expected', [
+    ('auto', 'bf16', False, True), ('auto', 'fp32', False, False),
+    ('auto', 'bf16', True, False), ('matmul', 'fp32', True, True),
+    ('conv', 'bf16', False, False)])
+def test_pointwise_conv_setting(setting, dtype, has_gpu, expected):
+  cfg = RunConfig(pointwise_conv=setting, dtype=dtype)
+  assert cfg.pointwise_conv_is_matmul(has_gpu) is expected
