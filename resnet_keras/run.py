@@ -356,6 +356,7 @@ def run(cfg: RunConfig) -> Dict:
       'eval_top5_accuracy': eval_results.get('eval_top5_accuracy'),
       'eval_examples': eval_results.get('eval_examples', 0),
       'avg_exp_per_second': logger.average_examples_per_second,
+      'input_wait_fraction': logger.input_wait_fraction,
       'dtype': cfg.dtype,
       'optimizer': cfg.optimizer,
       'lr_schedule': cfg.lr_schedule,
