@@ -8,6 +8,7 @@ is in trainer.py.
 
 import hashlib
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -365,6 +366,8 @@ def run(cfg: RunConfig) -> Dict:
       'dataset': info.name,
       'target_accuracy_reached': target_reached,
       'wall_seconds': time.time() - started,
+      # ru_maxrss is in KiB on Linux.
+      'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       'weights_sha256': weights_digest(model),
   }
   os.makedirs(write_dir, exist_ok=True)
