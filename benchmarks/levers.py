@@ -6,7 +6,7 @@ alternately (A B A B ...) so machine noise hits them alike. Prints steady
 img/s (first loop dropped) per side and the ratio.
 
   python benchmarks/levers.py                       # every lever
-  python benchmarks/levers.py --levers pointwise_conv --batch 32 --dtype bf16
+  python benchmarks/levers.py --levers conv_impl --batch 32 --dtype bf16
 """
 
 import argparse
@@ -28,8 +28,8 @@ def _preload(name):
 
 # name -> (baseline, variant); each side is (label, extra flags, extra env).
 LEVERS = {
-    'pointwise_conv': (('conv', ['--pointwise_conv=conv'], {}),
-                       ('matmul', ['--pointwise_conv=matmul'], {})),
+    'conv_impl': (('native', ['--conv_impl=native'], {}),
+                  ('matmul', ['--conv_impl=matmul'], {})),
     'inter_op_threads': (('default', [], {}),
                          ('1', ['--inter_op_parallelism_threads=1'], {})),
     'tcmalloc': (('glibc malloc', [], {}),

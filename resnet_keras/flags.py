@@ -76,10 +76,13 @@ def define_flags() -> None:
                       'Use a keras.applications backbone instead: ResNet50, '
                       'ResNet101, ResNet152, ResNet50V2, ResNet101V2, '
                       'ResNet152V2.')
-  flags.DEFINE_string('pointwise_conv', _D.pointwise_conv,
-                      'How 1x1 convolutions run: matmul (one matmul over all '
-                      'pixels; faster bf16 gradients on CPUs), conv, or auto '
-                      '(matmul for bf16 on CPUs). Same weights either way.')
+  flags.DEFINE_string('conv_impl', _D.conv_impl,
+                      'How convolutions run: native (oneDNN/cuDNN), matmul '
+                      '(1x1 convolutions as one matmul, and kernel gradients '
+                      'of 3x3 convolutions on maps <= 7x7 with >= 256 '
+                      'channels as patches x matmul: much faster in bf16 on '
+                      'CPUs with AMX), or auto (matmul for bf16 on CPUs). '
+                      'Same weights and results either way.')
   # Precision.
   flags.DEFINE_string('dtype', _D.dtype,
                       'Compute precision: fp32, bf16 (mixed_bfloat16; fast on '

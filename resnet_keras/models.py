@@ -35,29 +35,65 @@ BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
 
 
-class PointwiseMatmulConv2D(layers.Conv2D):
-  """A 1x1 convolution computed as one matmul over all pixels.
+# A 3x3 convolution's weight gradient goes through patches x matmul when its
+# output is at most this many pixels and its input has at least this many
+# channels: there oneDNN's weight-gradient kernel is 1.5-10x slower than one
+# big matmul (benchmarks/levers.py), and the patches stay small.
+SMALL_MAP_PIXELS = 49
+SMALL_MAP_MIN_CHANNELS = 256
 
-  Same kernel variable and same result as Conv2D (strides subsample first,
-  which is what a 1x1 'same' convolution does). Why: on CPUs with AMX,
-  oneDNN's bf16 matmul is 2-4x faster than its 1x1 convolution's weight
-  gradient, and autodiff of a matmul is two matmuls (benchmarks/levers.py).
+
+def _conv_with_patch_matmul_kernel_grad(inputs, kernel, strides):
+  """Conv2D ('same') whose kernel gradient is im2col patches x matmul."""
+
+  @tf.custom_gradient
+  def conv(x, k):
+
+    def grad(dy):
+      kh, kw, ci, co = k.shape
+      dx = tf.nn.conv2d_transpose(dy, k, tf.shape(x), strides, 'SAME')
+      patches = tf.image.extract_patches(x, [1, kh, kw, 1],
+                                         [1, strides, strides, 1],
+                                         [1, 1, 1, 1], 'SAME')
+      dk = tf.matmul(tf.reshape(patches, [-1, kh * kw * ci]),
+                     tf.reshape(dy, [-1, co]), transpose_a=True)
+      return dx, tf.reshape(dk, k.shape)
+
+    return tf.nn.conv2d(x, k, strides, 'SAME'), grad
+
+  return conv(inputs, kernel)
+
+
+class MatmulConv2D(layers.Conv2D):
+  """Conv2D ('same', square strides) that runs on matmuls where they win.
+
+  Same kernel variable and same results as Conv2D. 1x1 convolutions are one
+  matmul over all pixels (strides subsample first, which is what a 1x1
+  'same' convolution does); 3x3 convolutions on small, channel-heavy maps
+  keep the native forward pass and input gradient but compute the kernel
+  gradient as patches x matmul. Why: on CPUs with AMX, oneDNN's bf16 matmul
+  is much faster than its convolution weight gradients at these shapes.
   """
 
   def convolution_op(self, inputs, kernel):
-    if self.strides != (1, 1):
-      inputs = inputs[:, ::self.strides[0], ::self.strides[1], :]
-    shape = tf.shape(inputs)
-    pixels = tf.reshape(inputs, [-1, kernel.shape[2]])
-    outputs = tf.matmul(pixels, tf.reshape(kernel, kernel.shape[2:]))
-    return tf.reshape(outputs, tf.concat([shape[:-1], [self.filters]], 0))
+    stride = self.strides[0]
+    if self.kernel_size == (1, 1):
+      if stride != 1:
+        inputs = inputs[:, ::stride, ::stride, :]
+      shape = tf.shape(inputs)
+      pixels = tf.reshape(inputs, [-1, kernel.shape[2]])
+      outputs = tf.matmul(pixels, tf.reshape(kernel, kernel.shape[2:]))
+      return tf.reshape(outputs, tf.concat([shape[:-1], [self.filters]], 0))
+    _, height, width, channels = inputs.shape
+    out_pixels = -(-height // stride) * -(-width // stride)
+    if channels >= SMALL_MAP_MIN_CHANNELS and out_pixels <= SMALL_MAP_PIXELS:
+      return _conv_with_patch_matmul_kernel_grad(inputs, kernel, stride)
+    return super().convolution_op(inputs, kernel)
 
 
 def _conv(filters, kernel_size, strides, name, regularizer,
-          pointwise_matmul=False):
-  conv_class = (PointwiseMatmulConv2D if pointwise_matmul and kernel_size == 1
-                else layers.Conv2D)
-  return conv_class(
+          use_matmul=False):
+  return (MatmulConv2D if use_matmul else layers.Conv2D)(
       filters, kernel_size, strides=strides, padding='same', use_bias=False,
       kernel_initializer='he_normal', kernel_regularizer=regularizer,
       name=name)
@@ -104,7 +140,7 @@ _STEMS = {'imagenet': (7, 2, True), 'small': (3, 1, True),
 
 def resnet(depth: int, num_classes: int, image_size: int,
            weight_decay: float = 0.0, stem: str = 'imagenet',
-           pointwise_matmul: bool = False) -> tf_keras.Model:
+           matmul_convs: bool = False) -> tf_keras.Model:
   """ResNet v1.5 of `depth` on normalised float images.
 
   Args:
@@ -114,14 +150,14 @@ def resnet(depth: int, num_classes: int, image_size: int,
     weight_decay: if > 0, per-layer L2 regularisers with the strength defined
       in `resnet_keras.optimizers` (0: decay is applied elsewhere, or not).
     stem: 'imagenet', 'small' or 'cifar' (see `_STEMS`).
-    pointwise_matmul: compute 1x1 convolutions as matmuls (same variables
-      and results; see `PointwiseMatmulConv2D`).
+    matmul_convs: run convolutions on matmuls where that is faster (same
+      variables and results; see `MatmulConv2D`).
   """
   blocks, bottleneck = _STAGES[depth]
   kernel, stride, pool = _STEMS[stem]
   regularizer = l2_regularizer(weight_decay)
   conv = lambda f, k, s, name: _conv(f, k, s, name, regularizer,
-                                     pointwise_matmul)
+                                     matmul_convs)
   inputs = layers.Input((image_size, image_size, 3), name='images')
   x = conv(64, kernel, stride, 'stem_conv')(inputs)
   x = _bn('stem_bn')(x)
@@ -163,7 +199,7 @@ def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
   return resnet(cfg.resnet_depth, num_classes, cfg.image_size,
                 weight_decay=cfg.weight_decay if use_regularizers else 0.0,
                 stem=cfg.stem,
-                pointwise_matmul=cfg.pointwise_conv_is_matmul(has_gpu))
+                matmul_convs=cfg.uses_matmul_convs(has_gpu))
 
 
 def build_training_model(network: tf_keras.Model, image_size: int,
