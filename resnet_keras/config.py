@@ -51,6 +51,7 @@ class RunConfig:
   eval_crop_fraction: float = 0.875
   training_dataset_cache: bool = False
   datasets_num_private_threads: int = 0  # 0: tf.data's shared pool.
+  skip_corrupt_records: bool = False
   # Model.
   resnet_depth: int = 50
   stem: str = 'imagenet'

@@ -58,6 +58,10 @@ def define_flags() -> None:
                      'Evaluation keeps this central fraction of the short '
                      'side (0.875 = 224/256, ImageNet\'s standard; 1.0 for '
                      'small images centred in their frame).')
+  flags.DEFINE_boolean('skip_corrupt_records', False,
+                       'Skip unreadable TFRecord records and undecodable '
+                       'images (counted and reported at the end) instead of '
+                       'stopping with an error that names the file.')
   flags.DEFINE_boolean('training_dataset_cache', False,
                        'Cache the training records in memory after the first '
                        'epoch (for datasets that fit in RAM).')
