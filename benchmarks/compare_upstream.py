@@ -6,7 +6,9 @@ Runs `resnet_ctl_imagenet_main.py` (ours) and
 batch size and dtype, with the defaults a user gets. Throughput is the
 steady state: each program reports examples/sec per `steps_per_loop` interval
 and the first interval (tracing, warm-up) is dropped. Prints the median per
-program and the ratio ours/upstream.
+program, the ratio ours/upstream, and our model FLOP utilisation: achieved
+training FLOP/s over this machine's matmul peak in that dtype, measured at
+the start of the same run (benchmarks/hardware.py).
 
   python benchmarks/compare_upstream.py --batch_sizes 16,32 --dtypes fp32,bf16
 """
@@ -18,6 +20,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+import hardware
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OURS_RATE = re.compile(r'\| ([\d.]+) examples/sec')
@@ -49,12 +53,16 @@ def steady_rate(program, output):
   return statistics.median(rates[1:])
 
 
-def run_once(program, batch, dtype, steps, steps_per_loop):
+def run_once(program, batch, dtype, steps, steps_per_loop, extra_args=(),
+             extra_env=None):
+  """Steady-state examples/sec of one run of `program` ('ours'/'upstream')."""
   env = dict(os.environ, TF_USE_LEGACY_KERAS='1', TF_CPP_MIN_LOG_LEVEL='3')
+  env.update(extra_env or {})
   with tempfile.TemporaryDirectory() as model_dir:
     result = subprocess.run(
-        _command(program, batch, dtype, steps, steps_per_loop, model_dir),
-        cwd=REPO_ROOT, capture_output=True, text=True, env=env)
+        _command(program, batch, dtype, steps, steps_per_loop, model_dir) +
+        list(extra_args), cwd=REPO_ROOT, capture_output=True, text=True,
+        env=env)
   if result.returncode:
     raise RuntimeError(f'{program} failed:\n{result.stderr[-3000:]}')
   return steady_rate(program, result.stdout + result.stderr)
@@ -71,11 +79,16 @@ def main():
   parser.add_argument('--steps_per_loop', type=int, default=4)
   args = parser.parse_args()
   steps = args.loops * args.steps_per_loop
+  dtypes = args.dtypes.split(',')
+  peaks = {d: hardware.matmul_peak_gflops(d) for d in dtypes}
+  print('matmul peak: ' + ', '.join(f'{d} {p:.0f} GFLOP/s'
+                                    for d, p in peaks.items()))
+  flop = hardware.resnet50_train_gflop_per_image()
   print(f'{"batch":>5} {"dtype":>5} {"ours img/s":>11} {"upstream":>9} '
-        f'{"ratio":>6}   (median of {args.repeats} alternating runs, '
-        f'{steps} steps each)', flush=True)
+        f'{"ratio":>6} {"MFU":>5}   (median of {args.repeats} alternating '
+        f'runs, {steps} steps each)', flush=True)
   for batch in [int(b) for b in args.batch_sizes.split(',')]:
-    for dtype in args.dtypes.split(','):
+    for dtype in dtypes:
       rates = {'ours': [], 'upstream': []}
       for _ in range(args.repeats):
         for program in ('ours', 'upstream'):
@@ -83,8 +96,9 @@ def main():
                                           args.steps_per_loop))
       ours = statistics.median(rates['ours'])
       upstream = statistics.median(rates['upstream'])
+      mfu = ours * flop / peaks[dtype]
       print(f'{batch:>5} {dtype:>5} {ours:>11.2f} {upstream:>9.2f} '
-            f'{ours / upstream:>6.2f}   ours={rates["ours"]} '
+            f'{ours / upstream:>6.2f} {mfu:>5.0%}   ours={rates["ours"]} '
             f'upstream={rates["upstream"]}', flush=True)
 
 

@@ -18,6 +18,7 @@ LOADER_IMAGE_TYPES = ('fp32', 'bf16', 'uint8')
 OPTIMIZERS = ('SGD', 'LARS')
 LR_SCHEDULES = ('piecewise', 'polynomial', 'constant', 'cosine')
 RESNET_DEPTHS = (18, 34, 50, 101, 152)
+CONV_IMPLS = ('auto', 'native', 'matmul')
 # Stem -> how much it downsamples. The stages downsample 8x more, so an image
 # must be at least 8 x this many pixels for the last stage to see 1x1.
 STEM_STRIDES = {'imagenet': 4, 'small': 2, 'cifar': 1}
@@ -50,10 +51,12 @@ class RunConfig:
   eval_crop_fraction: float = 0.875
   training_dataset_cache: bool = False
   datasets_num_private_threads: int = 0  # 0: tf.data's shared pool.
+  skip_corrupt_records: bool = False
   # Model.
   resnet_depth: int = 50
   stem: str = 'imagenet'
   keras_applications_model: Optional[str] = None
+  conv_impl: str = 'auto'  # auto: matmul for bf16 on CPUs.
   # Precision.
   dtype: str = 'fp32'
   loss_scale: float = 0.0  # 0: dynamic loss scaling (fp16 only).
@@ -113,6 +116,13 @@ class RunConfig:
   def model_name(self) -> str:
     return self.keras_applications_model or f'resnet{self.resnet_depth}'
 
+  def uses_matmul_convs(self, has_gpu: bool) -> bool:
+    """Whether models.MatmulConv2D runs the convolutions (levers.py: faster
+    for bf16 on CPUs, no gain in fp32; GPUs keep cuDNN)."""
+    if self.conv_impl == 'auto':
+      return self.dtype == 'bf16' and not has_gpu
+    return self.conv_impl == 'matmul'
+
   @property
   def uses_lars(self) -> bool:
     return self.optimizer == 'LARS'
@@ -127,6 +137,7 @@ class RunConfig:
     _check_choice('lr_schedule', self.lr_schedule, LR_SCHEDULES)
     _check_choice('resnet_depth', self.resnet_depth, RESNET_DEPTHS)
     _check_choice('stem', self.stem, tuple(STEM_STRIDES))
+    _check_choice('conv_impl', self.conv_impl, CONV_IMPLS)
     if self.distribution_strategy == 'hpu':
       raise UsageError('--distribution_strategy=hpu is Gaudi-only; use '
                        'mirrored (GPUs of one host), multi_worker_mirrored '

@@ -58,6 +58,10 @@ def define_flags() -> None:
                      'Evaluation keeps this central fraction of the short '
                      'side (0.875 = 224/256, ImageNet\'s standard; 1.0 for '
                      'small images centred in their frame).')
+  flags.DEFINE_boolean('skip_corrupt_records', False,
+                       'Skip unreadable TFRecord records and undecodable '
+                       'images (counted and reported at the end) instead of '
+                       'stopping with an error that names the file.')
   flags.DEFINE_boolean('training_dataset_cache', False,
                        'Cache the training records in memory after the first '
                        'epoch (for datasets that fit in RAM).')
@@ -76,6 +80,13 @@ def define_flags() -> None:
                       'Use a keras.applications backbone instead: ResNet50, '
                       'ResNet101, ResNet152, ResNet50V2, ResNet101V2, '
                       'ResNet152V2.')
+  flags.DEFINE_string('conv_impl', _D.conv_impl,
+                      'How convolutions run: native (oneDNN/cuDNN), matmul '
+                      '(1x1 convolutions as one matmul, and kernel gradients '
+                      'of 3x3 convolutions on maps <= 7x7 with >= 256 '
+                      'channels as patches x matmul: much faster in bf16 on '
+                      'CPUs with AMX), or auto (matmul for bf16 on CPUs). '
+                      'Same weights and results either way.')
   # Precision.
   flags.DEFINE_string('dtype', _D.dtype,
                       'Compute precision: fp32, bf16 (mixed_bfloat16; fast on '

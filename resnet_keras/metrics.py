@@ -4,6 +4,8 @@
 per-step losses and accuracies (see trainer.LoopRecord), so it prints one line
 per `--log_steps` even when a loop covers many of them. Throughput is measured
 per loop; the run's average excludes the first loop, which includes tracing.
+When steps spend more than `INPUT_BOUND_FRACTION` of a loop waiting for their
+batches, it warns (once) that the input pipeline is the bottleneck.
 Each log line, and each evaluation (run.py), is also a record of
 model_dir/metrics.jsonl, which `resnet_keras.plots` draws.
 
@@ -25,6 +27,11 @@ if TYPE_CHECKING:
   from resnet_keras.trainer import LoopRecord
 
 METRICS_LOG_FILE = 'metrics.jsonl'
+
+INPUT_BOUND_FRACTION = 0.2
+INPUT_BOUND_ADVICE = ('try --training_dataset_cache (if the data fits in RAM), '
+                      '--data_loader_image_type=uint8, '
+                      '--datasets_num_private_threads, or more CPU cores')
 
 
 def format_step_line(step: int, total_steps: int, epoch: float, loss: float,
@@ -54,6 +61,8 @@ class StepLogger:
     self._loops_seen = 0
     self.steady_examples = 0
     self.steady_seconds = 0.0
+    self.steady_input_wait_seconds = 0.0
+    self._warned_input_bound = False
     self.all_examples = 0
     self.all_seconds = 0.0
     self.last_loss = float('nan')
@@ -73,9 +82,11 @@ class StepLogger:
     self._loops_seen += 1
     self.all_examples += num_steps * self._batch
     self.all_seconds += loop.seconds
-    if self._loops_seen > 1:
+    if self._loops_seen > 1:  # The first loop also fills the pipeline.
       self.steady_examples += num_steps * self._batch
       self.steady_seconds += loop.seconds
+      self.steady_input_wait_seconds += loop.input_wait_seconds
+      self._check_input_bound(loop)
     for i in range(num_steps):
       step = loop.first_step + i
       self._since_log.append((loop.losses[i], loop.accuracies[i]))
@@ -101,6 +112,22 @@ class StepLogger:
     if self._bar is not None:
       self._bar.update(num_steps)
       self._bar.set_postfix(loss=f'{self.last_loss:.3f}')
+
+  def _check_input_bound(self, loop: 'LoopRecord') -> None:
+    fraction = loop.input_wait_seconds / loop.seconds if loop.seconds else 0.0
+    if fraction > INPUT_BOUND_FRACTION and not self._warned_input_bound:
+      self._warned_input_bound = True
+      logging.warning(
+          'input-bound: steps %d-%d waited for their batches %.0f%% of the '
+          'time; %s', loop.first_step, loop.first_step + len(loop.losses) - 1,
+          100 * fraction, INPUT_BOUND_ADVICE)
+
+  @property
+  def input_wait_fraction(self) -> float:
+    """Share of steady-state training time spent waiting for input."""
+    if not self.steady_seconds:
+      return 0.0
+    return self.steady_input_wait_seconds / self.steady_seconds
 
   @property
   def average_examples_per_second(self) -> float:

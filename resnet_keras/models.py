@@ -36,8 +36,65 @@ BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
 
 
-def _conv(filters, kernel_size, strides, name, regularizer):
-  return layers.Conv2D(
+# A 3x3 convolution's weight gradient goes through patches x matmul when its
+# output is at most this many pixels and its input has at least this many
+# channels: there oneDNN's weight-gradient kernel is 1.5-10x slower than one
+# big matmul (benchmarks/levers.py), and the patches stay small.
+SMALL_MAP_PIXELS = 49
+SMALL_MAP_MIN_CHANNELS = 256
+
+
+def _conv_with_patch_matmul_kernel_grad(inputs, kernel, strides):
+  """Conv2D ('same') whose kernel gradient is im2col patches x matmul."""
+
+  @tf.custom_gradient
+  def conv(x, k):
+
+    def grad(dy):
+      kh, kw, ci, co = k.shape
+      dx = tf.nn.conv2d_transpose(dy, k, tf.shape(x), strides, 'SAME')
+      patches = tf.image.extract_patches(x, [1, kh, kw, 1],
+                                         [1, strides, strides, 1],
+                                         [1, 1, 1, 1], 'SAME')
+      dk = tf.matmul(tf.reshape(patches, [-1, kh * kw * ci]),
+                     tf.reshape(dy, [-1, co]), transpose_a=True)
+      return dx, tf.reshape(dk, k.shape)
+
+    return tf.nn.conv2d(x, k, strides, 'SAME'), grad
+
+  return conv(inputs, kernel)
+
+
+class MatmulConv2D(layers.Conv2D):
+  """Conv2D ('same', square strides) that runs on matmuls where they win.
+
+  Same kernel variable and same results as Conv2D. 1x1 convolutions are one
+  matmul over all pixels (strides subsample first, which is what a 1x1
+  'same' convolution does); 3x3 convolutions on small, channel-heavy maps
+  keep the native forward pass and input gradient but compute the kernel
+  gradient as patches x matmul. Why: on CPUs with AMX, oneDNN's bf16 matmul
+  is much faster than its convolution weight gradients at these shapes.
+  """
+
+  def convolution_op(self, inputs, kernel):
+    stride = self.strides[0]
+    if self.kernel_size == (1, 1):
+      if stride != 1:
+        inputs = inputs[:, ::stride, ::stride, :]
+      shape = tf.shape(inputs)
+      pixels = tf.reshape(inputs, [-1, kernel.shape[2]])
+      outputs = tf.matmul(pixels, tf.reshape(kernel, kernel.shape[2:]))
+      return tf.reshape(outputs, tf.concat([shape[:-1], [self.filters]], 0))
+    _, height, width, channels = inputs.shape
+    out_pixels = -(-height // stride) * -(-width // stride)
+    if channels >= SMALL_MAP_MIN_CHANNELS and out_pixels <= SMALL_MAP_PIXELS:
+      return _conv_with_patch_matmul_kernel_grad(inputs, kernel, stride)
+    return super().convolution_op(inputs, kernel)
+
+
+def _conv(filters, kernel_size, strides, name, regularizer,
+          use_matmul=False):
+  return (MatmulConv2D if use_matmul else layers.Conv2D)(
       filters, kernel_size, strides=strides, padding='same', use_bias=False,
       kernel_initializer='he_normal', kernel_regularizer=regularizer,
       name=name)
@@ -48,19 +105,19 @@ def _bn(name):
                                    name=name)
 
 
-def _block(x, filters, strides, bottleneck, name, regularizer):
+def _block(x, filters, strides, bottleneck, name, conv):
   """One residual block; projects the shortcut when the shape changes."""
   out_filters = filters * 4 if bottleneck else filters
   shortcut = x
   if strides != 1 or x.shape[-1] != out_filters:
-    shortcut = _conv(out_filters, 1, strides, name + '_proj', regularizer)(x)
+    shortcut = conv(out_filters, 1, strides, name + '_proj')(x)
     shortcut = _bn(name + '_proj_bn')(shortcut)
   if bottleneck:
     convs = ((filters, 1, 1), (filters, 3, strides), (out_filters, 1, 1))
   else:
     convs = ((filters, 3, strides), (filters, 3, 1))
   for i, (f, k, s) in enumerate(convs):
-    x = _conv(f, k, s, f'{name}_conv{i + 1}', regularizer)(x)
+    x = conv(f, k, s, f'{name}_conv{i + 1}')(x)
     x = _bn(f'{name}_bn{i + 1}')(x)
     if i < len(convs) - 1:
       x = layers.Activation('relu', name=f'{name}_relu{i + 1}')(x)
@@ -83,7 +140,8 @@ _STEMS = {'imagenet': (7, 2, True), 'small': (3, 1, True),
 
 
 def resnet(depth: int, num_classes: int, image_size: int,
-           weight_decay: float = 0.0, stem: str = 'imagenet') -> tf_keras.Model:
+           weight_decay: float = 0.0, stem: str = 'imagenet',
+           matmul_convs: bool = False) -> tf_keras.Model:
   """ResNet v1.5 of `depth` on normalised float images.
 
   Args:
@@ -93,12 +151,16 @@ def resnet(depth: int, num_classes: int, image_size: int,
     weight_decay: if > 0, per-layer L2 regularisers with the strength defined
       in `resnet_keras.optimizers` (0: decay is applied elsewhere, or not).
     stem: 'imagenet', 'small' or 'cifar' (see `_STEMS`).
+    matmul_convs: run convolutions on matmuls where that is faster (same
+      variables and results; see `MatmulConv2D`).
   """
   blocks, bottleneck = _STAGES[depth]
   kernel, stride, pool = _STEMS[stem]
   regularizer = l2_regularizer(weight_decay)
+  conv = lambda f, k, s, name: _conv(f, k, s, name, regularizer,
+                                     matmul_convs)
   inputs = layers.Input((image_size, image_size, 3), name='images')
-  x = _conv(64, kernel, stride, 'stem_conv', regularizer)(inputs)
+  x = conv(64, kernel, stride, 'stem_conv')(inputs)
   x = _bn('stem_bn')(x)
   x = layers.Activation('relu', name='stem_relu')(x)
   if pool:
@@ -106,8 +168,8 @@ def resnet(depth: int, num_classes: int, image_size: int,
   for stage, (num_blocks, filters) in enumerate(zip(blocks, _STAGE_FILTERS)):
     for b in range(num_blocks):
       strides = 2 if stage > 0 and b == 0 else 1
-      x = _block(x, filters, strides, bottleneck, f'stage{stage + 1}_block{b + 1}',
-                 regularizer)
+      x = _block(x, filters, strides, bottleneck,
+                 f'stage{stage + 1}_block{b + 1}', conv)
   x = layers.GlobalAveragePooling2D(name='avg_pool')(x)
   return tf_keras.Model(inputs, _classifier_head(x, num_classes, regularizer),
                         name=f'resnet{depth}')
@@ -129,15 +191,16 @@ def keras_application(name: str, num_classes: int,
       name=name.lower())
 
 
-def build_network(cfg: RunConfig, num_classes: int,
-                  use_regularizers: bool) -> tf_keras.Model:
+def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
+                  has_gpu: bool = False) -> tf_keras.Model:
   """The network the flags ask for (inputs: normalised float images)."""
   if cfg.keras_applications_model:
     return keras_application(cfg.keras_applications_model, num_classes,
                              cfg.image_size)
   return resnet(cfg.resnet_depth, num_classes, cfg.image_size,
                 weight_decay=cfg.weight_decay if use_regularizers else 0.0,
-                stem=cfg.stem)
+                stem=cfg.stem,
+                matmul_convs=cfg.uses_matmul_convs(has_gpu))
 
 
 def build_training_model(network: tf_keras.Model, image_size: int,
@@ -155,14 +218,15 @@ def build_training_model(network: tf_keras.Model, image_size: int,
   return tf_keras.Model(inputs, network(x), name='training_model')
 
 
-def build_models(cfg: RunConfig, num_classes: int, use_regularizers: bool
+def build_models(cfg: RunConfig, num_classes: int, use_regularizers: bool,
+                 has_gpu: bool = False
                  ) -> Tuple[tf_keras.Model, tf_keras.Model]:
   """(network, training model) of a run, under the current precision policy.
 
   Training and `resnet_keras.validate` both build them here, so a
   checkpoint's object graph is the same in both.
   """
-  network = build_network(cfg, num_classes, use_regularizers)
+  network = build_network(cfg, num_classes, use_regularizers, has_gpu)
   model = build_training_model(
       network, cfg.image_size, datasets.loader_dtype(cfg),
       normalize_on_device=cfg.data_loader_image_type == 'uint8',

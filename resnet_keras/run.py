@@ -10,6 +10,7 @@ is in trainer.py.
 import dataclasses
 import hashlib
 import os
+import resource
 import shutil
 import sys
 import tempfile
@@ -217,13 +218,16 @@ def run(cfg: RunConfig) -> Dict:
       plan.total_train_steps)
   with strategy.scope():
     network, model = models.build_models(
-        cfg, info.num_classes, use_regularizers=wd_path == 'regularizers')
+        cfg, info.num_classes, use_regularizers=wd_path == 'regularizers',
+        has_gpu=has_gpu)
     optimizer = optimizers.build_optimizer(cfg, schedule)
     optimizers.create_slots(optimizer, model.trainable_variables)
     manager = _checkpoint_manager(cfg, backend, model, optimizer)
   saves = backend.is_chief or backend.collective_saves
 
-  train_fn, eval_fn = datasets.make_input_fns(cfg, info, program_batch)
+  skipped = datasets.skipped_records_counter(cfg)
+  train_fn, eval_fn = datasets.make_input_fns(cfg, info, program_batch,
+                                              skipped)
   # Preloading: tf.distribute prefetches each replica's next batches into
   # device memory while the current step runs.
   input_options = tf.distribute.InputOptions(
@@ -320,12 +324,17 @@ def run(cfg: RunConfig) -> Dict:
         target_reached = _reached(cfg, eval_results)
     if not cfg.skip_eval and not eval_results:
       eval_results = _evaluate(controller, plan, step, metrics_log)
-  except tf.errors.InvalidArgumentError as e:
-    if 'label out of range' not in e.message:
+  except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+    if 'label out of range' in e.message:
+      raise UsageError(f'a record in --data_dir={cfg.data_dir} has a label '
+                       f'outside 1..{info.num_classes}; fix the records or '
+                       'their metadata.json, or raise --num_classes') from None
+    logging.info('data error (%s); looking for the corrupt file',
+                 e.message.strip().splitlines()[0][:200])
+    message = datasets.corrupt_data_message(info, e)
+    if not message:
       raise
-    raise UsageError(f'a record in --data_dir={cfg.data_dir} has a label '
-                     f'outside 1..{info.num_classes}; fix the records or '
-                     'their metadata.json, or raise --num_classes') from None
+    raise UsageError(message) from None
   finally:
     guard.uninstall()
     if profiler:
@@ -342,6 +351,8 @@ def run(cfg: RunConfig) -> Dict:
       logging.info('exported SavedModel to %s', path)
     else:  # Only written because saving is collective; the chief's counts.
       shutil.rmtree(path)
+  if skipped:
+    _report_skipped(skipped.count, eval_results, info.num_eval_examples)
 
   summary = {
       'global_batch_size': plan.global_batch_size,
@@ -361,6 +372,8 @@ def run(cfg: RunConfig) -> Dict:
       'eval_top5_accuracy': eval_results.get('eval_top5_accuracy'),
       'eval_examples': eval_results.get('eval_examples', 0),
       'avg_exp_per_second': logger.average_examples_per_second,
+      'input_wait_fraction': logger.input_wait_fraction,
+      'skipped_corrupt_records': skipped.count if skipped else 0,
       'dtype': cfg.dtype,
       'optimizer': cfg.optimizer,
       'lr_schedule': cfg.lr_schedule,
@@ -369,6 +382,8 @@ def run(cfg: RunConfig) -> Dict:
       'dataset': info.name,
       'target_accuracy_reached': target_reached,
       'wall_seconds': time.time() - started,
+      # ru_maxrss is in KiB on Linux.
+      'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       'weights_sha256': weights_digest(model),
   }
   os.makedirs(write_dir, exist_ok=True)
@@ -404,6 +419,20 @@ def _write_plots(model_dir: str) -> None:
   else:
     logging.info('wrote %d plots to %s', len(paths),
                  os.path.join(model_dir, plots.PLOTS_DIR))
+
+
+def _report_skipped(undecodable: int, eval_results: Dict,
+                    num_eval_examples: int) -> None:
+  """The end-of-run account of --skip_corrupt_records."""
+  logging.info('--skip_corrupt_records: skipped %d records with undecodable '
+               'images (shards with unreadable records were read up to the '
+               'bad one; TensorFlow logged each as "Ignoring error")',
+               undecodable)
+  evaluated = eval_results.get('eval_examples', num_eval_examples)
+  if evaluated < num_eval_examples:
+    logging.warning('evaluated %d of %d validation examples: %d were '
+                    'unreadable and skipped', evaluated, num_eval_examples,
+                    num_eval_examples - evaluated)
 
 
 def _reached(cfg: RunConfig, results: Dict) -> bool:

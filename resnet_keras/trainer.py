@@ -5,6 +5,8 @@ orbit runs `train_step` `steps_per_loop` times inside one `tf.function`
 step writes its loss and its count of correct predictions into a small
 on-device buffer indexed by the step's position in the loop; `train_loop_end`
 reads the buffer once and keeps the per-step values in `last_loop`.
+Each step also adds the time it waited for its batch to a counter, so the
+logs can say when training is input-bound.
 When things happen (loops, evals, checkpoints) is decided in run.py.
 """
 
@@ -28,6 +30,7 @@ class LoopRecord:
   losses: np.ndarray
   accuracies: np.ndarray
   seconds: float
+  input_wait_seconds: float = 0.0  # spent blocked on the input iterator
 
 
 class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
@@ -63,6 +66,7 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                                  trainable=False)
       self._correct = tf.Variable(tf.zeros([max_steps_per_loop]),
                                   trainable=False)
+      self._input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False)
     with strategy.scope():
       self.eval_loss = tf_keras.metrics.Mean('eval_loss')
       self.eval_accuracy = tf_keras.metrics.SparseCategoricalAccuracy(
@@ -103,6 +107,7 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
   def train_loop_begin(self):
     self._loop_start.assign(self.global_step)
+    self._input_wait.assign(0.0)
     self._loop_started_at = time.perf_counter()
 
   def train_step(self, iterator):
@@ -130,7 +135,15 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
       return cross_entropy, correct
 
     index = self.global_step - self._loop_start
-    cross_entropy, correct = self.strategy.run(step_fn, args=(next(iterator),))
+    # The step's previous updates come first (automatic control dependencies
+    # order stateful ops), so this measures only time blocked on the input.
+    waiting_since = tf.timestamp()
+    with tf.control_dependencies([waiting_since]):
+      inputs = next(iterator)
+    with tf.control_dependencies(tf.nest.flatten(inputs,
+                                                 expand_composites=True)):
+      self._input_wait.assign_add(tf.timestamp() - waiting_since)
+    cross_entropy, correct = self.strategy.run(step_fn, args=(inputs,))
     reduce = lambda t: self.strategy.reduce('SUM', t, axis=None)
     self._losses.scatter_nd_update([[index]], [reduce(cross_entropy)])
     self._correct.scatter_nd_update([[index]], [reduce(correct)])
@@ -146,7 +159,8 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     seconds = time.perf_counter() - self._loop_started_at
     self.last_loop = LoopRecord(
         first_step=int(self._loop_start.numpy()) + 1, losses=losses,
-        accuracies=accuracies, seconds=seconds)
+        accuracies=accuracies, seconds=seconds,
+        input_wait_seconds=float(self._input_wait.numpy()))
     return {
         'train_loss': float(np.mean(losses)),
         'train_accuracy': float(np.mean(accuracies)),

@@ -83,14 +83,16 @@ def evaluate_checkpoints(cfg: RunConfig, plan: TrainingPlan,
                          which: Optional[str]) -> List[Dict]:
   """Evaluates each checkpoint `which` names; one row per checkpoint."""
   info = datasets.describe(cfg)
-  run.configure_runtime(cfg)
+  has_gpu = run.configure_runtime(cfg)
   _, model = models.build_models(cfg, info.num_classes,
-                                 use_regularizers=False)
+                                 use_regularizers=False, has_gpu=has_gpu)
   # The checkpoint's optimizer holds the step; its learning rate is unused.
   optimizer = optimizers.build_optimizer(cfg, learning_rate=0.0)
   manager = checkpoints.make_manager(model, optimizer, cfg.model_dir)
   paths = checkpoint_paths(manager, cfg.model_dir, which)
-  _, eval_fn = datasets.make_input_fns(cfg, info, cfg.batch_size)
+  # With the run's --skip_corrupt_records, as its evaluations read the data.
+  _, eval_fn = datasets.make_input_fns(
+      cfg, info, cfg.batch_size, datasets.skipped_records_counter(cfg))
   strategy = tf.distribute.get_strategy()
   evaluator = trainer_lib.ResnetTrainer(
       strategy=strategy, model=model, optimizer=optimizer, train_dataset=None,

@@ -51,3 +51,20 @@ def write_dataset(root, num_classes=3, train_per_shard=(6, 6, 5),
           writer.write(_example(jpeg, label + 1, h, w, boxes))
           labels[split].append(label)
   return labels
+
+
+def truncate(path, keep_fraction=0.6):
+  """Cuts a shard mid-record, as an interrupted copy would."""
+  with open(path, 'rb') as f:
+    data = f.read()
+  with open(path, 'wb') as f:
+    f.write(data[:int(len(data) * keep_fraction)])
+
+
+def append_undecodable(path, label=1):
+  """Rewrites the shard with one more record whose image is not a JPEG."""
+  records = [r.numpy() for r in tf.data.TFRecordDataset(path)]
+  records.append(_example(b'\xff\xd8\xff not really a jpeg', label, 8, 8))
+  with tf.io.TFRecordWriter(path) as writer:
+    for record in records:
+      writer.write(record)

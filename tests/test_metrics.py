@@ -60,6 +60,29 @@ def test_write_json_atomically(tmp_path):
   assert not (tmp_path / 'summary.json.tmp').exists()
 
 
+def test_warns_once_when_steps_wait_for_input(monkeypatch):
+  warnings = []
+  monkeypatch.setattr(logging, 'warning',
+                      lambda msg, *a: warnings.append(msg % a))
+  loops = iter([
+      LoopRecord(1, np.ones(2), np.ones(2), 10.0, input_wait_seconds=9.0),
+      LoopRecord(3, np.ones(2), np.ones(2), 2.0, input_wait_seconds=0.2),
+      LoopRecord(5, np.ones(2), np.ones(2), 2.0, input_wait_seconds=1.0),
+      LoopRecord(7, np.ones(2), np.ones(2), 2.0, input_wait_seconds=1.5)])
+  logger = metrics.StepLogger(
+      get_loop=lambda: next(loops), log_steps=100, total_steps=8,
+      steps_per_epoch=8, global_batch_size=4,
+      learning_rate_at=lambda s: 0.0, progress_bar=False)
+  for _ in range(4):
+    logger({})
+  # The first loop (pipeline start-up) is not judged; 10% is fine; 50% warns
+  # once, naming the steps and what to try; 75% does not repeat it.
+  assert len(warnings) == 1
+  assert warnings[0].startswith('input-bound: steps 5-6 waited for their '
+                                'batches 50% of the time; try ')
+  assert logger.input_wait_fraction == (0.2 + 1.0 + 1.5) / 6.0
+
+
 def test_metrics_log_resumes_at_a_step_and_tolerates_a_torn_end(tmp_path):
   log = metrics.MetricsLog(str(tmp_path))
   for step in (2, 4, 6):

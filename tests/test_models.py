@@ -74,3 +74,43 @@ def test_keras_applications_backbone_gets_our_head():
   model = models.build_network(cfg, 10, use_regularizers=False)
   assert model.output_shape == (None, 10)
   assert model.layers[-1].dtype_policy.compute_dtype == 'float32'
+
+
+@pytest.mark.parametrize('depth,image_size', [(50, 64), (18, 28)])
+def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
+  # ResNet-50 at 64 px: stride-1 and stride-2 1x1 convolutions, 3x3 ones on
+  # 2x2 maps with 512 channels. ResNet-18 at 28 px (small stem): stride-2
+  # 3x3 convolutions from 4x4 to 2x2 and odd map sizes (7 -> 4).
+  stem = 'imagenet' if depth == 50 else 'small'
+  native = models.resnet(depth, 10, image_size, stem=stem)
+  matmul = models.resnet(depth, 10, image_size, stem=stem, matmul_convs=True)
+  assert isinstance(matmul.get_layer('stage4_block1_conv1'),
+                    models.MatmulConv2D)
+  matmul.set_weights(native.get_weights())  # Same variables, same order.
+  images = tf.random.stateless_uniform([3, image_size, image_size, 3],
+                                       seed=[1, 2])
+  labels = tf.constant([1, 4, 7])
+
+  def loss_and_grads(model):
+    # Inference-mode batch norm: batch statistics of 3 images at 2x2 px
+    # would amplify rounding differences far beyond the convolutions'.
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(tf_keras.losses.sparse_categorical_crossentropy(
+          labels, model(images, training=False)))
+    return loss, tape.gradient(loss, model.trainable_variables)
+
+  loss_native, grads_native = loss_and_grads(native)
+  loss_matmul, grads_matmul = loss_and_grads(matmul)
+  np.testing.assert_allclose(loss_matmul, loss_native, rtol=1e-4)
+  for g_matmul, g_native in zip(grads_matmul, grads_native):
+    np.testing.assert_allclose(g_matmul, g_native, rtol=1e-3,
+                               atol=1e-4 * float(tf.reduce_max(abs(g_native))))
+
+
+@pytest.mark.parametrize('setting,dtype,has_gpu,expected', [
+    ('auto', 'bf16', False, True), ('auto', 'fp32', False, False),
+    ('auto', 'bf16', True, False), ('matmul', 'fp32', True, True),
+    ('native', 'bf16', False, False)])
+def test_conv_impl_setting(setting, dtype, has_gpu, expected):
+  cfg = RunConfig(conv_impl=setting, dtype=dtype)
+  assert cfg.uses_matmul_convs(has_gpu) is expected

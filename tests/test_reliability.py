@@ -111,3 +111,53 @@ def test_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
                               '--clean')
   after = {p: os.path.getmtime(p) for p in glob.glob(f'{model_dir}/*')}
   assert before == after
+
+
+_EVERY_2_STEPS = ['--enable_checkpoint_and_export',
+                  '--checkpoint_interval_steps=2', '--max_checkpoints=2',
+                  '--skip_eval']
+
+
+def _start_and_kill(model_dir, after_step, delay):
+  """Starts a checkpointing run, SIGKILLs it `delay` s after a step line."""
+  args = [sys.executable, e2e.MAIN, f'--model_dir={model_dir}'] + (
+      _EVERY_2_STEPS + LONG)
+  job = subprocess.Popen(args, cwd=e2e.REPO_ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 240
+  seen = []
+  for line in job.stderr:
+    seen.append(line)
+    if f'step {after_step}/' in line:
+      break
+    assert time.time() < deadline and job.poll() is None, ''.join(seen)
+  time.sleep(delay)  # Lands anywhere: in a step, a save or between them.
+  job.kill()
+  job.wait(timeout=60)
+  return int(''.join(seen).rsplit('step ', 1)[1].split('/')[0])
+
+
+def test_kill_9_never_leaves_an_unloadable_checkpoint(tmp_path):
+  import tensorflow as tf
+  model_dir = str(tmp_path / 'model')
+  rng = np.random.default_rng(0)
+  resumed_from = 0
+  for round_ in range(3):
+    last_logged = _start_and_kill(model_dir, resumed_from + 4,
+                                  float(rng.uniform(0, 1.5)))
+    for step in _checkpoint_steps(model_dir):   # Every kept one loads.
+      reader = tf.train.load_checkpoint(os.path.join(model_dir,
+                                                     f'ckpt-{step}'))
+      assert reader.get_variable_to_shape_map(), step
+    latest = tf.train.latest_checkpoint(model_dir)
+    assert latest, f'round {round_}: no checkpoint after step {last_logged}'
+    resumed = e2e.run_main(
+        [f'--model_dir={model_dir}'] + _EVERY_2_STEPS + e2e.TINY[:-4] +
+        [f'--train_steps={last_logged + 2}', '--steps_per_loop=2',
+         '--log_steps=2'])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    summary = e2e.read_summary(model_dir)
+    # At most one checkpoint interval (2 steps) of work is lost.
+    assert summary['resumed_from_step'] >= last_logged - 2, summary
+    assert summary['train_steps'] == last_logged + 2
+    resumed_from = summary['train_steps']

@@ -58,7 +58,8 @@ def describe(cfg: RunConfig) -> DatasetInfo:
   else:
     train_files, eval_files = (imagenet.find_shards(cfg.data_dir, split)
                                for split in ('train', 'validation'))
-    sizes = imagenet.describe(cfg.data_dir, train_files, eval_files)
+    sizes = imagenet.describe(cfg.data_dir, train_files, eval_files,
+                              cfg.skip_corrupt_records)
   num_classes = cfg.num_classes or sizes['num_classes']
   if num_classes < sizes['num_classes']:
     raise UsageError(
@@ -94,9 +95,36 @@ def _limited(available: int, requested: int) -> int:
 InputFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
 
-def make_input_fns(cfg: RunConfig, info: DatasetInfo,
-                   global_batch_size: int) -> Tuple[InputFn, InputFn]:
-  """(train_input_fn, eval_input_fn), each taking a tf.distribute context."""
+def skipped_records_counter(cfg: RunConfig
+                            ) -> Optional[imagenet.SkippedRecords]:
+  """The counter --skip_corrupt_records needs (TFRecord data only)."""
+  if cfg.skip_corrupt_records and not cfg.use_synthetic_data and (
+      cfg.dataset not in cifar.SPECS):
+    return imagenet.SkippedRecords()
+  return None
+
+
+def corrupt_data_message(info: DatasetInfo,
+                         error: tf.errors.OpError) -> Optional[str]:
+  """One line naming the corrupt shard behind `error`, if one is found."""
+  if not info.train_files or info.name.startswith(tuple(cifar.SPECS)):
+    return None
+  found = imagenet.find_corrupt_file(list(info.eval_files) +
+                                     list(info.train_files))
+  if not found:
+    return None
+  path, reason = found
+  return (f'corrupt record in {path} ({reason}); regenerate that file, or '
+          'rerun with --skip_corrupt_records to skip bad records')
+
+
+def make_input_fns(cfg: RunConfig, info: DatasetInfo, global_batch_size: int,
+                   skipped: Optional[imagenet.SkippedRecords] = None
+                   ) -> Tuple[InputFn, InputFn]:
+  """(train_input_fn, eval_input_fn), each taking a tf.distribute context.
+
+  `skipped` (from skipped_records_counter) makes TFRecord pipelines skip
+  corrupt records and count them."""
   dtype = loader_dtype(cfg)
   seed = cfg.global_seed or 0
   if not cfg.use_synthetic_data:
@@ -108,7 +136,8 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo,
       build = functools.partial(
           imagenet.dataset, num_classes=info.num_classes,
           crop_min_area=cfg.train_crop_min_area,
-          eval_crop_fraction=cfg.eval_crop_fraction, **pipeline)
+          eval_crop_fraction=cfg.eval_crop_fraction, skipped=skipped,
+          **pipeline)
     return _file_input_fns(cfg, info, global_batch_size, dtype, build)
 
   def train_input_fn(ctx: tf.distribute.InputContext):

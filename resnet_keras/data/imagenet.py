@@ -10,11 +10,17 @@ Training: file-level sharding per input pipeline (worker), file shuffle,
 parallel interleave, record shuffle, parallel fused decode-and-crop, flip,
 resize, batch with drop_remainder. Evaluation: every record exactly once,
 aspect-preserving resize + central crop, the last partial batch kept.
+
+Corrupt data: by default a bad record stops the run, and `find_corrupt_file`
+names the shard. With a `SkippedRecords` counter the pipeline skips instead:
+an undecodable image is dropped (and counted), and a TFRecord framing error
+ends that shard's reading (TFRecord cannot resynchronise) with a warning
+from TensorFlow naming the error.
 """
 
 import json
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -74,10 +80,18 @@ def read_metadata(data_dir: str) -> Optional[Dict]:
                      'examples from the shards instead') from None
 
 
-def scan_shards(files: List[str]) -> Dict[str, int]:
+def _record_reader(skip_corrupt: bool):
+  """TFRecordDataset, or one that ends a shard quietly at a corrupt record."""
+  if not skip_corrupt:
+    return tf.data.TFRecordDataset
+  return lambda files: tf.data.TFRecordDataset(files).apply(
+      tf.data.experimental.ignore_errors(log_warning=True))
+
+
+def scan_shards(files: List[str], skip_corrupt: bool = False) -> Dict[str, int]:
   """Counts records and finds the largest label by reading every record."""
   labels = tf.data.Dataset.from_tensor_slices(files).interleave(
-      tf.data.TFRecordDataset, cycle_length=INTERLEAVE_CYCLE,
+      _record_reader(skip_corrupt), cycle_length=INTERLEAVE_CYCLE,
       num_parallel_calls=tf.data.AUTOTUNE).map(
           lambda r: tf.io.parse_single_example(
               r, {'image/class/label': _FEATURES['image/class/label']})[
@@ -89,13 +103,16 @@ def scan_shards(files: List[str]) -> Dict[str, int]:
       count += int(batch.shape[0])
       max_label = max(max_label, int(tf.reduce_max(batch)))
   except tf.errors.DataLossError as e:
-    raise UsageError(f'corrupt TFRecord data while counting examples: '
-                     f'{e.message.splitlines()[0]}') from None
+    path, reason = find_corrupt_file(files) or ('one of the shards',
+                                               _first_line(e.message))
+    raise UsageError(f'corrupt record in {path} ({reason}) while counting '
+                     'examples; regenerate that file, or rerun with '
+                     '--skip_corrupt_records to skip bad records') from None
   return {'num_examples': count, 'max_label': max_label}
 
 
-def describe(data_dir: str, train_files: List[str],
-             eval_files: List[str]) -> Dict[str, int]:
+def describe(data_dir: str, train_files: List[str], eval_files: List[str],
+             skip_corrupt: bool = False) -> Dict[str, int]:
   """Class count and examples per split, from metadata or by counting.
 
   `train_files`/`eval_files` are the shards find_shards returned; they are
@@ -106,7 +123,8 @@ def describe(data_dir: str, train_files: List[str],
     return {'num_classes': int(metadata['num_classes']),
             'num_train_examples': int(metadata['num_examples']['train']),
             'num_eval_examples': int(metadata['num_examples']['validation'])}
-  train, validation = scan_shards(train_files), scan_shards(eval_files)
+  train, validation = (scan_shards(files, skip_corrupt)
+                       for files in (train_files, eval_files))
   num_classes = max(train['max_label'], validation['max_label'])
   labels_path = find_labels(data_dir)
   if labels_path:
@@ -114,6 +132,57 @@ def describe(data_dir: str, train_files: List[str],
   return {'num_classes': num_classes,
           'num_train_examples': train['num_examples'],
           'num_eval_examples': validation['num_examples']}
+
+
+class SkippedRecords:
+  """How many records the pipelines dropped as undecodable.
+
+  Each parse counts an attempt before decoding and a success after it; a
+  failed decode is dropped by `ignore_errors`, so the difference is the
+  number skipped (exact once the pipelines are idle, e.g. at the end).
+  """
+
+  def __init__(self):
+    with tf.init_scope(), tf.device('/cpu:0'):
+      self._attempted = tf.Variable(0, dtype=tf.int64, trainable=False)
+      self._decoded = tf.Variable(0, dtype=tf.int64, trainable=False)
+
+  def around(self, parse_fn):
+    """`parse_fn` (record -> (image, label)) with the attempt counted."""
+
+    def counted(record):
+      with tf.control_dependencies([self._attempted.assign_add(1)]):
+        image, label = parse_fn(record)
+      with tf.control_dependencies([image, label]):
+        done = self._decoded.assign_add(1)
+      with tf.control_dependencies([done]):
+        return tf.identity(image), tf.identity(label)
+
+    return counted
+
+  @property
+  def count(self) -> int:
+    return int(self._attempted.numpy() - self._decoded.numpy())
+
+
+def find_corrupt_file(files: List[str]) -> Optional[Tuple[str, str]]:
+  """(path, reason) of the first shard with an unreadable record or an
+  undecodable image, or None. Reads every record: only for error messages."""
+  for path in files:
+    records = tf.data.TFRecordDataset(path).map(
+        lambda r: tf.shape(tf.io.decode_jpeg(parse_record(r)[0]))[0],
+        num_parallel_calls=tf.data.AUTOTUNE)
+    try:
+      records.reduce(0, lambda count, _: count + 1)
+    except (tf.errors.DataLossError, tf.errors.InvalidArgumentError) as e:
+      return path, _first_line(e.message)
+  return None
+
+
+def _first_line(message: str) -> str:
+  """TensorFlow's error text without its function-node prefix."""
+  line = message.strip().splitlines()[0]
+  return line.split('}} ', 1)[-1].split(' [Op:', 1)[0][:200]
 
 
 def find_labels(data_dir: str) -> Optional[str]:
@@ -190,8 +259,8 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
             cache: bool = False, num_private_threads: int = 0,
             seed: Optional[int] = None, limit: int = 0,
             crop_min_area: float = DEFAULT_CROP_MIN_AREA,
-            eval_crop_fraction: float = DEFAULT_EVAL_CROP_FRACTION
-            ) -> tf.data.Dataset:
+            eval_crop_fraction: float = DEFAULT_EVAL_CROP_FRACTION,
+            skipped: Optional[SkippedRecords] = None) -> tf.data.Dataset:
   """Batches of (images, 0-based labels) for one input pipeline.
 
   Args:
@@ -210,9 +279,12 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
     limit: > 0: only the first `limit` records (in file order) are used.
     crop_min_area: smallest fraction of the image a training crop covers.
     eval_crop_fraction: fraction of the short side the eval crop keeps.
+    skipped: skip corrupt records and count them here (None: they stop the
+      run with tf.errors.DataLossError or InvalidArgumentError).
   """
+  read = _record_reader(skipped is not None)
   if limit:
-    ds = tf.data.TFRecordDataset(files).take(limit).shard(
+    ds = read(files).take(limit).shard(
         num_input_pipelines, input_pipeline_id)
   elif len(files) >= num_input_pipelines:
     # File-level sharding: each pipeline reads only its own files.
@@ -220,15 +292,14 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
     ds = ds.shard(num_input_pipelines, input_pipeline_id)
     if is_training:
       ds = ds.shuffle(len(files), seed=seed, reshuffle_each_iteration=True)
-    ds = ds.interleave(tf.data.TFRecordDataset,
+    ds = ds.interleave(read,
                        cycle_length=INTERLEAVE_CYCLE if is_training else 1,
                        num_parallel_calls=tf.data.AUTOTUNE,
                        deterministic=not is_training or seed is not None)
   else:
     # Too few files to split: every pipeline reads them in the same fixed
     # order and keeps every n-th record, so the shares stay disjoint.
-    ds = tf.data.TFRecordDataset(files).shard(num_input_pipelines,
-                                              input_pipeline_id)
+    ds = read(files).shard(num_input_pipelines, input_pipeline_id)
   if cache and is_training:
     ds = ds.cache()
   if is_training:
@@ -236,10 +307,6 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
 
   def parse_and_preprocess(record):
     image_bytes, label, boxes = parse_record(record)
-    tf.debugging.assert_less(
-        label, num_classes, message='label out of range for the model')
-    tf.debugging.assert_non_negative(label, message='label out of range '
-                                     '(labels are 1-based in the records)')
     if is_training:
       image = preprocess_train(image_bytes, boxes, image_size, dtype, seed,
                                crop_min_area)
@@ -248,8 +315,22 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
                               eval_crop_fraction)
     return image, label
 
+  if skipped:
+    parse_and_preprocess = skipped.around(parse_and_preprocess)
   ds = ds.map(parse_and_preprocess, num_parallel_calls=tf.data.AUTOTUNE,
               deterministic=not is_training or seed is not None)
+  if skipped:
+    ds = ds.apply(tf.data.experimental.ignore_errors())
+
+  def check_label(image, label):
+    # After the skipping: a wrong label is a wrong dataset, not a bad record.
+    tf.debugging.assert_less(
+        label, num_classes, message='label out of range for the model')
+    tf.debugging.assert_non_negative(label, message='label out of range '
+                                     '(labels are 1-based in the records)')
+    return image, label
+
+  ds = ds.map(check_label)
   ds = ds.batch(batch_size, drop_remainder=is_training)
   return with_private_threads(ds.prefetch(tf.data.AUTOTUNE),
                               num_private_threads)

@@ -1,0 +1,79 @@
+"""One lever at a time: our trainer with and without it, run alternately.
+
+Each lever is a pair of settings (flags and environment) of
+`resnet_ctl_imagenet_main.py` on synthetic ResNet-50 data; both sides run
+alternately (A B A B ...) so machine noise hits them alike. Prints steady
+img/s (first loop dropped) per side and the ratio.
+
+  python benchmarks/levers.py                       # every lever
+  python benchmarks/levers.py --levers conv_impl --batch 32 --dtype bf16
+"""
+
+import argparse
+import glob
+import statistics
+
+from compare_upstream import run_once
+
+_ALLOCATOR_GLOBS = {
+    'tcmalloc': '/usr/lib/*/libtcmalloc_minimal.so.4',
+    'jemalloc': '/usr/lib/*/libjemalloc.so.2',
+}
+
+
+def _preload(name):
+  found = glob.glob(_ALLOCATOR_GLOBS[name])
+  return {'LD_PRELOAD': found[0]} if found else None
+
+
+# name -> (baseline, variant); each side is (label, extra flags, extra env).
+LEVERS = {
+    'conv_impl': (('native', ['--conv_impl=native'], {}),
+                  ('matmul', ['--conv_impl=matmul'], {})),
+    'inter_op_threads': (('default', [], {}),
+                         ('1', ['--inter_op_parallelism_threads=1'], {})),
+    'tcmalloc': (('glibc malloc', [], {}),
+                 ('tcmalloc', [], _preload('tcmalloc'))),
+    'jemalloc': (('glibc malloc', [], {}),
+                 ('jemalloc', [], _preload('jemalloc'))),
+    'onednn': (('oneDNN on', [], {}),
+               ('oneDNN off', [], {'TF_ENABLE_ONEDNN_OPTS': '0'})),
+    'steps_per_loop': (('1 step/loop', ['--steps_per_loop=1'], {}),
+                       ('default', [], {})),
+}
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--levers', default=','.join(LEVERS))
+  parser.add_argument('--batch', type=int, default=16)
+  parser.add_argument('--dtype', default='bf16')
+  parser.add_argument('--repeats', type=int, default=2,
+                      help='A/B pairs per lever.')
+  parser.add_argument('--loops', type=int, default=4,
+                      help='Loops per run (the first is dropped).')
+  parser.add_argument('--steps_per_loop', type=int, default=4)
+  args = parser.parse_args()
+  steps = args.loops * args.steps_per_loop
+  print(f'ResNet-50 synthetic, batch {args.batch}, {args.dtype}, {steps} '
+        f'steps per run, median of {args.repeats} alternating runs')
+  print(f'{"lever":<18} {"before":<14} {"img/s":>7} {"after":<14} '
+        f'{"img/s":>7} {"ratio":>6}', flush=True)
+  for name in args.levers.split(','):
+    sides = LEVERS[name]
+    if any(env is None for _, _, env in sides):
+      print(f'{name:<18} not installed on this machine ({name})', flush=True)
+      continue
+    rates = [[], []]
+    for _ in range(args.repeats):
+      for i, (_, flags, env) in enumerate(sides):
+        rates[i].append(run_once('ours', args.batch, args.dtype, steps,
+                                 args.steps_per_loop, flags, env))
+    (before, _, _), (after, _, _) = sides
+    a, b = statistics.median(rates[0]), statistics.median(rates[1])
+    print(f'{name:<18} {before:<14} {a:>7.2f} {after:<14} {b:>7.2f} '
+          f'{b / a:>6.2f}', flush=True)
+
+
+if __name__ == '__main__':
+  main()
