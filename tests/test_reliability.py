@@ -161,3 +161,25 @@ def test_kill_9_never_leaves_an_unloadable_checkpoint(tmp_path):
     assert summary['resumed_from_step'] >= last_logged - 2, summary
     assert summary['train_steps'] == last_logged + 2
     resumed_from = summary['train_steps']
+
+
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+  from tests.imagenet_fixture import write_dataset
+  data_dir = str(tmp_path / 'data')
+  write_dataset(data_dir)  # 17 training records: 4 steps of 4 per epoch
+
+  def train(model_dir, epochs):
+    result = e2e.run_main([
+        '-dd', data_dir, '-md', model_dir, '--resnet_depth=18',
+        '--image_size=32', '--batch_size=4', f'-te={epochs}',
+        '--steps_per_loop=2', '--log_steps=2', '--global_seed=7',
+        '--enable_checkpoint_and_export', '--skip_eval'])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return e2e.read_summary(model_dir)
+
+  straight = train(str(tmp_path / 'straight'), 2)
+  train(str(tmp_path / 'resumed'), 1)           # "interrupted" after epoch 1
+  resumed = train(str(tmp_path / 'resumed'), 2)
+  assert resumed['resumed_from_step'] == 4 and resumed['train_steps'] == 8
+  assert resumed['train_loss'] == straight['train_loss']
+  assert resumed['weights_sha256'] == straight['weights_sha256']
