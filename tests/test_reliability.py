@@ -183,3 +183,26 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
   assert resumed['resumed_from_step'] == 4 and resumed['train_steps'] == 8
   assert resumed['train_loss'] == straight['train_loss']
   assert resumed['weights_sha256'] == straight['weights_sha256']
+
+
+def test_full_disk_is_one_line_and_keeps_what_was_written(tmp_path):
+  import tensorflow as tf
+  model_dir = str(tmp_path / 'small_disk')
+  os.makedirs(model_dir)
+  # Room for one checkpoint (weights + momentum, ~90 MB) and the export
+  # (~45 MB) of a ResNet-18, not for a second checkpoint.
+  subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=180M', 'tmpfs',
+                  model_dir], check=True)
+  try:
+    args = [f'--model_dir={model_dir}', '--enable_checkpoint_and_export',
+            '--skip_eval'] + e2e.TINY[:-4] + ['--steps_per_loop=2',
+                                              '--log_steps=2']
+    first = e2e.run_main(args + ['--train_steps=2'])
+    assert first.returncode == 0, first.stderr[-3000:]
+    full = e2e.run_main(args + ['--train_steps=4'])
+    e2e.assert_stopped_with(full, 'no space left', '--model_dir')
+    assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-2')
+    tf.train.load_checkpoint(os.path.join(model_dir, 'ckpt-2'))
+    assert tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
+  finally:
+    subprocess.run(['umount', model_dir], check=True)
