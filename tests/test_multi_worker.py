@@ -5,8 +5,10 @@ end with identical weights. A job whose worker dies must end, non-zero,
 without leaving processes behind.
 """
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -100,3 +102,19 @@ def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
     if job.poll() is None:
       job.kill()
     log.close()
+
+
+def test_port_in_use_is_one_line(tmp_path):
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+    taken.bind(('', 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    tf_config = json.dumps({'cluster': {'worker': [f'localhost:{port}']},
+                            'task': {'type': 'worker', 'index': 0}})
+    model_dir = tmp_path / 'run'
+    result = e2e.run_main(['-ds', 'multi_worker_mirrored',
+                           f'--model_dir={model_dir}'] + e2e.TINY,
+                          env={'TF_CONFIG': tf_config}, timeout=120)
+  e2e.assert_one_line_error(result, f'port {port}', 'not free',
+                            'TF_BASE_PORT')
+  assert not model_dir.exists()
