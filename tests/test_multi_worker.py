@@ -67,9 +67,8 @@ def _rank_pids(launcher_pid):
   return ranks
 
 
-@pytest.mark.parametrize('backend_args', [
-    ['--use_horovod'], ['-ds', 'multi_worker_mirrored']])
-def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
+def _start_long_job(tmp_path, backend_args):
+  """A 2-worker job through the launcher, once it logged step 2."""
   log = open(tmp_path / 'log.txt', 'w+')
   env = dict(os.environ, RESNET_TEST_JOB='pending')
   args = [sys.executable, DEMO] + backend_args + [
@@ -80,12 +79,19 @@ def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
   job = subprocess.Popen(['sh', '-c', 'RESNET_TEST_JOB=$$ exec "$@"', 'sh'] +
                          args, cwd=e2e.REPO_ROOT, stdout=log,
                          stderr=subprocess.STDOUT, env=env)
+  deadline = time.time() + 240
+  while 'step 2/' not in (tmp_path / 'log.txt').read_text():
+    assert job.poll() is None, (tmp_path / 'log.txt').read_text()[-3000:]
+    assert time.time() < deadline, 'training did not start'
+    time.sleep(1)  # Polls a log file for a line; not a guessed wait.
+  return job, log
+
+
+@pytest.mark.parametrize('backend_args', [
+    ['--use_horovod'], ['-ds', 'multi_worker_mirrored']])
+def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
+  job, log = _start_long_job(tmp_path, backend_args)
   try:
-    deadline = time.time() + 240
-    while 'step 2/' not in (tmp_path / 'log.txt').read_text():
-      assert job.poll() is None, (tmp_path / 'log.txt').read_text()[-3000:]
-      assert time.time() < deadline, 'training did not start'
-      time.sleep(1)
     ranks = _rank_pids(job.pid)
     assert sorted(ranks.values()) == [0, 1], ranks
     victim = next(pid for pid, rank in ranks.items() if rank == 1)
@@ -98,6 +104,26 @@ def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
     assert 'rank 1' in output or '[[' in output and ',1]' in output, output[-2000:]
     time.sleep(1)
     assert not _rank_pids(job.pid), 'a worker outlived the job'
+  finally:
+    if job.poll() is None:
+      job.kill()
+    log.close()
+
+
+def test_preempted_workers_agree_and_the_chief_saves(tmp_path):
+  job, log = _start_long_job(tmp_path, ['-ds', 'multi_worker_mirrored'])
+  try:
+    ranks = _rank_pids(job.pid)
+    assert sorted(ranks.values()) == [0, 1], ranks
+    for pid in ranks:  # A preemption signals every worker of the job.
+      os.kill(pid, signal.SIGTERM)
+    assert job.wait(timeout=120) != 0
+    output = (tmp_path / 'log.txt').read_text()
+    saved = [l for l in output.splitlines() if 'after signal' in l]
+    assert saved, output[-3000:]
+    step = int(saved[0].split('saved checkpoint at step ')[1].split()[0])
+    assert os.path.exists(tmp_path / 'model' / f'ckpt-{step}.index')
+    assert output.count(f'stopped by SIGTERM at step {step}') == 2, output[-3000:]
   finally:
     if job.poll() is None:
       job.kill()
