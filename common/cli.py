@@ -1,5 +1,6 @@
 """How entry points report bad input: one line, non-zero exit, no traceback."""
 
+import errno
 import logging as py_logging
 import sys
 
@@ -31,12 +32,25 @@ def parse_flags_or_fail(argv):
     raise
 
 
+def _is_disk_full(error: Exception) -> bool:
+  # TensorFlow reports a failed write as an OpError whose text carries
+  # strerror(ENOSPC); Python as an OSError with that errno.
+  return (getattr(error, 'errno', None) == errno.ENOSPC or
+          'No space left on device' in str(error))
+
+
 def run_main(main, argv):
   """Runs `main(argv)`, turning our errors into the one-line report."""
   try:
     return main(argv)
   except (UsageError, RunStopped) as e:
     fail(str(e), e.exit_code)
+  except Exception as e:  # pylint: disable=broad-except
+    if not _is_disk_full(e):
+      raise
+    fail('no space left on the device of --model_dir (or of the export); '
+         'free space or use another --model_dir and rerun to resume: '
+         'checkpoints and exports written earlier are intact')
 
 
 def configure_logging() -> None:

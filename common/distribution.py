@@ -10,7 +10,9 @@ batch under Horovod (every process is a worker with its own program).
 """
 
 import dataclasses
+import json
 import os
+import socket
 from typing import Any
 
 from absl import logging
@@ -121,6 +123,7 @@ def build_backend(name: str, num_gpus: int = -1,
     return _horovod_backend()
   if name == 'multi_worker_mirrored':
     _ensure_tf_config()
+    _check_own_port_is_free(os.environ.get('TF_CONFIG', ''))
   gpus = len(tf.config.list_physical_devices('GPU'))
   if num_gpus < 0:
     num_gpus = gpus
@@ -150,6 +153,29 @@ def _ensure_tf_config() -> None:
   if tf_config:
     os.environ['TF_CONFIG'] = tf_config
     logging.info('TF_CONFIG from the MPI rank: %s', tf_config)
+
+
+def _check_own_port_is_free(tf_config: str) -> None:
+  """This task's server port must be free, or TensorFlow fails obscurely."""
+  try:
+    config = json.loads(tf_config)
+    task = config['task']
+    address = config['cluster'][task['type']][task['index']]
+    host, port = address.rsplit(':', 1)
+    port = int(port)
+  except (ValueError, KeyError, IndexError, TypeError):
+    raise UsageError(f'TF_CONFIG is not a valid cluster description '
+                     f'({tf_config[:200]}); see the README\'s multi-worker '
+                     'section') from None
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      probe.bind(('', port))
+    except OSError as e:
+      raise UsageError(
+          f'port {port} of {task["type"]} {task["index"]} ({host}) is not '
+          f'free ({e.strerror}); stop what holds it, or choose other ports '
+          '(TF_BASE_PORT for the launcher, or TF_CONFIG)') from None
 
 
 def _horovod_backend() -> Backend:

@@ -35,6 +35,14 @@ def make_manager(model, optimizer, model_dir: str,
       step_counter=optimizer.iterations)
 
 
+def latest_step(model_dir: str) -> int:
+  """Step of model_dir's latest checkpoint (0: none); run.py names
+  checkpoints by step (`ckpt-<step>`)."""
+  latest = tf.train.latest_checkpoint(model_dir) if os.path.isdir(
+      model_dir) else None
+  return int(latest.rsplit('-', 1)[1]) if latest else 0
+
+
 def model_identity(cfg: RunConfig) -> Dict:
   """The properties a checkpoint must share with a model to restore into it.
 

@@ -226,8 +226,9 @@ def run(cfg: RunConfig) -> Dict:
   saves = backend.is_chief or backend.collective_saves
 
   skipped = datasets.skipped_records_counter(cfg)
-  train_fn, eval_fn = datasets.make_input_fns(cfg, info, program_batch,
-                                              skipped)
+  train_fn, eval_fn = datasets.make_input_fns(
+      cfg, info, program_batch, skipped,
+      start_step=checkpoints.latest_step(cfg.model_dir))
   # Preloading: tf.distribute prefetches each replica's next batches into
   # device memory while the current step runs.
   input_options = tf.distribute.InputOptions(

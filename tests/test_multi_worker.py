@@ -5,8 +5,10 @@ end with identical weights. A job whose worker dies must end, non-zero,
 without leaving processes behind.
 """
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -65,9 +67,8 @@ def _rank_pids(launcher_pid):
   return ranks
 
 
-@pytest.mark.parametrize('backend_args', [
-    ['--use_horovod'], ['-ds', 'multi_worker_mirrored']])
-def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
+def _start_long_job(tmp_path, backend_args):
+  """A 2-worker job through the launcher, once it logged step 2."""
   log = open(tmp_path / 'log.txt', 'w+')
   env = dict(os.environ, RESNET_TEST_JOB='pending')
   args = [sys.executable, DEMO] + backend_args + [
@@ -78,12 +79,19 @@ def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
   job = subprocess.Popen(['sh', '-c', 'RESNET_TEST_JOB=$$ exec "$@"', 'sh'] +
                          args, cwd=e2e.REPO_ROOT, stdout=log,
                          stderr=subprocess.STDOUT, env=env)
+  deadline = time.time() + 240
+  while 'step 2/' not in (tmp_path / 'log.txt').read_text():
+    assert job.poll() is None, (tmp_path / 'log.txt').read_text()[-3000:]
+    assert time.time() < deadline, 'training did not start'
+    time.sleep(1)  # Polls a log file for a line; not a guessed wait.
+  return job, log
+
+
+@pytest.mark.parametrize('backend_args', [
+    ['--use_horovod'], ['-ds', 'multi_worker_mirrored']])
+def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
+  job, log = _start_long_job(tmp_path, backend_args)
   try:
-    deadline = time.time() + 240
-    while 'step 2/' not in (tmp_path / 'log.txt').read_text():
-      assert job.poll() is None, (tmp_path / 'log.txt').read_text()[-3000:]
-      assert time.time() < deadline, 'training did not start'
-      time.sleep(1)
     ranks = _rank_pids(job.pid)
     assert sorted(ranks.values()) == [0, 1], ranks
     victim = next(pid for pid, rank in ranks.items() if rank == 1)
@@ -100,3 +108,39 @@ def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
     if job.poll() is None:
       job.kill()
     log.close()
+
+
+def test_preempted_workers_agree_and_the_chief_saves(tmp_path):
+  job, log = _start_long_job(tmp_path, ['-ds', 'multi_worker_mirrored'])
+  try:
+    ranks = _rank_pids(job.pid)
+    assert sorted(ranks.values()) == [0, 1], ranks
+    for pid in ranks:  # A preemption signals every worker of the job.
+      os.kill(pid, signal.SIGTERM)
+    assert job.wait(timeout=120) != 0
+    output = (tmp_path / 'log.txt').read_text()
+    saved = [l for l in output.splitlines() if 'after signal' in l]
+    assert saved, output[-3000:]
+    step = int(saved[0].split('saved checkpoint at step ')[1].split()[0])
+    assert os.path.exists(tmp_path / 'model' / f'ckpt-{step}.index')
+    assert output.count(f'stopped by SIGTERM at step {step}') == 2, output[-3000:]
+  finally:
+    if job.poll() is None:
+      job.kill()
+    log.close()
+
+
+def test_port_in_use_is_one_line(tmp_path):
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+    taken.bind(('', 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    tf_config = json.dumps({'cluster': {'worker': [f'localhost:{port}']},
+                            'task': {'type': 'worker', 'index': 0}})
+    model_dir = tmp_path / 'run'
+    result = e2e.run_main(['-ds', 'multi_worker_mirrored',
+                           f'--model_dir={model_dir}'] + e2e.TINY,
+                          env={'TF_CONFIG': tf_config}, timeout=120)
+  e2e.assert_one_line_error(result, f'port {port}', 'not free',
+                            'TF_BASE_PORT')
+  assert not model_dir.exists()

@@ -161,3 +161,48 @@ def test_kill_9_never_leaves_an_unloadable_checkpoint(tmp_path):
     assert summary['resumed_from_step'] >= last_logged - 2, summary
     assert summary['train_steps'] == last_logged + 2
     resumed_from = summary['train_steps']
+
+
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+  from tests.imagenet_fixture import write_dataset
+  data_dir = str(tmp_path / 'data')
+  write_dataset(data_dir)  # 17 training records: 4 steps of 4 per epoch
+
+  def train(model_dir, epochs):
+    result = e2e.run_main([
+        '-dd', data_dir, '-md', model_dir, '--resnet_depth=18',
+        '--image_size=32', '--batch_size=4', f'-te={epochs}',
+        '--steps_per_loop=2', '--log_steps=2', '--global_seed=7',
+        '--enable_checkpoint_and_export', '--skip_eval'])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return e2e.read_summary(model_dir)
+
+  straight = train(str(tmp_path / 'straight'), 2)
+  train(str(tmp_path / 'resumed'), 1)           # "interrupted" after epoch 1
+  resumed = train(str(tmp_path / 'resumed'), 2)
+  assert resumed['resumed_from_step'] == 4 and resumed['train_steps'] == 8
+  assert resumed['train_loss'] == straight['train_loss']
+  assert resumed['weights_sha256'] == straight['weights_sha256']
+
+
+def test_full_disk_is_one_line_and_keeps_what_was_written(tmp_path):
+  import tensorflow as tf
+  model_dir = str(tmp_path / 'small_disk')
+  os.makedirs(model_dir)
+  # Room for one checkpoint (weights + momentum, ~90 MB) and the export
+  # (~45 MB) of a ResNet-18, not for a second checkpoint.
+  subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=180M', 'tmpfs',
+                  model_dir], check=True)
+  try:
+    args = [f'--model_dir={model_dir}', '--enable_checkpoint_and_export',
+            '--skip_eval'] + e2e.TINY[:-4] + ['--steps_per_loop=2',
+                                              '--log_steps=2']
+    first = e2e.run_main(args + ['--train_steps=2'])
+    assert first.returncode == 0, first.stderr[-3000:]
+    full = e2e.run_main(args + ['--train_steps=4'])
+    e2e.assert_stopped_with(full, 'no space left', '--model_dir')
+    assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-2')
+    tf.train.load_checkpoint(os.path.join(model_dir, 'ckpt-2'))
+    assert tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
+  finally:
+    subprocess.run(['umount', model_dir], check=True)

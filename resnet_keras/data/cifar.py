@@ -12,7 +12,10 @@ from typing import List, Optional
 
 import tensorflow as tf
 
-from resnet_keras.data.preprocessing import normalize_images, with_private_threads
+from resnet_keras.data.preprocessing import augmentation_seed
+from resnet_keras.data.preprocessing import normalize_images
+from resnet_keras.data.preprocessing import training_order
+from resnet_keras.data.preprocessing import with_private_threads
 from resnet_keras.errors import UsageError
 
 IMAGE_BYTES = 32 * 32 * 3
@@ -62,12 +65,14 @@ def dataset(files: List[str], name: str, *, is_training: bool,
             batch_size: int, image_size: int, dtype: tf.DType,
             input_pipeline_id: int = 0, num_input_pipelines: int = 1,
             seed: Optional[int] = None, limit: int = 0, cache: bool = False,
-            num_private_threads: int = 0) -> tf.data.Dataset:
+            num_private_threads: int = 0,
+            start_record: int = 0) -> tf.data.Dataset:
   """Batches of (images, labels); images resized when image_size != 32.
 
   `cache` keeps the decoded-from-disk records in memory after the first
   epoch (training only); `num_private_threads` > 0 gives the pipeline a
-  private threadpool.
+  private threadpool; `start_record` skips that much of the training order
+  (exact resume, see preprocessing.training_order).
   """
   label_bytes = SPECS[name]['label_bytes']
   ds = tf.data.FixedLengthRecordDataset(files, label_bytes + IMAGE_BYTES)
@@ -77,15 +82,19 @@ def dataset(files: List[str], name: str, *, is_training: bool,
   if cache and is_training:
     ds = ds.cache()
   if is_training:
-    ds = ds.shuffle(50_000, seed=seed).repeat()
+    ds = training_order(ds, 50_000, seed, start_record)
+  else:
+    ds = ds.enumerate()  # Positions are unused; one element structure.
 
-  def preprocess(record):
+  def preprocess(position, record):
     image, label = _decode(record, label_bytes)
     if is_training:
       image = tf.image.pad_to_bounding_box(image, PAD, PAD, 32 + 2 * PAD,
                                            32 + 2 * PAD)
-      image = tf.image.random_crop(image, [32, 32, 3], seed=seed)
-      image = tf.image.random_flip_left_right(image, seed=seed)
+      image = tf.image.stateless_random_crop(
+          image, [32, 32, 3], seed=augmentation_seed(seed, position))
+      image = tf.image.stateless_random_flip_left_right(
+          image, seed=augmentation_seed(seed, position, 1))
     if image_size != 32:
       image = tf.cast(tf.round(tf.image.resize(image, [image_size] * 2)),
                       tf.uint8)

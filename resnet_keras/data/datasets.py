@@ -119,12 +119,13 @@ def corrupt_data_message(info: DatasetInfo,
 
 
 def make_input_fns(cfg: RunConfig, info: DatasetInfo, global_batch_size: int,
-                   skipped: Optional[imagenet.SkippedRecords] = None
-                   ) -> Tuple[InputFn, InputFn]:
+                   skipped: Optional[imagenet.SkippedRecords] = None,
+                   start_step: int = 0) -> Tuple[InputFn, InputFn]:
   """(train_input_fn, eval_input_fn), each taking a tf.distribute context.
 
   `skipped` (from skipped_records_counter) makes TFRecord pipelines skip
-  corrupt records and count them."""
+  corrupt records and count them. With --global_seed, training input starts
+  where `start_step` steps of an earlier run left it (exact resume)."""
   dtype = loader_dtype(cfg)
   seed = cfg.global_seed or 0
   if not cfg.use_synthetic_data:
@@ -138,7 +139,8 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo, global_batch_size: int,
           crop_min_area=cfg.train_crop_min_area,
           eval_crop_fraction=cfg.eval_crop_fraction, skipped=skipped,
           **pipeline)
-    return _file_input_fns(cfg, info, global_batch_size, dtype, build)
+    return _file_input_fns(cfg, info, global_batch_size, dtype, build,
+                           start_step if cfg.global_seed is not None else 0)
 
   def train_input_fn(ctx: tf.distribute.InputContext):
     batch = ctx.get_per_replica_batch_size(global_batch_size)
@@ -156,14 +158,18 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo, global_batch_size: int,
 
 
 def _file_input_fns(cfg: RunConfig, info: DatasetInfo, global_batch_size: int,
-                    dtype: tf.DType, build):
+                    dtype: tf.DType, build, start_step: int):
   """Input fns over `info`'s files; `build` is a format's dataset function."""
 
   def input_fn(ctx: tf.distribute.InputContext, is_training: bool):
+    batch = ctx.get_per_replica_batch_size(global_batch_size)
+    # Each step, every replica this pipeline feeds takes one batch (a
+    # Horovod-widened context counts pipelines over all workers).
+    replicas_fed = max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)
     return build(
         list(info.train_files if is_training else info.eval_files),
-        is_training=is_training,
-        batch_size=ctx.get_per_replica_batch_size(global_batch_size),
+        start_record=start_step * batch * replicas_fed if is_training else 0,
+        is_training=is_training, batch_size=batch,
         image_size=cfg.image_size, dtype=dtype,
         input_pipeline_id=ctx.input_pipeline_id,
         num_input_pipelines=ctx.num_input_pipelines, seed=cfg.global_seed,

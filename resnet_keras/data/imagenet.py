@@ -24,7 +24,10 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
-from resnet_keras.data.preprocessing import normalize_images, with_private_threads
+from resnet_keras.data.preprocessing import augmentation_seed
+from resnet_keras.data.preprocessing import normalize_images
+from resnet_keras.data.preprocessing import training_order
+from resnet_keras.data.preprocessing import with_private_threads
 from resnet_keras.errors import UsageError
 
 SPLIT_PATTERNS = {
@@ -148,11 +151,11 @@ class SkippedRecords:
       self._decoded = tf.Variable(0, dtype=tf.int64, trainable=False)
 
   def around(self, parse_fn):
-    """`parse_fn` (record -> (image, label)) with the attempt counted."""
+    """`parse_fn` (-> (image, label)) with the attempt counted."""
 
-    def counted(record):
+    def counted(*element):
       with tf.control_dependencies([self._attempted.assign_add(1)]):
-        image, label = parse_fn(record)
+        image, label = parse_fn(*element)
       with tf.control_dependencies([image, label]):
         done = self._decoded.assign_add(1)
       with tf.control_dependencies([done]):
@@ -214,19 +217,20 @@ def _to_loader_dtype(image, dtype):
   return normalize_images(image, dtype)
 
 
-def preprocess_train(image_bytes, boxes, image_size, dtype, seed=None,
-                     crop_min_area=DEFAULT_CROP_MIN_AREA):
-  """Random crop (fused with JPEG decode), random flip, resize."""
+def preprocess_train(image_bytes, boxes, image_size, dtype, crop_seed,
+                     flip_seed, crop_min_area=DEFAULT_CROP_MIN_AREA):
+  """Random crop (fused with JPEG decode), random flip, resize; the
+  randomness comes from the two stateless-op seeds."""
   shape = tf.image.extract_jpeg_shape(image_bytes)
-  begin, size, _ = tf.image.sample_distorted_bounding_box(
-      shape, bounding_boxes=boxes, min_object_covered=0.1,
+  begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+      shape, bounding_boxes=boxes, seed=crop_seed, min_object_covered=0.1,
       aspect_ratio_range=CROP_ASPECT_RANGE, area_range=(crop_min_area, 1.0),
-      max_attempts=10, use_image_if_no_bounding_boxes=True, seed=seed or 0)
+      max_attempts=10, use_image_if_no_bounding_boxes=True)
   offset_y, offset_x, _ = tf.unstack(begin)
   height, width, _ = tf.unstack(size)
   image = tf.image.decode_and_crop_jpeg(
       image_bytes, tf.stack([offset_y, offset_x, height, width]), channels=3)
-  image = tf.image.random_flip_left_right(image, seed=seed)
+  image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
   image = tf.image.resize(image, [image_size, image_size])
   return _to_loader_dtype(tf.ensure_shape(image, [image_size, image_size, 3]),
                           dtype)
@@ -260,7 +264,8 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
             seed: Optional[int] = None, limit: int = 0,
             crop_min_area: float = DEFAULT_CROP_MIN_AREA,
             eval_crop_fraction: float = DEFAULT_EVAL_CROP_FRACTION,
-            skipped: Optional[SkippedRecords] = None) -> tf.data.Dataset:
+            skipped: Optional[SkippedRecords] = None,
+            start_record: int = 0) -> tf.data.Dataset:
   """Batches of (images, 0-based labels) for one input pipeline.
 
   Args:
@@ -281,6 +286,8 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
     eval_crop_fraction: fraction of the short side the eval crop keeps.
     skipped: skip corrupt records and count them here (None: they stop the
       run with tf.errors.DataLossError or InvalidArgumentError).
+    start_record: training only: skip this many records of the (seeded)
+      training order; a resumed run passes what its first steps consumed.
   """
   read = _record_reader(skipped is not None)
   if limit:
@@ -303,13 +310,17 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
   if cache and is_training:
     ds = ds.cache()
   if is_training:
-    ds = ds.shuffle(SHUFFLE_BUFFER, seed=seed).repeat()
+    ds = training_order(ds, SHUFFLE_BUFFER, seed, start_record)
+  else:
+    ds = ds.enumerate()  # Positions are unused; one element structure.
 
-  def parse_and_preprocess(record):
+  def parse_and_preprocess(position, record):
     image_bytes, label, boxes = parse_record(record)
     if is_training:
-      image = preprocess_train(image_bytes, boxes, image_size, dtype, seed,
-                               crop_min_area)
+      image = preprocess_train(
+          image_bytes, boxes, image_size, dtype,
+          augmentation_seed(seed, position), augmentation_seed(seed, position, 1),
+          crop_min_area)
     else:
       image = preprocess_eval(image_bytes, image_size, dtype,
                               eval_crop_fraction)

@@ -5,7 +5,16 @@ division by the standard deviation, as in the Model Garden ResNet). Where it
 runs is a choice: on the host in the input pipeline (fp32/bf16 loaders), or on
 the device as the model's first layer (uint8 loader: a quarter of the bytes
 cross the host-device link).
+
+Training order: `training_order` shuffles and repeats records and numbers
+them; augmentation is keyed by that number (stateless random ops). With a
+seed, the order and every crop are functions of (seed, position), so a run
+resumed at step k skips the records the first k steps consumed and then
+sees exactly what the uninterrupted run saw.
 """
+
+import random
+from typing import Optional
 
 import tensorflow as tf
 
@@ -25,3 +34,18 @@ def with_private_threads(ds, num_threads: int):
   options = tf.data.Options()
   options.threading.private_threadpool_size = num_threads
   return ds.with_options(options)
+
+
+def training_order(ds, shuffle_buffer: int, seed: Optional[int],
+                   start: int = 0):
+  """(position, record) pairs: shuffled, repeated, from position `start`."""
+  ds = ds.shuffle(shuffle_buffer, seed=seed).repeat().enumerate()
+  return ds.skip(start) if start else ds
+
+
+def augmentation_seed(seed: Optional[int], position, salt: int = 0):
+  """A stateless-op seed for the record at `position` (None: a fresh one
+  per pipeline, drawn once)."""
+  base = seed if seed is not None else random.SystemRandom().randrange(2**31)
+  return tf.stack([tf.constant(base + salt, tf.int64),
+                   tf.cast(position, tf.int64)])
