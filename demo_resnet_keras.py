@@ -110,6 +110,11 @@ def build_launch(argv, environ, hosts, total_workers: int) -> launch.Launch:
     raise UsageError(
         f'{total_workers} workers need a multi-worker backend: add '
         '--use_horovod or --distribution_strategy=multi_worker_mirrored')
+  if not FLAGS.use_horovod and FLAGS.batch_size % total_workers:
+    raise UsageError(
+        f'--batch_size={FLAGS.batch_size} is the global batch under '
+        f'tf.distribute and must be a multiple of the {total_workers} '
+        f'workers; use e.g. --batch_size={total_workers * max(1, FLAGS.batch_size // total_workers)}')
   forwarded = launch.strip_flags(argv[1:], _LAUNCHER_BOOLEANS,
                                  _LAUNCHER_VALUED)
   forwarded += preset_args(preset(FLAGS.optimizer, total_workers),

@@ -111,6 +111,9 @@ def test_kubernetes_run_starts_this_rank_in_process():
     (['-ds', 'hpu'], ['hpu is Gaudi-only', 'multi_worker_mirrored']),
     (['--optimizer', 'Adam'], ['--optimizer=Adam is not supported']),
     (['--num_workers_per_hls', '0'], ['--num_workers_per_hls must be >= 1']),
+    (['-ds', 'multi_worker_mirrored', '--num_workers_per_hls', '4', '-bs', '2'],
+     ['--batch_size=2 is the global batch', 'multiple of the 4 workers',
+      '--batch_size=4']),
     (['--no_such_flag'], ['no_such_flag']),
 ])
 def test_launch_errors_are_one_line(args, fragments):
