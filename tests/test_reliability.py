@@ -134,6 +134,7 @@ def _start_and_kill(model_dir, after_step, delay):
   time.sleep(delay)  # Lands anywhere: in a step, a save or between them.
   job.kill()
   job.wait(timeout=60)
+  seen.append(job.stderr.read())  # What it logged until the kill.
   return int(''.join(seen).rsplit('step ', 1)[1].split('/')[0])
 
 
@@ -151,15 +152,17 @@ def test_kill_9_never_leaves_an_unloadable_checkpoint(tmp_path):
       assert reader.get_variable_to_shape_map(), step
     latest = tf.train.latest_checkpoint(model_dir)
     assert latest, f'round {round_}: no checkpoint after step {last_logged}'
+    latest_step = int(latest.rsplit('-', 1)[1])
+    # At most one checkpoint interval (2 steps) of logged work is lost.
+    assert latest_step >= last_logged - 2, (latest_step, last_logged)
     resumed = e2e.run_main(
         [f'--model_dir={model_dir}'] + _EVERY_2_STEPS + e2e.TINY[:-4] +
-        [f'--train_steps={last_logged + 2}', '--steps_per_loop=2',
+        [f'--train_steps={latest_step + 2}', '--steps_per_loop=2',
          '--log_steps=2'])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = e2e.read_summary(model_dir)
-    # At most one checkpoint interval (2 steps) of work is lost.
-    assert summary['resumed_from_step'] >= last_logged - 2, summary
-    assert summary['train_steps'] == last_logged + 2
+    assert summary['resumed_from_step'] == latest_step, summary
+    assert summary['train_steps'] == latest_step + 2
     resumed_from = summary['train_steps']
 
 
