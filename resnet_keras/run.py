@@ -332,7 +332,7 @@ def run(cfg: RunConfig) -> Dict:
                        'their metadata.json, or raise --num_classes') from None
     logging.info('data error (%s); looking for the corrupt file',
                  e.message.strip().splitlines()[0][:200])
-    message = datasets.corrupt_data_message(info, e)
+    message = datasets.corrupt_data_message(cfg, info)
     if not message:
       raise
     raise UsageError(message) from None
@@ -352,8 +352,9 @@ def run(cfg: RunConfig) -> Dict:
       logging.info('exported SavedModel to %s', path)
     else:  # Only written because saving is collective; the chief's counts.
       shutil.rmtree(path)
+  skipped_count = skipped.count if skipped else 0
   if skipped:
-    _report_skipped(skipped.count, eval_results, info.num_eval_examples)
+    _report_skipped(skipped_count, eval_results, info.num_eval_examples)
 
   summary = {
       'global_batch_size': plan.global_batch_size,
@@ -374,7 +375,7 @@ def run(cfg: RunConfig) -> Dict:
       'eval_examples': eval_results.get('eval_examples', 0),
       'avg_exp_per_second': logger.average_examples_per_second,
       'input_wait_fraction': logger.input_wait_fraction,
-      'skipped_corrupt_records': skipped.count if skipped else 0,
+      'skipped_corrupt_records': skipped_count,
       'dtype': cfg.dtype,
       'optimizer': cfg.optimizer,
       'lr_schedule': cfg.lr_schedule,

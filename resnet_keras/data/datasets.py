@@ -83,7 +83,7 @@ def eval_crop_fraction(cfg: RunConfig) -> float:
 
 def labels_file(cfg: RunConfig) -> Optional[str]:
   """The class names of the data (the converter's labels.txt), if any."""
-  if cfg.use_synthetic_data or cfg.dataset in cifar.SPECS:
+  if not _reads_tfrecords(cfg):
     return None
   return imagenet.find_labels(cfg.data_dir)
 
@@ -95,19 +95,21 @@ def _limited(available: int, requested: int) -> int:
 InputFn = Callable[[tf.distribute.InputContext], tf.data.Dataset]
 
 
+def _reads_tfrecords(cfg: RunConfig) -> bool:
+  return not cfg.use_synthetic_data and cfg.dataset not in cifar.SPECS
+
+
 def skipped_records_counter(cfg: RunConfig
                             ) -> Optional[imagenet.SkippedRecords]:
   """The counter --skip_corrupt_records needs (TFRecord data only)."""
-  if cfg.skip_corrupt_records and not cfg.use_synthetic_data and (
-      cfg.dataset not in cifar.SPECS):
+  if cfg.skip_corrupt_records and _reads_tfrecords(cfg):
     return imagenet.SkippedRecords()
   return None
 
 
-def corrupt_data_message(info: DatasetInfo,
-                         error: tf.errors.OpError) -> Optional[str]:
-  """One line naming the corrupt shard behind `error`, if one is found."""
-  if not info.train_files or info.name.startswith(tuple(cifar.SPECS)):
+def corrupt_data_message(cfg: RunConfig, info: DatasetInfo) -> Optional[str]:
+  """After a data error: one line naming the corrupt shard, if one is."""
+  if not _reads_tfrecords(cfg):
     return None
   found = imagenet.find_corrupt_file(list(info.eval_files) +
                                      list(info.train_files))
