@@ -52,6 +52,10 @@ def model_identity(cfg: RunConfig) -> Dict:
           'num_classes': cfg.num_classes}
 
 
+def describe_identity(identity: Dict) -> str:
+  return ', '.join(f'{k} {v}' for k, v in sorted(identity.items()))
+
+
 def record_config(model_dir: str, cfg: RunConfig, plan: TrainingPlan) -> None:
   """Writes model_dir/config.json; `cfg` has num_classes resolved."""
   write_json_atomically(os.path.join(model_dir, CONFIG_FILE),
@@ -63,9 +67,9 @@ def read_config(model_dir: str) -> Tuple[RunConfig, TrainingPlan]:
   """The config and plan a run recorded; its model_dir is where it is now."""
   path = os.path.join(model_dir, CONFIG_FILE)
   if not os.path.isfile(path):
-    raise UsageError(f'{path} does not exist; --model_dir must be a directory '
-                     'a training run wrote (resnet_ctl_imagenet_main.py '
-                     'records its config there when it starts)')
+    raise UsageError(f'{path} does not exist; {model_dir} is not a '
+                     'directory a training run wrote (resnet_ctl_imagenet_main'
+                     '.py records its config there when it starts)')
   try:
     with open(path) as f:
       saved = json.load(f)
@@ -89,11 +93,11 @@ def check_resumable(model_dir: str, cfg: RunConfig) -> None:
   saved = model_identity(read_config(model_dir)[0])
   identity = model_identity(cfg)
   if saved != identity:
-    describe = lambda d: ', '.join(f'{k} {v}' for k, v in sorted(d.items()))
     raise UsageError(
         f'--model_dir={model_dir} holds checkpoints of another model '
-        f'({describe(saved)}; this run: {describe(identity)}); use another '
-        '--model_dir, or --clean to delete them and start over')
+        f'({describe_identity(saved)}; this run: '
+        f'{describe_identity(identity)}); use another --model_dir, or --clean '
+        'to delete them and start over')
 
 
 def restore(checkpoint: tf.train.Checkpoint, path: str,
@@ -110,7 +114,7 @@ def restore(checkpoint: tf.train.Checkpoint, path: str,
     # A failed restore leaves pending restorations behind that warn about
     # every variable when collected at exit; this error says it all.
     tf.get_logger().setLevel('ERROR')
-    what = ', '.join(f'{k} {v}' for k, v in sorted(model_identity(cfg).items()))
+    what = describe_identity(model_identity(cfg))
     raise UsageError(
         f'{path} is not a checkpoint of this run\'s model ({what}, from '
         f'{CONFIG_FILE}): {str(e).splitlines()[0][:200]}') from None

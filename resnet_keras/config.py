@@ -57,6 +57,11 @@ class RunConfig:
   stem: str = 'imagenet'
   keras_applications_model: Optional[str] = None
   conv_impl: str = 'auto'  # auto: matmul for bf16 on CPUs.
+  # Where the weights start when model_dir has no checkpoint (warm_start.py).
+  restore_from: Optional[str] = None
+  restore_optimizer: bool = False
+  pretrained_checkpoint: Optional[str] = None
+  freeze_backbone: bool = False
   # Precision.
   dtype: str = 'fp32'
   loss_scale: float = 0.0  # 0: dynamic loss scaling (fp16 only).
@@ -93,6 +98,9 @@ class RunConfig:
   max_checkpoints: int = 5
   enable_tensorboard: bool = False
   profile_steps: Optional[Tuple[int, int]] = None
+  wandb: bool = False  # Mirror metrics.jsonl to Weights & Biases.
+  wandb_project: str = 'resnet_keras'
+  wandb_run_name: Optional[str] = None
   # Runtime.
   distribution_strategy: str = 'off'
   use_horovod: bool = False
@@ -203,6 +211,20 @@ class RunConfig:
       if not 0 <= start < stop:
         raise UsageError('--profile_steps must be "start,stop" with '
                          f'0 <= start < stop, got {start},{stop}')
+    self._validate_warm_start()
+
+  def _validate_warm_start(self) -> None:
+    if self.restore_from and self.pretrained_checkpoint:
+      raise UsageError('--restore_from (the whole model) and '
+                       '--pretrained_checkpoint (its backbone) both choose the '
+                       'starting weights; use one')
+    if self.restore_optimizer and not self.restore_from:
+      raise UsageError('--restore_optimizer restores the optimizer of '
+                       '--restore_from; give --restore_from too')
+    if self.freeze_backbone and not self.pretrained_checkpoint:
+      raise UsageError('--freeze_backbone trains only the head on top of '
+                       '--pretrained_checkpoint; give --pretrained_checkpoint '
+                       'too')
 
 
 def _check_choice(name, value, allowed):

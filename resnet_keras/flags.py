@@ -192,6 +192,37 @@ def define_flags() -> None:
                        'Threads running independent ops; 0: TensorFlow picks.')
   flags.DEFINE_integer('intra_op_parallelism_threads', 0,
                        'Threads inside one op; 0: TensorFlow picks.')
+  _define_warm_start_and_tracking_flags()
+
+
+def _define_warm_start_and_tracking_flags() -> None:
+  """Starting from another run's weights, and Weights & Biases."""
+  flags.DEFINE_string('restore_from', None,
+                      'Start a new run from another run\'s checkpoint (a '
+                      'checkpoint prefix such as DIR/ckpt-8, or a model_dir: '
+                      'its latest) of the same model; only while --model_dir '
+                      'has no checkpoint of its own (then it resumes).')
+  flags.DEFINE_boolean('restore_optimizer', False,
+                       'With --restore_from: also restore the optimizer '
+                       '(momentum slots, step, loss scale), so training goes '
+                       'on from that step; default: weights only, step 0.')
+  flags.DEFINE_string('pretrained_checkpoint', None,
+                      'Transfer learning: load every layer but the '
+                      'classification head from another run\'s checkpoint '
+                      '(prefix or model_dir) of the same architecture; the '
+                      'head is new, for this data\'s classes.')
+  flags.DEFINE_boolean('freeze_backbone', False,
+                       'With --pretrained_checkpoint: train only the head; the '
+                       'backbone\'s batch norm keeps its pretrained statistics '
+                       '(inference mode).')
+  flags.DEFINE_boolean('wandb', False,
+                       'Also log metrics.jsonl\'s records and the config to '
+                       'Weights & Biases (pip install wandb); offline, under '
+                       'model_dir/wandb, when not logged in or offline.')
+  flags.DEFINE_string('wandb_project', _D.wandb_project,
+                      'W&B project of --wandb.')
+  flags.DEFINE_string('wandb_run_name', None,
+                      'W&B run name of --wandb; default: W&B picks one.')
 
 
 def _parse_profile_steps(text):

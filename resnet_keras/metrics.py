@@ -16,7 +16,7 @@ without it.
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol
 
 import numpy as np
 from absl import logging
@@ -147,12 +147,15 @@ class MetricsLog:
   Log-line records have step, epoch, train_loss, train_accuracy,
   learning_rate and examples_per_second; evaluation records have step, epoch,
   eval_loss, eval_accuracy (top-1), eval_top5_accuracy and eval_examples.
-  Only the chief writes it, from the values it logs.
+  Only the chief writes it, from the values it logs. A `mirror` (such as
+  tracking.WandbMirror) gets every appended record too, so other trackers
+  see exactly what the file holds.
   """
 
-  def __init__(self, model_dir: str):
+  def __init__(self, model_dir: str, mirror: Optional['Mirror'] = None):
     self.model_dir = model_dir
     self.path = os.path.join(model_dir, METRICS_LOG_FILE)
+    self._mirror = mirror
 
   def resume_at(self, step: int) -> None:
     """Drops records past `step`: a run resumed there trains them again."""
@@ -163,6 +166,22 @@ class MetricsLog:
   def append(self, record: Dict) -> None:
     with open(self.path, 'a') as f:
       f.write(json.dumps(record) + '\n')
+    if self._mirror is not None:
+      self._mirror.log(record)
+
+  def close(self) -> None:
+    if self._mirror is not None:
+      self._mirror.finish()
+
+
+class Mirror(Protocol):
+  """Where MetricsLog also sends its records."""
+
+  def log(self, record: Dict) -> None:
+    ...
+
+  def finish(self) -> None:
+    ...
 
 
 def read_metrics_log(model_dir: str) -> List[Dict]:

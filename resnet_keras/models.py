@@ -125,11 +125,16 @@ def _block(x, filters, strides, bottleneck, name, conv):
   return layers.Activation('relu', name=name + '_out')(x)
 
 
+# The classification head's only layer with weights; everything before it is
+# the backbone that --pretrained_checkpoint transfers.
+HEAD_LAYER = 'fc'
+
+
 def _classifier_head(features, num_classes, regularizer):
   logits = layers.Dense(
       num_classes,
       kernel_initializer=tf_keras.initializers.RandomNormal(stddev=0.01),
-      kernel_regularizer=regularizer, name='fc')(features)
+      kernel_regularizer=regularizer, name=HEAD_LAYER)(features)
   return layers.Activation('softmax', dtype='float32', name='probs')(logits)
 
 
@@ -191,16 +196,38 @@ def keras_application(name: str, num_classes: int,
       name=name.lower())
 
 
+def backbone_layers(network: tf_keras.Model):
+  """The layers with weights before the classification head."""
+  return [l for l in network.layers if l.weights and l.name != HEAD_LAYER]
+
+
+def freeze_backbone(network: tf_keras.Model) -> None:
+  """Leaves only the head trainable.
+
+  A non-trainable BatchNormalization runs in inference mode in tf_keras even
+  when called with training=True: it normalises with, and keeps, the
+  pretrained moving statistics, which the frozen weights after it expect.
+  """
+  for layer in backbone_layers(network):
+    layer.trainable = False
+
+
 def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
                   has_gpu: bool = False) -> tf_keras.Model:
   """The network the flags ask for (inputs: normalised float images)."""
   if cfg.keras_applications_model:
-    return keras_application(cfg.keras_applications_model, num_classes,
-                             cfg.image_size)
-  return resnet(cfg.resnet_depth, num_classes, cfg.image_size,
-                weight_decay=cfg.weight_decay if use_regularizers else 0.0,
-                stem=cfg.stem,
-                matmul_convs=cfg.uses_matmul_convs(has_gpu))
+    network = keras_application(cfg.keras_applications_model, num_classes,
+                                cfg.image_size)
+  else:
+    network = resnet(cfg.resnet_depth, num_classes, cfg.image_size,
+                     weight_decay=cfg.weight_decay if use_regularizers else 0.0,
+                     stem=cfg.stem,
+                     matmul_convs=cfg.uses_matmul_convs(has_gpu))
+  # Also when validate or average rebuild the run: its checkpoints hold
+  # optimizer slots for the trainable variables only.
+  if cfg.freeze_backbone:
+    freeze_backbone(network)
+  return network
 
 
 def build_training_model(network: tf_keras.Model, image_size: int,

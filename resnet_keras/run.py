@@ -32,6 +32,8 @@ from resnet_keras import optimizers
 from resnet_keras import plots
 from resnet_keras import schedules
 from resnet_keras import trainer as trainer_lib
+from resnet_keras import tracking
+from resnet_keras import warm_start
 from resnet_keras.config import RunConfig, TrainingPlan, make_training_plan
 from resnet_keras.data import datasets
 from resnet_keras.errors import RunStopped, UsageError
@@ -184,6 +186,8 @@ def _log_plan(cfg: RunConfig, plan: TrainingPlan, info, backend) -> None:
 def run(cfg: RunConfig) -> Dict:
   """Trains (and evaluates) as `cfg` says; returns the run summary."""
   cfg.validate()
+  if cfg.wandb:
+    tracking.import_wandb()  # Its absence is a usage error; say so first.
   started = time.time()
   info = datasets.describe(cfg)
   has_gpu = configure_runtime(cfg)
@@ -200,6 +204,7 @@ def run(cfg: RunConfig) -> Dict:
                  'logs the run', backend.worker_index)
     logging.set_verbosity(logging.WARNING)
   write_dir = backend.worker_dir(cfg.model_dir)
+  start_from = warm_start.resolve(effective_cfg)
   plan = make_training_plan(cfg, info.num_train_examples,
                             info.num_eval_examples,
                             num_workers=backend.batch_multiplier)
@@ -249,7 +254,11 @@ def run(cfg: RunConfig) -> Dict:
       weight_decay_path=wd_path, use_tf_function=cfg.use_tf_function,
       use_tf_while_loop=cfg.use_tf_while_loop, backend=backend)
 
-  metrics_log = metrics.MetricsLog(cfg.model_dir) if backend.is_chief else None
+  metrics_log = None
+  if backend.is_chief:
+    metrics_log = metrics.MetricsLog(
+        cfg.model_dir,
+        mirror=tracking.start_wandb(effective_cfg, plan) if cfg.wandb else None)
   logger = metrics.StepLogger(
       get_loop=lambda: trainer.last_loop, log_steps=cfg.log_steps,
       total_steps=plan.total_train_steps,
@@ -289,9 +298,12 @@ def run(cfg: RunConfig) -> Dict:
         f'--model_dir={cfg.model_dir} holds a checkpoint this model cannot '
         f'restore ({str(e).splitlines()[0][:200]}); use another --model_dir, '
         'or --clean to delete it and start over') from None
+  if start_from:
+    warm_start.apply(start_from, network, model, optimizer,
+                     cfg.restore_optimizer)
   backend.sync_from_chief(model.variables + optimizer.variables())
   start_step = int(optimizer.iterations.numpy())
-  if start_step and backend.is_chief:
+  if start_step and backend.is_chief and not start_from:
     logging.info('restored from %s at step %d', manager.latest_checkpoint,
                  start_step)
 
@@ -343,11 +355,9 @@ def run(cfg: RunConfig) -> Dict:
     logger.close()
     if backend.is_chief:
       _write_plots(cfg.model_dir)
+      metrics_log.close()
   if cfg.enable_checkpoint_and_export and saves:
-    path = export.export_saved_model(
-        network, cfg.image_size, os.path.join(write_dir, SAVED_MODEL_DIR),
-        eval_crop_fraction=datasets.eval_crop_fraction(cfg),
-        labels_file=datasets.labels_file(cfg))
+    path = export_run(network, cfg, write_dir)
     if backend.is_chief:
       logging.info('exported SavedModel to %s', path)
     else:  # Only written because saving is collective; the chief's counts.
@@ -393,6 +403,14 @@ def run(cfg: RunConfig) -> Dict:
                                 summary)
   logging.info('run summary: %s', summary)
   return summary
+
+
+def export_run(network, cfg: RunConfig, output_dir: str) -> str:
+  """Exports `network` of a run with cfg to output_dir/saved_model."""
+  return export.export_saved_model(
+      network, cfg.image_size, os.path.join(output_dir, SAVED_MODEL_DIR),
+      eval_crop_fraction=datasets.eval_crop_fraction(cfg),
+      labels_file=datasets.labels_file(cfg))
 
 
 def _evaluate(controller: orbit.Controller, plan: TrainingPlan, step: int,

@@ -35,6 +35,7 @@ from resnet_keras import metrics
 from resnet_keras import models
 from resnet_keras import optimizers
 from resnet_keras import run
+from resnet_keras import schedules
 from resnet_keras import trainer as trainer_lib
 from resnet_keras.config import RunConfig, TrainingPlan
 from resnet_keras.data import datasets
@@ -79,40 +80,61 @@ def checkpoint_paths(manager: tf.train.CheckpointManager, model_dir: str,
                    f'{which}.index); {model_dir} has: {names}')
 
 
+class CheckpointEvaluator:
+  """A run's model, optimizer and validation data, to score its checkpoints.
+
+  The optimizer is the run's own (schedule included), so a checkpoint
+  written from these objects (python -m resnet_keras.average) restores in
+  training like the run's.
+  """
+
+  def __init__(self, cfg: RunConfig, plan: TrainingPlan):
+    self.cfg, self.plan = cfg, plan
+    info = datasets.describe(cfg)
+    has_gpu = run.configure_runtime(cfg)
+    self.network, self.model = models.build_models(
+        cfg, info.num_classes, use_regularizers=False, has_gpu=has_gpu)
+    self.optimizer = optimizers.build_optimizer(
+        cfg, schedules.schedule_for_run(cfg, plan.global_batch_size,
+                                        plan.steps_per_epoch,
+                                        plan.total_train_steps))
+    self.manager = checkpoints.make_manager(self.model, self.optimizer,
+                                            cfg.model_dir)
+    # With the run's --skip_corrupt_records, as its evaluations read the data.
+    _, eval_fn = datasets.make_input_fns(
+        cfg, info, cfg.batch_size, datasets.skipped_records_counter(cfg))
+    strategy = tf.distribute.get_strategy()
+    self._evaluator = trainer_lib.ResnetTrainer(
+        strategy=strategy, model=self.model, optimizer=self.optimizer,
+        train_dataset=None,
+        eval_dataset=strategy.distribute_datasets_from_function(eval_fn),
+        global_batch_size=cfg.batch_size, num_classes=info.num_classes,
+        max_steps_per_loop=1, use_tf_function=cfg.use_tf_function)
+
+  def restore(self, path: str) -> None:
+    checkpoints.restore(self.manager.checkpoint, path, self.cfg)
+
+  def evaluate(self, path: str) -> Dict:
+    """Restores `path` and scores it: one row of the table."""
+    self.restore(path)
+    results = self._evaluator.evaluate(tf.constant(-1))
+    step = int(self.optimizer.iterations.numpy())
+    logging.info('%s: step %d, top-1 %.4f over %d examples', path, step,
+                 results['eval_accuracy'], results['eval_examples'])
+    return {'checkpoint': os.path.basename(path), 'step': step,
+            'epoch': self.plan.epoch_of(step),
+            'top1': results['eval_accuracy'],
+            'top5': results['eval_top5_accuracy'],
+            'loss': results['eval_loss'],
+            'examples': results['eval_examples']}
+
+
 def evaluate_checkpoints(cfg: RunConfig, plan: TrainingPlan,
                          which: Optional[str]) -> List[Dict]:
   """Evaluates each checkpoint `which` names; one row per checkpoint."""
-  info = datasets.describe(cfg)
-  has_gpu = run.configure_runtime(cfg)
-  _, model = models.build_models(cfg, info.num_classes,
-                                 use_regularizers=False, has_gpu=has_gpu)
-  # The checkpoint's optimizer holds the step; its learning rate is unused.
-  optimizer = optimizers.build_optimizer(cfg, learning_rate=0.0)
-  manager = checkpoints.make_manager(model, optimizer, cfg.model_dir)
-  paths = checkpoint_paths(manager, cfg.model_dir, which)
-  # With the run's --skip_corrupt_records, as its evaluations read the data.
-  _, eval_fn = datasets.make_input_fns(
-      cfg, info, cfg.batch_size, datasets.skipped_records_counter(cfg))
-  strategy = tf.distribute.get_strategy()
-  evaluator = trainer_lib.ResnetTrainer(
-      strategy=strategy, model=model, optimizer=optimizer, train_dataset=None,
-      eval_dataset=strategy.distribute_datasets_from_function(eval_fn),
-      global_batch_size=cfg.batch_size, num_classes=info.num_classes,
-      max_steps_per_loop=1, use_tf_function=cfg.use_tf_function)
-  rows = []
-  for path in paths:
-    checkpoints.restore(manager.checkpoint, path, cfg)
-    results = evaluator.evaluate(tf.constant(-1))
-    step = int(optimizer.iterations.numpy())
-    rows.append({'checkpoint': os.path.basename(path), 'step': step,
-                 'epoch': plan.epoch_of(step),
-                 'top1': results['eval_accuracy'],
-                 'top5': results['eval_top5_accuracy'],
-                 'loss': results['eval_loss'],
-                 'examples': results['eval_examples']})
-    logging.info('%s: step %d, top-1 %.4f over %d examples', path, step,
-                 results['eval_accuracy'], results['eval_examples'])
-  return rows
+  evaluator = CheckpointEvaluator(cfg, plan)
+  return [evaluator.evaluate(path) for path in
+          checkpoint_paths(evaluator.manager, cfg.model_dir, which)]
 
 
 def format_table(rows: List[Dict]) -> str:
