@@ -107,11 +107,14 @@ def start_wandb(cfg: RunConfig, plan: TrainingPlan) -> WandbMirror:
   """A W&B run for `cfg` (the effective config) in cfg.model_dir/wandb."""
   wandb = import_wandb()
   reason = offline_reason(os.environ)
+  offline = bool(reason) or os.environ.get('WANDB_MODE') == 'offline'
   wandb_dir = os.path.join(cfg.model_dir, WANDB_DIR)
   os.makedirs(wandb_dir, exist_ok=True)
   run = wandb.init(
       project=cfg.wandb_project, name=cfg.wandb_run_name,
-      id=_run_id(wandb, wandb_dir), resume='allow', dir=cfg.model_dir,
+      id=_run_id(wandb, wandb_dir), dir=cfg.model_dir,
+      # W&B ignores (and warns about) resuming an offline run.
+      resume=None if offline else 'allow',
       mode='offline' if reason else None,
       config={**dataclasses.asdict(cfg),
               'training_plan': dataclasses.asdict(plan)},

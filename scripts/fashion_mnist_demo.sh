@@ -12,18 +12,12 @@
 # converted data and start training afresh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-IDX_DIR=/usr/share/datasets/fashion-mnist
 WORK=${FMNIST_DIR:-data/fashion_mnist}
 start=$(date +%s)
 
-if [ ! -f "$IDX_DIR/train-images-idx3-ubyte.gz" ]; then
-  echo "Installing Debian's dataset-fashion-mnist..."
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  $SUDO apt-get update -qq && $SUDO apt-get install -y -qq dataset-fashion-mnist
-fi
 python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt
 
-python3 scripts/fashion_mnist_to_images.py --idx_dir "$IDX_DIR" --out_dir "$WORK/raw"
+./scripts/fashion_mnist_raw.sh "$WORK/raw"
 python3 preprocess_imagenet.py --raw_data_dir "$WORK/raw" \
   --local_scratch_dir "$WORK/tfrecords" --train_shards 16 --validation_shards 4
 
