@@ -159,12 +159,7 @@ def write_averaged(evaluator: validate.CheckpointEvaluator,
 
 
 def main(argv):
-  if len(argv) > 1:
-    raise UsageError(f'unexpected arguments {argv[1:]}; see --help')
-  cli.configure_logging()
-  model_dir = flags.FLAGS.model_dir
-  if not os.path.isdir(model_dir):
-    raise UsageError(f'--model_dir={model_dir} is not a directory')
+  model_dir = validate.start_tool(argv)
   ema_decay = flags.FLAGS.ema
   check_ema_decay(ema_decay)
   output_dir = output_dir_for(model_dir, flags.FLAGS.output_dir)

@@ -156,13 +156,20 @@ def write_csv(path: str, rows: List[Dict]) -> None:
   metrics.write_text_atomically(path, text.getvalue())
 
 
-def main(argv):
+def start_tool(argv) -> str:
+  """The start of a model_dir tool's main: checks argv and --model_dir, sets
+  up logging; returns --model_dir."""
   if len(argv) > 1:
     raise UsageError(f'unexpected arguments {argv[1:]}; see --help')
   cli.configure_logging()
   model_dir = flags.FLAGS.model_dir
   if not os.path.isdir(model_dir):
     raise UsageError(f'--model_dir={model_dir} is not a directory')
+  return model_dir
+
+
+def main(argv):
+  model_dir = start_tool(argv)
   cfg, plan = checkpoints.read_config(model_dir)
   if flags.FLAGS.data_dir:
     cfg = dataclasses.replace(cfg, data_dir=flags.FLAGS.data_dir,
