@@ -66,6 +66,7 @@ class RunConfig:
   train_epochs: int = 1
   train_steps: int = 0  # 0: no cap on steps per epoch.
   steps_per_loop: int = 50
+  num_accumulation_steps: int = 1  # micro-batches per optimizer step
   log_steps: int = 100
   epochs_between_evals: int = 1
   skip_eval: bool = False
@@ -155,6 +156,7 @@ class RunConfig:
     _check_positive('batch_size', self.batch_size)
     _check_positive('train_epochs', self.train_epochs)
     _check_positive('steps_per_loop', self.steps_per_loop)
+    _check_positive('num_accumulation_steps', self.num_accumulation_steps)
     _check_positive('log_steps', self.log_steps)
     _check_positive('epochs_between_evals', self.epochs_between_evals)
     _check_positive('max_checkpoints', self.max_checkpoints)

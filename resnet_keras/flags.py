@@ -114,6 +114,12 @@ def define_flags() -> None:
   flags.DEFINE_integer('steps_per_loop', _D.steps_per_loop,
                        'Steps run on the device per host call (one '
                        'tf.function); capped at steps per epoch.')
+  flags.DEFINE_integer('num_accumulation_steps', _D.num_accumulation_steps,
+                       'Split each step\'s batch into this many micro-batches '
+                       'and sum their gradients (float32) before one '
+                       'optimizer update: --batch_size stays the batch per '
+                       'update (for the LR, schedule and logs) while memory '
+                       'holds one micro-batch.')
   flags.DEFINE_integer('log_steps', _D.log_steps,
                        'Print a status line every N steps.')
   flags.DEFINE_integer('epochs_between_evals', _D.epochs_between_evals,

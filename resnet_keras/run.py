@@ -179,6 +179,12 @@ def _log_plan(cfg: RunConfig, plan: TrainingPlan, info, backend) -> None:
       backend.name, backend.strategy.num_replicas_in_sync,
       plan.steps_per_epoch, cfg.train_epochs, plan.total_train_steps,
       plan.steps_per_loop, cfg.dtype, cfg.optimizer, cfg.lr_schedule)
+  if cfg.num_accumulation_steps > 1:
+    logging.info('gradient accumulation: %d micro-batches of %d per replica '
+                 'per optimizer step', cfg.num_accumulation_steps,
+                 plan.global_batch_size // backend.batch_multiplier //
+                 backend.strategy.num_replicas_in_sync //
+                 cfg.num_accumulation_steps)
 
 
 def run(cfg: RunConfig) -> Dict:
@@ -209,6 +215,13 @@ def run(cfg: RunConfig) -> Dict:
     raise UsageError(
         f'--batch_size={program_batch} is the global batch and must '
         f'be divisible by the {strategy.num_replicas_in_sync} replicas')
+  replica_batch = program_batch // strategy.num_replicas_in_sync
+  if replica_batch % cfg.num_accumulation_steps:
+    raise UsageError(
+        f'each replica\'s batch of {replica_batch} cannot be split into '
+        f'--num_accumulation_steps={cfg.num_accumulation_steps} equal '
+        'micro-batches; use a --batch_size that is a multiple of '
+        f'{strategy.num_replicas_in_sync * cfg.num_accumulation_steps}')
   _log_plan(cfg, plan, info, backend)
   wd_path = optimizers.weight_decay_path(cfg)
   _log_flag_notes(cfg, wd_path, has_gpu)
@@ -247,7 +260,8 @@ def run(cfg: RunConfig) -> Dict:
       max_steps_per_loop=plan.steps_per_loop,
       label_smoothing=cfg.label_smoothing, weight_decay=cfg.weight_decay,
       weight_decay_path=wd_path, use_tf_function=cfg.use_tf_function,
-      use_tf_while_loop=cfg.use_tf_while_loop, backend=backend)
+      use_tf_while_loop=cfg.use_tf_while_loop,
+      num_accumulation_steps=cfg.num_accumulation_steps, backend=backend)
 
   metrics_log = metrics.MetricsLog(cfg.model_dir) if backend.is_chief else None
   logger = metrics.StepLogger(

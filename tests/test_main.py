@@ -151,12 +151,20 @@ def test_target_accuracy_stops_early(tmp_path):
     (['--num_classes', '1'], ['--num_classes=1']),
     (['--batch_size', 'many'], ['--batch_size']),
     (['--profile_steps', '5'], ['--profile_steps']),
+    (['--num_accumulation_steps', '0'], ['--num_accumulation_steps must be > 0']),
 ])
 def test_bad_flags_fail_in_one_line(tmp_path, args, fragments):
   model_dir = tmp_path / 'never'
   result = e2e.run_main(['-synth', '-md', str(model_dir)] + args, timeout=120)
   e2e.assert_one_line_error(result, *fragments)
   assert not model_dir.exists()
+
+
+def test_micro_batches_must_split_the_batch_evenly(tmp_path):
+  result = e2e.run_main(e2e.TINY + ['-md', str(tmp_path / 'k3'),
+                                    '--num_accumulation_steps', '3'])
+  e2e.assert_one_line_error(result, 'batch of 8', '--num_accumulation_steps=3',
+                            'multiple of 3')
 
 
 def test_unwritable_model_dir(tmp_path):
