@@ -125,6 +125,11 @@ def define_flags() -> None:
   flags.DEFINE_integer('epochs_between_evals', _D.epochs_between_evals,
                        'Evaluate every N epochs (and at the end).')
   _alias('ebe', 'epochs_between_evals')
+  flags.DEFINE_integer('eval_offset_epochs', _D.eval_offset_epochs,
+                       'Epoch of the first evaluation, then every '
+                       '--epochs_between_evals (MLPerf style: e.g. 3 with 4 '
+                       'evaluates after epochs 3, 7, 11, ...); 0: first at '
+                       '--epochs_between_evals. The end is always evaluated.')
   flags.DEFINE_boolean('skip_eval', False, 'Do not evaluate.')
   flags.DEFINE_float('target_accuracy', 0.0,
                      'Stop once eval top-1 accuracy reaches this fraction; '

@@ -1,9 +1,10 @@
 """One training run: config -> data, model, optimizer -> orbit cadence -> outputs.
 
 This module owns *when* things happen: train loops of `steps_per_loop` steps,
-evaluation every `epochs_between_evals` epochs and at the end, checkpoints,
-the target-accuracy stop, export, and the records of a run in model_dir
-(config.json, metrics.jsonl, plots/, run_summary.json). What a step computes
+evaluation every `epochs_between_evals` epochs (from `eval_offset_epochs`)
+and at the end, checkpoints, the target-accuracy stop, export, and the
+records of a run in model_dir (config.json, metrics.jsonl, plots/,
+run_summary.json). What a step computes
 is in trainer.py.
 """
 
@@ -309,7 +310,7 @@ def run(cfg: RunConfig) -> Dict:
     logging.info('restored from %s at step %d', manager.latest_checkpoint,
                  start_step)
 
-  eval_results, target_reached = {}, False
+  eval_results, target_reached, seconds_to_target = {}, False, None
   step = start_step
   if backend.is_chief:
     checkpoints.record_config(cfg.model_dir, effective_cfg, plan)
@@ -332,11 +333,14 @@ def run(cfg: RunConfig) -> Dict:
           plan.is_checkpoint_step(step)):
         logging.info('saved checkpoint %s',
                      manager.save(checkpoint_number=step))
-      at_eval = (step % plan.eval_interval_steps == 0 or
-                 step == plan.total_train_steps)
-      if not cfg.skip_eval and at_eval:
+      if not cfg.skip_eval and plan.is_eval_step(step):
         eval_results = _evaluate(controller, plan, step, metrics_log)
-        target_reached = _reached(cfg, eval_results)
+        if _reached(cfg, eval_results):
+          target_reached, seconds_to_target = True, time.time() - started
+          logging.info('target accuracy %.4f reached at epoch %.2f (%.4f) '
+                       'after %.1f s; stopping', cfg.target_accuracy,
+                       plan.epoch_of(step), eval_results['eval_accuracy'],
+                       seconds_to_target)
     if not cfg.skip_eval and not eval_results:
       eval_results = _evaluate(controller, plan, step, metrics_log)
   except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
@@ -397,6 +401,8 @@ def run(cfg: RunConfig) -> Dict:
       'num_classes': info.num_classes,
       'dataset': info.name,
       'target_accuracy_reached': target_reached,
+      # From the start of this process, data and model setup included.
+      'seconds_to_target': seconds_to_target,
       'wall_seconds': time.time() - started,
       # ru_maxrss is in KiB on Linux.
       'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -452,11 +458,8 @@ def _report_skipped(undecodable: int, eval_results: Dict,
 
 
 def _reached(cfg: RunConfig, results: Dict) -> bool:
-  if cfg.target_accuracy and results['eval_accuracy'] >= cfg.target_accuracy:
-    logging.info('target accuracy %.4f reached (%.4f); stopping',
-                 cfg.target_accuracy, results['eval_accuracy'])
-    return True
-  return False
+  return bool(cfg.target_accuracy and
+              results['eval_accuracy'] >= cfg.target_accuracy)
 
 
 def _hparams(cfg: RunConfig, plan: TrainingPlan) -> Dict:
