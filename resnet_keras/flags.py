@@ -7,10 +7,11 @@ is the only place that reads FLAGS; everything else takes a RunConfig.
 """
 
 import dataclasses
+from typing import Any, Collection, Dict
 
 from absl import flags
 
-from resnet_keras import config as config_lib
+from resnet_keras import recipes
 from resnet_keras.config import RunConfig
 from resnet_keras.errors import UsageError
 
@@ -23,6 +24,14 @@ def _alias(short, name):
 
 def define_flags() -> None:
   """Defines every flag; safe to call once per process."""
+  # Recipes.
+  flags.DEFINE_string('config', None,
+                      'A recipe: NAME of configs/NAME.yaml (e.g. '
+                      'resnet50_lars_1worker) or a YAML file of flag: value '
+                      'lines. Flags given on the command line override it.')
+  flags.DEFINE_boolean('print_config', False,
+                       'Print the effective configuration (flags, recipe and '
+                       'defaults merged) as YAML and exit.')
   # Data.
   flags.DEFINE_string('data_dir', _D.data_dir,
                       'Directory with the TFRecord shards.')
@@ -205,6 +214,21 @@ def define_flags() -> None:
                        'Threads inside one op; 0: TensorFlow picks.')
 
 
+RUN_CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(RunConfig))
+
+
+def apply_config(values=None, allowed: Collection[str] = RUN_CONFIG_KEYS,
+                 launcher_keys: Collection[str] = ()) -> Dict[str, Any]:
+  """Fills the flags --config's recipe sets and the command line does not;
+  returns those settings."""
+  values = values or flags.FLAGS
+  if not values.config:
+    return {}
+  path = recipes.resolve(values.config)
+  return recipes.apply(values, recipes.load(path), f'--config={path}',
+                       allowed, launcher_keys=launcher_keys)
+
+
 def _parse_profile_steps(text):
   if not text:
     return None
@@ -219,8 +243,7 @@ def _parse_profile_steps(text):
 def config_from_flags(values=None) -> RunConfig:
   """Builds (and validates) the RunConfig from parsed flags."""
   values = values or flags.FLAGS
-  field_names = {f.name for f in dataclasses.fields(RunConfig)}
-  kwargs = {name: values[name].value for name in field_names
+  kwargs = {name: values[name].value for name in RUN_CONFIG_KEYS
             if name in values and name != 'profile_steps'}
   kwargs['profile_steps'] = _parse_profile_steps(values.profile_steps)
   if values.use_keras_mixed_precision:
