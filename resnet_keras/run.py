@@ -80,6 +80,13 @@ def configure_runtime(cfg: RunConfig) -> bool:
                       'than oneDNN here; it is meant for GPUs')
   if cfg.global_seed is not None:
     tf_keras.utils.set_random_seed(cfg.global_seed)
+    # TensorFlow's op determinism forbids tf.timestamp (the input-wait
+    # timing); the CPU kernels are deterministic without it (tested), the
+    # GPU ones are not.
+    if has_gpu:
+      logging.info('--global_seed on a GPU: weights, data order and '
+                   'augmentation are seeded, but cuDNN and atomic GPU '
+                   'kernels may still make runs differ in the last bits')
   if cfg.dtype == 'fp16' and not has_gpu:
     logging.warning('--dtype=fp16 on a CPU has no hardware support and is '
                     'very slow; use --dtype=bf16 on CPUs')
