@@ -11,12 +11,14 @@
 # and print their accuracy on the 5,000 test images of classes 5-9.
 # The two image trees are symlinks into the raw tree of fashion_mnist_demo.sh
 # ($FMNIST_DIR/raw, made if missing); outputs go to $TRANSFER_DIR. Extra
-# arguments go to every training run.
+# arguments go to every training run. $FINETUNE_PER_CLASS (100) and
+# $FINETUNE_EPOCHS (20) set the fine-tuning data and budget.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 RAW=${FMNIST_DIR:-data/fashion_mnist}/raw
 WORK=${TRANSFER_DIR:-data/fashion_mnist_transfer}
 PER_CLASS=${FINETUNE_PER_CLASS:-100}
+EPOCHS=${FINETUNE_EPOCHS:-20}
 start=$(date +%s)
 
 ./scripts/fashion_mnist_raw.sh "$RAW"
@@ -46,16 +48,14 @@ for part in 0-4 5-9; do
     --validation_shards 2
 done
 
-# fashion_mnist_demo.sh's recipe (small stem at 28x28, bf16, gentle crops).
-COMMON=(--resnet_depth 18 --stem small --image_size 28 -dt bf16 -dlit uint8
-        --lr_schedule cosine --warmup_epochs 0.5 --weight_decay 5e-4
-        --label_smoothing 0.1 --train_crop_min_area 0.85
-        --eval_crop_fraction 1.0 --training_dataset_cache --clean)
+# The recipe of fashion_mnist_demo.sh (configs/fashion_mnist_resnet18.yaml:
+# small stem at 28x28, bf16, gentle crops); one epoch to pretrain.
+COMMON=(--config fashion_mnist_resnet18 --clean)
 python3 resnet_ctl_imagenet_main.py "${COMMON[@]}" -dd "$WORK/tfrecords_0-4" \
-  -md "$WORK/pretrain" -bs 128 -te 1 --steps_per_loop 100 --log_steps 100 \
-  --base_learning_rate 0.4 --enable_checkpoint_and_export "$@"
+  -md "$WORK/pretrain" -te 1 -ebe 1 --enable_checkpoint_and_export "$@"
 
-# Few images: batch 50, 20 epochs (10 steps each with 100 per class).
+# Few images: batch 50, $FINETUNE_EPOCHS epochs (10 steps each with 100 per
+# class).
 for run in scratch frozen finetune; do
   case $run in
     scratch) extra=() ;;
@@ -63,7 +63,7 @@ for run in scratch frozen finetune; do
     finetune) extra=(--pretrained_checkpoint "$WORK/pretrain") ;;
   esac
   python3 resnet_ctl_imagenet_main.py "${COMMON[@]}" -dd "$WORK/tfrecords_5-9" \
-    -md "$WORK/$run" -bs 50 -te 20 -ebe 20 --steps_per_loop 10 \
+    -md "$WORK/$run" -bs 50 -te "$EPOCHS" -ebe "$EPOCHS" --steps_per_loop 10 \
     --log_steps 50 --base_learning_rate 0.2 "${extra[@]}" "$@"
 done
 
