@@ -139,6 +139,12 @@ class RunConfig:
     return self.conv_impl == 'matmul'
 
   @property
+  def norm_name(self) -> str:
+    """'batch' or 'group<groups>': what the normalisation weights of a
+    checkpoint mean (sync batch norm has batch norm's)."""
+    return f'group{self.groups}' if self.norm == 'group' else self.norm
+
+  @property
   def uses_lars(self) -> bool:
     return self.optimizer == 'LARS'
 

@@ -117,3 +117,132 @@ def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
 def test_conv_impl_setting(setting, dtype, has_gpu, expected):
   cfg = RunConfig(conv_impl=setting, dtype=dtype)
   assert cfg.uses_matmul_convs(has_gpu) is expected
+
+
+def _group_norm(groups=32):
+  return models.norm_factory('group', groups)
+
+
+@pytest.mark.parametrize('depth', sorted(EXPECTED_PARAMS))
+def test_group_norm_builds_every_depth_with_batch_norm_parameter_counts(depth):
+  # GroupNormalization has a gamma and beta per channel like batch norm, and
+  # no moving statistics.
+  model = models.resnet(depth, 1000, 32, norm=_group_norm())
+  assert models.count_trainable_parameters(model) == EXPECTED_PARAMS[depth]
+  assert not model.non_trainable_variables
+  assert isinstance(model.get_layer('stage4_block1_bn1'),
+                    tf_keras.layers.GroupNormalization)
+
+
+@pytest.mark.parametrize('stem', ['imagenet', 'small', 'cifar'])
+@pytest.mark.parametrize('groups', [32, 64, 1])
+def test_group_norm_every_stem_normalises_each_group(stem, groups):
+  model = models.resnet(18, 10, 32, stem=stem, norm=_group_norm(groups))
+  images = tf.random.stateless_normal([2, 32, 32, 3], seed=[0, 1])
+  stem_bn = tf_keras.Model(model.input, model.get_layer('stem_bn').output)
+  out = stem_bn(images, training=True).numpy()
+  # Fresh gamma 1, beta 0: each image's group has mean 0 and variance 1.
+  grouped = out.reshape(2, -1, groups, 64 // groups)
+  np.testing.assert_allclose(grouped.mean(axis=(1, 3)), 0, atol=1e-4)
+  np.testing.assert_allclose(grouped.var(axis=(1, 3)), 1, atol=1e-2)
+  # Per-image: another image in the batch changes nothing.
+  alone = stem_bn(images[:1], training=True).numpy()
+  np.testing.assert_allclose(alone, out[:1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('matmul_convs', [False, True])
+def test_group_norm_trains_a_step_in_bf16(matmul_convs):
+  tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
+  try:
+    tf_keras.utils.set_random_seed(4)
+    model = models.resnet(18, 10, 32, stem='small', norm=_group_norm(),
+                          matmul_convs=matmul_convs)
+    optimizer = tf_keras.optimizers.legacy.SGD(0.01)
+    images = tf.random.stateless_uniform([4, 32, 32, 3], seed=[2, 3])
+    labels = tf.constant([0, 3, 5, 9])
+
+    @tf.function
+    def step():
+      with tf.GradientTape() as tape:
+        probs = model(images, training=True)
+        loss = tf.reduce_mean(
+            tf_keras.losses.sparse_categorical_crossentropy(labels, probs))
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return probs, loss, grads
+
+    probs, loss, grads = step()
+    assert probs.dtype == tf.float32
+    np.testing.assert_allclose(tf.reduce_sum(probs, -1), 1.0, rtol=1e-5)
+    assert all(g is not None and np.isfinite(g.numpy()).all() for g in grads)
+    losses = [float(loss)] + [float(step()[1]) for _ in range(4)]
+    assert losses[-1] < losses[0], losses  # Five steps on one batch fit it.
+  finally:
+    tf_keras.mixed_precision.set_global_policy('float32')
+
+
+def _loss_and_grads(model, images, labels):
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(tf_keras.losses.sparse_categorical_crossentropy(
+        labels, model(images, training=True)))
+  return loss, tape.gradient(loss, model.trainable_variables)
+
+
+@pytest.mark.parametrize('norm,matmul_convs', [('batch', False),
+                                               ('group', False),
+                                               ('batch', True)])
+def test_recompute_gives_the_same_gradients(norm, matmul_convs):
+  tf_keras.utils.set_random_seed(5)
+  plain = models.resnet(18, 10, 32, norm=models.norm_factory(norm),
+                        matmul_convs=matmul_convs)
+  recompute = models.resnet(18, 10, 32, norm=models.norm_factory(norm),
+                            matmul_convs=matmul_convs, recompute=True)
+  assert isinstance(recompute, models.StagewiseRecompute)
+  recompute.set_weights(plain.get_weights())
+  images = tf.random.stateless_normal([4, 32, 32, 3], seed=[6, 7])
+  labels = tf.constant([1, 2, 3, 4])
+  loss_plain, grads_plain = tf.function(_loss_and_grads)(plain, images, labels)
+  loss_re, grads_re = tf.function(_loss_and_grads)(recompute, images, labels)
+  np.testing.assert_allclose(loss_re, loss_plain, rtol=1e-5)
+  assert len(grads_re) == len(grads_plain) == 62
+  for g_re, g_plain in zip(grads_re, grads_plain):
+    np.testing.assert_allclose(g_re, g_plain, rtol=1e-4,
+                               atol=1e-5 * float(tf.reduce_max(abs(g_plain))))
+  # Same weights in the same places, moving averages included (batch norm
+  # in the stages updated twice at sqrt(0.9), the stem's once at 0.9).
+  for a, b in zip(plain.get_weights(), recompute.get_weights()):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_recompute_moving_averages_match_one_update_per_step():
+  """Batch norm in a stage runs twice under recompute (forward and
+  recomputation); momentum sqrt(0.9) twice is one 0.9 update."""
+  cfg = RunConfig(resnet_depth=18, image_size=32)
+  tf_keras.utils.set_random_seed(8)
+  plain = models.build_network(cfg, 10, use_regularizers=False)
+  recompute = models.build_network(
+      RunConfig(resnet_depth=18, image_size=32, enable_recompute=True), 10,
+      use_regularizers=False)
+  recompute.set_weights(plain.get_weights())
+  images = tf.random.stateless_normal([4, 32, 32, 3], seed=[9, 10]) + 1.0
+  labels = tf.constant([1, 2, 3, 4])
+  before = plain.get_layer('stage3_block2_bn2').moving_mean.numpy()
+  for model in (plain, recompute):
+    tf.function(_loss_and_grads)(model, images, labels)
+  after_plain = plain.get_layer('stage3_block2_bn2').moving_mean.numpy()
+  after_re = recompute.get_layer('stage3_block2_bn2').moving_mean.numpy()
+  assert np.abs(after_plain - before).max() > 1e-3  # It moved...
+  np.testing.assert_allclose(after_re, after_plain, rtol=1e-4, atol=1e-6)
+
+
+def test_recompute_checkpoints_are_interchangeable(tmp_path):
+  plain = models.resnet(18, 10, 32)
+  recompute = models.resnet(18, 10, 32, recompute=True)
+  plain_path = tf.train.Checkpoint(model=plain).save(str(tmp_path / 'p'))
+  re_path = tf.train.Checkpoint(model=recompute).save(str(tmp_path / 'r'))
+  assert (tf.train.list_variables(plain_path) ==
+          [(n, s) for n, s in tf.train.list_variables(re_path)])
+  status = tf.train.Checkpoint(model=recompute).restore(plain_path)
+  status.assert_existing_objects_matched()
+  for a, b in zip(plain.get_weights(), recompute.get_weights()):
+    np.testing.assert_array_equal(a, b)
