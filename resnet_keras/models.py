@@ -186,10 +186,11 @@ class StagewiseRecompute(tf_keras.Model):
   plain model's.
   """
 
-  def __init__(self, inputs, outputs, stage_outputs: Sequence[tf.Tensor],
+  def __init__(self, inputs, outputs, boundaries: Sequence[tf.Tensor],
                name: str):
+    """`boundaries`: the stem's output, then each stage's (Keras tensors)."""
     super().__init__(inputs, outputs, name=name)
-    bounds = [self.input, *stage_outputs, self.output]
+    bounds = [self.input, *boundaries, self.output]
     pieces = [tf_keras.Model(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
     for stage in pieces[1:-1]:
       for layer in stage.layers:
@@ -207,7 +208,6 @@ class StagewiseRecompute(tf_keras.Model):
     for stage in stages:
       x = tf.recompute_grad(lambda t, s=stage: s(t, training=True))(x)
     return head(x, training=True)
-
 
 
 def resnet(depth: int, num_classes: int, image_size: int,
@@ -242,17 +242,17 @@ def resnet(depth: int, num_classes: int, image_size: int,
   x = layers.Activation('relu', name='stem_relu')(x)
   if pool:
     x = layers.MaxPooling2D(3, strides=2, padding='same', name='stem_pool')(x)
-  stage_outputs = [x]
+  boundaries = [x]
   for stage, (num_blocks, filters) in enumerate(zip(blocks, STAGE_FILTERS)):
     for b in range(num_blocks):
       strides = 2 if stage > 0 and b == 0 else 1
       x = _block(x, filters, strides, bottleneck,
                  f'stage{stage + 1}_block{b + 1}', conv, norm)
-    stage_outputs.append(x)
+    boundaries.append(x)
   x = layers.GlobalAveragePooling2D(name='avg_pool')(x)
   outputs = _classifier_head(x, num_classes, regularizer)
   if recompute:
-    return StagewiseRecompute(inputs, outputs, stage_outputs,
+    return StagewiseRecompute(inputs, outputs, boundaries,
                               name=f'resnet{depth}')
   return tf_keras.Model(inputs, outputs, name=f'resnet{depth}')
 
