@@ -11,8 +11,11 @@
   python demo_resnet_keras.py ... --dry_run   # print the command, run nothing
 
 Every flag of resnet_ctl_imagenet_main.py is accepted and forwarded as typed.
---optimizer LARS / SGD fill in their recipe's hyperparameters unless given
-(in any spelling); RMSProp has no preset. With more than one worker in total (--num_workers_per_hls
+--config NAME (configs/NAME.yaml) fills in a recipe's values, launcher
+settings included; then --optimizer LARS / SGD fill in their preset
+hyperparameters (RMSProp has none); neither replaces a value given on the
+command line (in any spelling), and a preset never replaces a recipe's value. The trainer gets
+every filled-in value as a flag, so --dry_run shows them all. With more than one worker in total (--num_workers_per_hls
 > 1 or several MULTI_HLS_IPS hosts) the workers are started with mpirun;
 they train with Horovod (--use_horovod; -bs per worker) or tf.distribute
 (--distribution_strategy=multi_worker_mirrored; -bs global, each rank's
@@ -37,14 +40,11 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 from common import cli  # pylint: disable=g-import-not-at-top
 from common import launch  # pylint: disable=g-import-not-at-top
 from resnet_keras import flags as flags_lib  # pylint: disable=g-import-not-at-top
+from resnet_keras import recipes  # pylint: disable=g-import-not-at-top
 from resnet_keras.errors import UsageError  # pylint: disable=g-import-not-at-top
 
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        'resnet_ctl_imagenet_main.py')
-# Launcher-only flags: consumed here, never forwarded.
-_LAUNCHER_BOOLEANS = ('kubernetes_run', 'horovod_hierarchical_allreduce',
-                      'dry_run')
-_LAUNCHER_VALUED = ('num_workers_per_hls',)
 
 FLAGS = flags.FLAGS
 
@@ -83,17 +83,17 @@ def preset(optimizer: str, total_workers: int) -> dict:
   return {}  # RMSProp has no reference recipe: the trainer's flags as given.
 
 
-def preset_args(values: dict, given) -> list:
-  """--name=value for each preset the user did not give."""
-  args = []
-  for name, value in values.items():
-    if given(name):
-      continue
-    if isinstance(value, bool):
-      args.append(f'--{name}' if value else f'--no{name}')
-    else:
-      args.append(f'--{name}={value}')
-  return args
+def fill_in_settings(hosts) -> dict:
+  """Applies --config's recipe, then the optimizer preset, to FLAGS; returns
+  the trainer settings they filled in (the command line gave the rest)."""
+  recipe = flags_lib.apply_config(
+      allowed=flags_lib.RUN_CONFIG_KEYS | set(launch.LAUNCHER_RECIPE_KEYS))
+  presets = recipes.apply(
+      FLAGS, preset(FLAGS.optimizer, _total_workers(hosts)),
+      f'--optimizer={FLAGS.optimizer} preset', flags_lib.RUN_CONFIG_KEYS,
+      skip=recipe)
+  return {name: value for name, value in {**recipe, **presets}.items()
+          if name not in launch.LAUNCHER_RECIPE_KEYS}
 
 
 def _total_workers(hosts) -> int:
@@ -103,8 +103,10 @@ def _total_workers(hosts) -> int:
   return FLAGS.num_workers_per_hls * max(1, len(hosts))
 
 
-def build_launch(argv, environ, hosts, total_workers: int) -> launch.Launch:
-  """The command this invocation runs, from parsed FLAGS and `environ`."""
+def build_launch(argv, environ, hosts, total_workers: int,
+                 filled: dict) -> launch.Launch:
+  """The command this invocation runs, from parsed FLAGS, the settings
+  filled in from a recipe or preset, and `environ`."""
   multi_worker = (FLAGS.use_horovod or
                   FLAGS.distribution_strategy == 'multi_worker_mirrored')
   if total_workers > 1 and not multi_worker:
@@ -116,10 +118,9 @@ def build_launch(argv, environ, hosts, total_workers: int) -> launch.Launch:
         f'--batch_size={FLAGS.batch_size} is the global batch under '
         f'tf.distribute and must be a multiple of the {total_workers} '
         f'workers; use e.g. --batch_size={total_workers * max(1, FLAGS.batch_size // total_workers)}')
-  forwarded = launch.strip_flags(argv[1:], _LAUNCHER_BOOLEANS,
-                                 _LAUNCHER_VALUED)
-  forwarded += preset_args(preset(FLAGS.optimizer, total_workers),
-                           lambda name: FLAGS[name].present)
+  forwarded = launch.strip_flags(argv[1:], launch.LAUNCHER_BOOLEANS,
+                                 launch.LAUNCHER_VALUED)
+  forwarded += recipes.as_args(filled)
   program = [sys.executable, TRAINER] + forwarded
   extra_env = {}
   if FLAGS.horovod_hierarchical_allreduce:
@@ -157,11 +158,16 @@ def _print_tf_configs(environ, total_workers: int) -> None:
 
 def main(argv):
   cli.configure_logging()
-  flags_lib.config_from_flags()  # Bad trainer flags fail here, before launch.
   environ = dict(os.environ)
   hosts = launch.parse_hosts(environ.get('MULTI_HLS_IPS'))
+  filled = fill_in_settings(hosts)
   total_workers = _total_workers(hosts)
-  plan = build_launch(sys.argv, environ, hosts, total_workers)
+  cfg = flags_lib.config_from_flags()  # Bad trainer flags fail before launch.
+  if FLAGS.print_config:
+    print(recipes.dump(cfg, {name: FLAGS[name].value
+                             for name in launch.LAUNCHER_RECIPE_KEYS}), end='')
+    return 0
+  plan = build_launch(sys.argv, environ, hosts, total_workers, filled)
   for note in plan.notes:
     print(f'note: {note}', flush=True)
   if FLAGS.dry_run:

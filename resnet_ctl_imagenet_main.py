@@ -1,6 +1,8 @@
 """Trains a ResNet image classifier with a custom training loop (orbit).
 
   python resnet_ctl_imagenet_main.py --use_synthetic_data -bs 32 -dt bf16
+  python resnet_ctl_imagenet_main.py --config fashion_mnist_resnet18 \
+      --data_dir /tmp/fmnist/tfrecords              # a recipe, configs/
   python resnet_ctl_imagenet_main.py --helpfull      # every flag
 
 Flags -> RunConfig (resnet_keras/flags.py) -> run (resnet_keras/run.py).
@@ -11,16 +13,23 @@ from common import env
 env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 
 from absl import app  # pylint: disable=g-import-not-at-top
+from absl import flags  # pylint: disable=g-import-not-at-top
 
 from common import cli  # pylint: disable=g-import-not-at-top
+from common import launch  # pylint: disable=g-import-not-at-top
 from resnet_keras import flags as flags_lib  # pylint: disable=g-import-not-at-top
+from resnet_keras import recipes  # pylint: disable=g-import-not-at-top
 
 
 def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
   cli.configure_logging()
+  flags_lib.apply_config(launcher_keys=launch.LAUNCHER_RECIPE_KEYS)
   cfg = flags_lib.config_from_flags()  # Bad values fail before TF loads.
+  if flags.FLAGS.print_config:
+    print(recipes.dump(cfg), end='')
+    return
   from resnet_keras import run  # pylint: disable=g-import-not-at-top
   run.run(cfg)
 

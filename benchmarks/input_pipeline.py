@@ -5,7 +5,9 @@ size, or uses --data_dir), then measures images/sec of
 `resnet_keras.data.imagenet.dataset` and of the Model Garden's
 `imagenet_preprocessing.input_fn` on the same files, alternately, and prints
 the medians and the ratio. Compare with the trainer's img/s: the pipeline
-should deliver at least twice what training consumes.
+should deliver at least twice what training consumes. Ours with a seed
+(--global_seed: deterministic order, stateless augmentation) runs too, to
+show what reproducibility costs.
 
   python benchmarks/input_pipeline.py [--data_dir DIR] [--image_size 224]
 """
@@ -60,10 +62,14 @@ def images_per_second(ds, batch_size, warmup_batches, batches):
   return batches * batch_size / (time.perf_counter() - start)
 
 
-def ours(files, args):
+def ours(files, args, seed=None):
   return imagenet.dataset(files, is_training=True, batch_size=args.batch_size,
                           image_size=args.image_size, dtype=tf.bfloat16,
-                          num_classes=1000)
+                          num_classes=1000, seed=seed)
+
+
+def ours_seeded(files, args):
+  return ours(files, args, seed=1)
 
 
 def model_garden(files, args):
@@ -88,17 +94,20 @@ def main():
       files = write_shards(tmp, num_shards=8, per_shard=128)
     print(f'{len(files)} shards, batch {args.batch_size}, bf16 224x224, '
           f'{args.batches} batches per measurement after 5 warm-up batches')
-    rates = {'ours': [], 'model_garden': []}
+    builders = {'ours': ours, 'model_garden': model_garden,
+                'ours_seeded': ours_seeded}
+    rates = {name: [] for name in builders}
     for _ in range(args.repeats):
-      for name, build in (('ours', ours), ('model_garden', model_garden)):
+      for name, build in builders.items():
         build_args = argparse.Namespace(**vars(args))
         rates[name].append(images_per_second(build(files, build_args),
                                              args.batch_size, 5, args.batches))
-    a, b = statistics.median(rates['ours']), statistics.median(
-        rates['model_garden'])
+    a, b, c = (statistics.median(rates[name]) for name in builders)
     print(f'ours         {a:8.1f} images/sec   {rates["ours"]}')
     print(f'model garden {b:8.1f} images/sec   {rates["model_garden"]}')
-    print(f'ratio ours/model garden: {a / b:.2f}')
+    print(f'ours, seeded {c:8.1f} images/sec   {rates["ours_seeded"]}')
+    print(f'ratio ours/model garden: {a / b:.2f}; seeded/unseeded: '
+          f'{c / a:.2f}')
 
 
 if __name__ == '__main__':

@@ -73,6 +73,14 @@ class Backend:
     """A tape whose gradients are averaged over Horovod workers."""
     return self.hvd.DistributedGradientTape(tape) if self.hvd else tape
 
+  def allreduce_gradients(self, grads):
+    """Gradients averaged over Horovod workers, as `gradient_tape` would;
+    for gradients summed before the all-reduce (accumulation). tf.distribute
+    all-reduces inside `apply_gradients` instead."""
+    if not self.hvd:
+      return grads
+    return self.hvd.grouped_allreduce(grads, op=self.hvd.Average)
+
   def sum_over_workers(self, value, name: str):
     """A tensor summed over Horovod workers, as numpy (tf.distribute
     reductions already span every worker). Every worker must call this in

@@ -15,6 +15,15 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from resnet_keras.errors import UsageError
 
+# demo_resnet_keras.py's own flags: consumed there, never forwarded to the
+# trainer (which gets the recipe's and presets' values as flags instead).
+LAUNCHER_BOOLEANS = ('kubernetes_run', 'horovod_hierarchical_allreduce',
+                     'dry_run', 'print_config')
+LAUNCHER_VALUED = ('num_workers_per_hls', 'config')
+# The launcher settings a recipe may hold.
+LAUNCHER_RECIPE_KEYS = ('num_workers_per_hls', 'horovod_hierarchical_allreduce',
+                        'kubernetes_run')
+
 DEFAULT_SSH_PORT = 3022
 DEFAULT_TF_BASE_PORT = 2410
 # Variables every rank needs from the launching shell (exported with -x when

@@ -75,8 +75,10 @@ class RunConfig:
   train_epochs: int = 1
   train_steps: int = 0  # 0: no cap on steps per epoch.
   steps_per_loop: int = 50
+  num_accumulation_steps: int = 1  # micro-batches per optimizer step
   log_steps: int = 100
   epochs_between_evals: int = 1
+  eval_offset_epochs: int = 0  # first eval epoch; 0: epochs_between_evals
   skip_eval: bool = False
   target_accuracy: float = 0.0  # 0: never stop early.
   global_seed: Optional[int] = None
@@ -178,11 +180,12 @@ class RunConfig:
     _check_positive('batch_size', self.batch_size)
     _check_positive('train_epochs', self.train_epochs)
     _check_positive('steps_per_loop', self.steps_per_loop)
+    _check_positive('num_accumulation_steps', self.num_accumulation_steps)
     _check_positive('log_steps', self.log_steps)
     _check_positive('epochs_between_evals', self.epochs_between_evals)
     _check_positive('max_checkpoints', self.max_checkpoints)
     for name in ('train_steps', 'num_classes', 'num_train_examples',
-                 'checkpoint_interval_steps',
+                 'checkpoint_interval_steps', 'eval_offset_epochs',
                  'datasets_num_private_threads',
                  'num_eval_examples', 'inter_op_parallelism_threads',
                  'intra_op_parallelism_threads'):
@@ -294,9 +297,16 @@ class TrainingPlan:
   eval_steps: int
   num_eval_examples: int
   checkpoint_interval_steps: int = 0  # 0: epoch ends only.
+  first_eval_step: int = 0  # 0: at eval_interval_steps.
 
   def epoch_of(self, step: int) -> float:
     return step / self.steps_per_epoch
+
+  def is_eval_step(self, step: int) -> bool:
+    """The first eval step, every interval after it, and the end."""
+    first = self.first_eval_step or self.eval_interval_steps
+    return step == self.total_train_steps or (
+        step >= first and (step - first) % self.eval_interval_steps == 0)
 
   def is_checkpoint_step(self, step: int) -> bool:
     """Epoch ends, multiples of the checkpoint interval, and the end."""
@@ -354,6 +364,7 @@ def make_training_plan(cfg: RunConfig, num_train_examples: int,
       total_train_steps=steps_per_epoch * cfg.train_epochs,
       steps_per_loop=min(cfg.steps_per_loop, steps_per_epoch),
       eval_interval_steps=steps_per_epoch * cfg.epochs_between_evals,
+      first_eval_step=steps_per_epoch * cfg.eval_offset_epochs,
       eval_steps=math.ceil(num_eval_examples / global_batch),
       num_eval_examples=num_eval_examples,
       checkpoint_interval_steps=cfg.checkpoint_interval_steps)

@@ -7,10 +7,11 @@ is the only place that reads FLAGS; everything else takes a RunConfig.
 """
 
 import dataclasses
+from typing import Any, Collection, Dict
 
 from absl import flags
 
-from resnet_keras import config as config_lib
+from resnet_keras import recipes
 from resnet_keras.config import RunConfig
 from resnet_keras.errors import UsageError
 
@@ -23,6 +24,14 @@ def _alias(short, name):
 
 def define_flags() -> None:
   """Defines every flag; safe to call once per process."""
+  # Recipes.
+  flags.DEFINE_string('config', None,
+                      'A recipe: NAME of configs/NAME.yaml (e.g. '
+                      'resnet50_lars_1worker) or a YAML file of flag: value '
+                      'lines. Flags given on the command line override it.')
+  flags.DEFINE_boolean('print_config', False,
+                       'Print the effective configuration (flags, recipe and '
+                       'defaults merged) as YAML and exit.')
   # Data.
   flags.DEFINE_string('data_dir', _D.data_dir,
                       'Directory with the TFRecord shards.')
@@ -130,17 +139,31 @@ def define_flags() -> None:
   flags.DEFINE_integer('steps_per_loop', _D.steps_per_loop,
                        'Steps run on the device per host call (one '
                        'tf.function); capped at steps per epoch.')
+  flags.DEFINE_integer('num_accumulation_steps', _D.num_accumulation_steps,
+                       'Split each step\'s batch into this many micro-batches '
+                       'and sum their gradients (float32) before one '
+                       'optimizer update: --batch_size stays the batch per '
+                       'update (for the LR, schedule and logs) while memory '
+                       'holds one micro-batch.')
   flags.DEFINE_integer('log_steps', _D.log_steps,
                        'Print a status line every N steps.')
   flags.DEFINE_integer('epochs_between_evals', _D.epochs_between_evals,
                        'Evaluate every N epochs (and at the end).')
   _alias('ebe', 'epochs_between_evals')
+  flags.DEFINE_integer('eval_offset_epochs', _D.eval_offset_epochs,
+                       'Epoch of the first evaluation, then every '
+                       '--epochs_between_evals (MLPerf style: e.g. 3 with 4 '
+                       'evaluates after epochs 3, 7, 11, ...); 0: first at '
+                       '--epochs_between_evals. The end is always evaluated.')
   flags.DEFINE_boolean('skip_eval', False, 'Do not evaluate.')
   flags.DEFINE_float('target_accuracy', 0.0,
                      'Stop once eval top-1 accuracy reaches this fraction; '
                      '0: never stop early.')
   flags.DEFINE_integer('global_seed', None,
-                       'Seed for weights, data order and dropout-like ops.')
+                       'Seed for weights, data order and augmentation, with '
+                       'deterministic ops: two runs with the same flags log '
+                       'the same losses step by step, and a resumed run '
+                       'continues exactly.')
   flags.DEFINE_boolean('use_tf_function', _D.use_tf_function,
                        'Compile steps with tf.function (off: eager, for '
                        'debugging).')
@@ -249,6 +272,21 @@ class _FloatListParser(flags.ListParser):
     return 'comma-separated floats'
 
 
+RUN_CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(RunConfig))
+
+
+def apply_config(values=None, allowed: Collection[str] = RUN_CONFIG_KEYS,
+                 launcher_keys: Collection[str] = ()) -> Dict[str, Any]:
+  """Fills the flags --config's recipe sets and the command line does not;
+  returns those settings."""
+  values = values or flags.FLAGS
+  if not values.config:
+    return {}
+  path = recipes.resolve(values.config)
+  return recipes.apply(values, recipes.load(path), f'--config={path}',
+                       allowed, launcher_keys=launcher_keys)
+
+
 def _parse_profile_steps(text):
   if not text:
     return None
@@ -263,8 +301,7 @@ def _parse_profile_steps(text):
 def config_from_flags(values=None) -> RunConfig:
   """Builds (and validates) the RunConfig from parsed flags."""
   values = values or flags.FLAGS
-  field_names = {f.name for f in dataclasses.fields(RunConfig)}
-  kwargs = {name: values[name].value for name in field_names
+  kwargs = {name: values[name].value for name in RUN_CONFIG_KEYS
             if name in values and name != 'profile_steps'}
   kwargs['profile_steps'] = _parse_profile_steps(values.profile_steps)
   if values.use_keras_mixed_precision:

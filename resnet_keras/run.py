@@ -1,9 +1,10 @@
 """One training run: config -> data, model, optimizer -> orbit cadence -> outputs.
 
 This module owns *when* things happen: train loops of `steps_per_loop` steps,
-evaluation every `epochs_between_evals` epochs and at the end, checkpoints,
-the target-accuracy stop, export, and the records of a run in model_dir
-(config.json, metrics.jsonl, plots/, run_summary.json). What a step computes
+evaluation every `epochs_between_evals` epochs (from `eval_offset_epochs`)
+and at the end, checkpoints, the target-accuracy stop, export, and the
+records of a run in model_dir (config.json, metrics.jsonl, plots/,
+run_summary.json). What a step computes
 is in trainer.py.
 """
 
@@ -79,6 +80,13 @@ def configure_runtime(cfg: RunConfig) -> bool:
                       'than oneDNN here; it is meant for GPUs')
   if cfg.global_seed is not None:
     tf_keras.utils.set_random_seed(cfg.global_seed)
+    # TensorFlow's op determinism forbids tf.timestamp (the input-wait
+    # timing); the CPU kernels are deterministic without it (tested), the
+    # GPU ones are not.
+    if has_gpu:
+      logging.info('--global_seed on a GPU: weights, data order and '
+                   'augmentation are seeded, but cuDNN and atomic GPU '
+                   'kernels may still make runs differ in the last bits')
   if cfg.dtype == 'fp16' and not has_gpu:
     logging.warning('--dtype=fp16 on a CPU has no hardware support and is '
                     'very slow; use --dtype=bf16 on CPUs')
@@ -182,6 +190,12 @@ def _log_plan(cfg: RunConfig, plan: TrainingPlan, info, backend) -> None:
       backend.name, backend.strategy.num_replicas_in_sync,
       plan.steps_per_epoch, cfg.train_epochs, plan.total_train_steps,
       plan.steps_per_loop, cfg.dtype, cfg.optimizer, cfg.lr_schedule)
+  if cfg.num_accumulation_steps > 1:
+    logging.info('gradient accumulation: %d micro-batches of %d per replica '
+                 'per optimizer step', cfg.num_accumulation_steps,
+                 plan.global_batch_size // backend.batch_multiplier //
+                 backend.strategy.num_replicas_in_sync //
+                 cfg.num_accumulation_steps)
 
 
 def run(cfg: RunConfig) -> Dict:
@@ -212,6 +226,13 @@ def run(cfg: RunConfig) -> Dict:
     raise UsageError(
         f'--batch_size={program_batch} is the global batch and must '
         f'be divisible by the {strategy.num_replicas_in_sync} replicas')
+  replica_batch = program_batch // strategy.num_replicas_in_sync
+  if replica_batch % cfg.num_accumulation_steps:
+    raise UsageError(
+        f'each replica\'s batch of {replica_batch} cannot be split into '
+        f'--num_accumulation_steps={cfg.num_accumulation_steps} equal '
+        'micro-batches; use a --batch_size that is a multiple of '
+        f'{strategy.num_replicas_in_sync * cfg.num_accumulation_steps}')
   _log_plan(cfg, plan, info, backend)
   wd_path = optimizers.weight_decay_path(cfg)
   _log_flag_notes(cfg, wd_path, has_gpu,
@@ -251,7 +272,8 @@ def run(cfg: RunConfig) -> Dict:
       max_steps_per_loop=plan.steps_per_loop,
       label_smoothing=cfg.label_smoothing, weight_decay=cfg.weight_decay,
       weight_decay_path=wd_path, use_tf_function=cfg.use_tf_function,
-      use_tf_while_loop=cfg.use_tf_while_loop, backend=backend)
+      use_tf_while_loop=cfg.use_tf_while_loop,
+      num_accumulation_steps=cfg.num_accumulation_steps, backend=backend)
 
   metrics_log = metrics.MetricsLog(cfg.model_dir) if backend.is_chief else None
   logger = metrics.StepLogger(
@@ -299,7 +321,7 @@ def run(cfg: RunConfig) -> Dict:
     logging.info('restored from %s at step %d', manager.latest_checkpoint,
                  start_step)
 
-  eval_results, target_reached = {}, False
+  eval_results, target_reached, seconds_to_target = {}, False, None
   step = start_step
   if backend.is_chief:
     checkpoints.record_config(cfg.model_dir, effective_cfg, plan)
@@ -322,11 +344,14 @@ def run(cfg: RunConfig) -> Dict:
           plan.is_checkpoint_step(step)):
         logging.info('saved checkpoint %s',
                      manager.save(checkpoint_number=step))
-      at_eval = (step % plan.eval_interval_steps == 0 or
-                 step == plan.total_train_steps)
-      if not cfg.skip_eval and at_eval:
+      if not cfg.skip_eval and plan.is_eval_step(step):
         eval_results = _evaluate(controller, plan, step, metrics_log)
-        target_reached = _reached(cfg, eval_results)
+        if _reached(cfg, eval_results):
+          target_reached, seconds_to_target = True, time.time() - started
+          logging.info('target accuracy %.4f reached at epoch %.2f (%.4f) '
+                       'after %.1f s; stopping', cfg.target_accuracy,
+                       plan.epoch_of(step), eval_results['eval_accuracy'],
+                       seconds_to_target)
     if not cfg.skip_eval and not eval_results:
       eval_results = _evaluate(controller, plan, step, metrics_log)
   except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
@@ -387,6 +412,8 @@ def run(cfg: RunConfig) -> Dict:
       'num_classes': info.num_classes,
       'dataset': info.name,
       'target_accuracy_reached': target_reached,
+      # From the start of this process, data and model setup included.
+      'seconds_to_target': seconds_to_target,
       'wall_seconds': time.time() - started,
       # ru_maxrss is in KiB on Linux.
       'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -442,11 +469,8 @@ def _report_skipped(undecodable: int, eval_results: Dict,
 
 
 def _reached(cfg: RunConfig, results: Dict) -> bool:
-  if cfg.target_accuracy and results['eval_accuracy'] >= cfg.target_accuracy:
-    logging.info('target accuracy %.4f reached (%.4f); stopping',
-                 cfg.target_accuracy, results['eval_accuracy'])
-    return True
-  return False
+  return bool(cfg.target_accuracy and
+              results['eval_accuracy'] >= cfg.target_accuracy)
 
 
 def _hparams(cfg: RunConfig, plan: TrainingPlan) -> Dict:

@@ -7,6 +7,10 @@ on-device buffer indexed by the step's position in the loop; `train_loop_end`
 reads the buffer once and keeps the per-step values in `last_loop`.
 Each step also adds the time it waited for its batch to a counter, so the
 logs can say when training is input-bound.
+With gradient accumulation a step splits its batch into K micro-batches,
+sums their float32 gradients in a `tf.while_loop` and applies them once: the
+all-reduce (tf.distribute's in `apply_gradients`, Horovod's explicit one)
+runs once per optimizer step, not per micro-batch.
 When things happen (loops, evals, checkpoints) is decided in run.py.
 """
 
@@ -41,10 +45,11 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                global_batch_size: int, num_classes: int, max_steps_per_loop: int,
                label_smoothing: float = 0.0, weight_decay: float = 0.0,
                weight_decay_path: str = 'none', use_tf_function: bool = True,
-               use_tf_while_loop: bool = True,
+               use_tf_while_loop: bool = True, num_accumulation_steps: int = 1,
                backend: Optional[distribution.Backend] = None):
     """`global_batch_size` is the batch of `strategy`'s replicas together;
-    under Horovod each worker has its own (see distribution.Backend)."""
+    under Horovod each worker has its own (see distribution.Backend). Each
+    replica's share is split into `num_accumulation_steps` micro-batches."""
     self.strategy = strategy
     self.backend = backend or distribution.Backend(strategy)
     self.model = model
@@ -55,6 +60,7 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     self.label_smoothing = label_smoothing
     self.weight_decay = weight_decay
     self.weight_decay_path = weight_decay_path
+    self.num_accumulation_steps = num_accumulation_steps
     self.uses_loss_scale = isinstance(
         optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
     self.last_loop: Optional[LoopRecord] = None
@@ -111,27 +117,18 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     self._loop_started_at = time.perf_counter()
 
   def train_step(self, iterator):
-    num_replicas = self.strategy.num_replicas_in_sync
 
     def step_fn(inputs):
       images, labels = inputs
-      with tf.GradientTape() as tape:
-        probs = self.model(images, training=True)
-        cross_entropy = tf.nn.compute_average_loss(
-            self.per_example_loss(labels, probs, self.label_smoothing),
-            global_batch_size=self.global_batch_size)
-        # Gradients are summed over replicas, so each adds 1/n of the decay.
-        loss = cross_entropy + self.weight_decay_loss() / num_replicas
-        if self.uses_loss_scale:
-          loss = self.optimizer.get_scaled_loss(loss)
-      variables = self.model.trainable_variables
-      grads = self.backend.gradient_tape(tape).gradient(loss, variables)
+      if self.num_accumulation_steps == 1:
+        grads, cross_entropy, correct = self._gradients(images, labels)
+      else:
+        grads, cross_entropy, correct = self._accumulated_gradients(
+            images, labels)
       if self.uses_loss_scale:
         grads = self.optimizer.get_unscaled_gradients(grads)
-      self.optimizer.apply_gradients(zip(grads, variables))
-      predictions = tf.argmax(probs, axis=-1, output_type=labels.dtype)
-      correct = tf.reduce_sum(tf.cast(tf.equal(predictions, labels),
-                                      tf.float32))
+      self.optimizer.apply_gradients(
+          zip(grads, self.model.trainable_variables))
       return cross_entropy, correct
 
     index = self.global_step - self._loop_start
@@ -147,6 +144,65 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     reduce = lambda t: self.strategy.reduce('SUM', t, axis=None)
     self._losses.scatter_nd_update([[index]], [reduce(cross_entropy)])
     self._correct.scatter_nd_update([[index]], [reduce(correct)])
+
+  def _forward(self, images, labels):
+    """Cross-entropy (a share of the global batch mean) and correct count."""
+    probs = self.model(images, training=True)
+    cross_entropy = tf.nn.compute_average_loss(
+        self.per_example_loss(labels, probs, self.label_smoothing),
+        global_batch_size=self.global_batch_size)
+    predictions = tf.argmax(probs, axis=-1, output_type=labels.dtype)
+    correct = tf.reduce_sum(tf.cast(tf.equal(predictions, labels),
+                                    tf.float32))
+    return cross_entropy, correct
+
+  def _scaled(self, loss):
+    return self.optimizer.get_scaled_loss(loss) if self.uses_loss_scale \
+        else loss
+
+  def _decay_share(self):
+    # Gradients are summed over replicas, so each adds 1/n of the decay.
+    return self.weight_decay_loss() / self.strategy.num_replicas_in_sync
+
+  def _gradients(self, images, labels):
+    """One tape over the whole batch: the loss plus weight decay."""
+    variables = self.model.trainable_variables
+    with tf.GradientTape() as tape:
+      cross_entropy, correct = self._forward(images, labels)
+      loss = self._scaled(cross_entropy + self._decay_share())
+    grads = self.backend.gradient_tape(tape).gradient(loss, variables)
+    return grads, cross_entropy, correct
+
+  def _accumulated_gradients(self, images, labels):
+    """Sums the gradients of K micro-batches in float32, then adds weight
+    decay once; the losses already divide by the global batch, so the sum
+    is the gradient of the whole batch's mean loss."""
+    k = self.num_accumulation_steps
+    variables = self.model.trainable_variables
+    micro_images = tf.reshape(images, [k, -1] + images.shape[1:].as_list())
+    micro_labels = tf.reshape(labels, [k, -1])
+
+    def micro_step(i, sums, cross_entropy, correct):
+      with tf.GradientTape() as tape:
+        micro_cross_entropy, micro_correct = self._forward(
+            micro_images[i], micro_labels[i])
+        loss = self._scaled(micro_cross_entropy)
+      grads = tape.gradient(loss, variables)
+      sums = [s + tf.cast(g, tf.float32) for s, g in zip(sums, grads)]
+      return (i + 1, sums, cross_entropy + micro_cross_entropy,
+              correct + micro_correct)
+
+    zeros = [tf.zeros(v.shape, tf.float32) for v in variables]
+    _, sums, cross_entropy, correct = tf.while_loop(
+        lambda i, *_: i < k, micro_step,
+        (tf.constant(0), zeros, tf.constant(0.0), tf.constant(0.0)))
+    with tf.GradientTape() as tape:
+      decay = self._scaled(self._decay_share())
+    decay_grads = tape.gradient(decay, variables,
+                                unconnected_gradients='zero')
+    grads = [tf.cast(s, v.dtype) + d
+             for s, v, d in zip(sums, variables, decay_grads)]
+    return self.backend.allreduce_gradients(grads), cross_entropy, correct
 
   def train_loop_end(self):
     num_steps = int(self.global_step.numpy() - self._loop_start.numpy())

@@ -27,18 +27,11 @@ python3 scripts/fashion_mnist_to_images.py --idx_dir "$IDX_DIR" --out_dir "$WORK
 python3 preprocess_imagenet.py --raw_data_dir "$WORK/raw" \
   --local_scratch_dir "$WORK/tfrecords" --train_shards 16 --validation_shards 4
 
-# ResNet-18 at the native 28x28 with the small-image stem (3x3/1 conv + max
-# pool: the first stage sees 14x14, not 7x7), bf16 (matmul convolutions, the
-# CPU default), uint8 images normalised on the device, gentle crops (the
-# ImageNet minimum of 5% of the area destroys 28x28 objects; 85% keeps
-# train and test scales close), and no central crop at evaluation (the
-# garments fill their frame). One evaluation, at the end.
-python3 resnet_ctl_imagenet_main.py -dd "$WORK/tfrecords" -md "$WORK/model" --clean \
-  --resnet_depth 18 --stem small --image_size 28 -bs 128 -te 6 -ebe 6 \
-  --steps_per_loop 100 --log_steps 100 -dt bf16 -dlit uint8 \
-  --lr_schedule cosine --base_learning_rate 0.4 --warmup_epochs 0.5 \
-  --weight_decay 5e-4 --label_smoothing 0.1 --train_crop_min_area 0.85 \
-  --eval_crop_fraction 1.0 --training_dataset_cache "$@"
+# The recipe configs/fashion_mnist_resnet18.yaml: ResNet-18 at the native
+# 28x28 with the small-image stem, bf16, gentle crops, 6 epochs, one
+# evaluation at the end (its comments say why).
+python3 resnet_ctl_imagenet_main.py --config fashion_mnist_resnet18 \
+  -dd "$WORK/tfrecords" -md "$WORK/model" --clean "$@"
 
 python3 - "$WORK/model/run_summary.json" "$start" <<'PY'
 import json, sys, time

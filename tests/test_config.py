@@ -137,6 +137,21 @@ def test_plan_checkpoint_and_stop_steps():
   assert per_epoch.next_stop(3) == 10 and not per_epoch.is_checkpoint_step(9)
 
 
+@pytest.mark.parametrize('epochs,every,offset,expected', [
+    (10, 1, 0, list(range(1, 11))),
+    (10, 4, 0, [4, 8, 10]),          # and always the end
+    (10, 4, 3, [3, 7, 10]),          # MLPerf style: 3, 7, 11, ...
+    (10, 10, 0, [10]),
+    (5, 2, 9, [5]),                  # an offset past the end: the end only
+])
+def test_eval_epochs(epochs, every, offset, expected):
+  plan = make_training_plan(RunConfig(batch_size=10, train_epochs=epochs,
+                                      epochs_between_evals=every,
+                                      eval_offset_epochs=offset), 50, 10)
+  steps = range(1, plan.total_train_steps + 1)
+  assert [plan.epoch_of(s) for s in steps if plan.is_eval_step(s)] == expected
+
+
 def test_config_and_plan_survive_json():
   cfg = RunConfig(resnet_depth=18, num_classes=7, profile_steps=(2, 4),
                   keras_applications_model=None, eval_crop_fraction=0.5)

@@ -169,18 +169,22 @@ def test_keras_applications_backbone(tmp_path):
   assert 'weight decay uses the single L2 term' in result.stderr
 
 
-def test_target_accuracy_stops_early(tmp_path):
+def test_target_accuracy_stops_early_at_the_offset_eval(tmp_path):
   model_dir = str(tmp_path / 'target')
   # Two classes and a seed: the first eval gets some answers right, so a
-  # 1% target is reached after epoch 1 of 3.
+  # 1% target is reached there. Evals every 2 epochs would first come at
+  # epoch 2; the offset brings the first to epoch 1 (of 3).
   result = e2e.run_main(e2e.TINY + ['-md', model_dir, '--num_classes', '2',
                                     '--global_seed', '1', '-te', '3',
+                                    '-ebe', '2', '--eval_offset_epochs', '1',
                                     '--target_accuracy', '0.01'])
   assert result.returncode == 0, result.stderr
   summary = e2e.read_summary(model_dir)
   assert summary['target_accuracy_reached'] is True
   assert summary['train_steps'] == 4          # stopped after the first epoch
   assert result.stderr.count('eval at step') == 1
+  assert 'target accuracy 0.0100 reached at epoch 1.00' in result.stderr
+  assert 0 < summary['seconds_to_target'] <= summary['wall_seconds']
 
 
 @pytest.mark.parametrize('args,fragments', [
@@ -202,12 +206,20 @@ def test_target_accuracy_stops_early(tmp_path):
     (['--lr_decay_points', '0.5,x'], ['--lr_decay_points', '"0.5,x"']),
     (['--lr_decay_points', '0.8,0.2'], ['--lr_decay_points must be '
                                         'increasing']),
+    (['--num_accumulation_steps', '0'], ['--num_accumulation_steps must be > 0']),
 ])
 def test_bad_flags_fail_in_one_line(tmp_path, args, fragments):
   model_dir = tmp_path / 'never'
   result = e2e.run_main(['-synth', '-md', str(model_dir)] + args, timeout=120)
   e2e.assert_one_line_error(result, *fragments)
   assert not model_dir.exists()
+
+
+def test_micro_batches_must_split_the_batch_evenly(tmp_path):
+  result = e2e.run_main(e2e.TINY + ['-md', str(tmp_path / 'k3'),
+                                    '--num_accumulation_steps', '3'])
+  e2e.assert_one_line_error(result, 'batch of 8', '--num_accumulation_steps=3',
+                            'multiple of 3')
 
 
 def test_unwritable_model_dir(tmp_path):

@@ -29,6 +29,9 @@ def _summaries(model_dir):
 @pytest.mark.parametrize('backend_args,batch_flag,global_batch', [
     (['--use_horovod'], '--batch_size=8', 16),  # -bs per worker
     (['-ds', 'multi_worker_mirrored'], '--batch_size=16', 16),  # -bs global
+    # Accumulated gradients take Horovod's explicit all-reduce: without it
+    # the workers' weights would drift apart.
+    (['--use_horovod', '--num_accumulation_steps=2'], '--batch_size=8', 16),
 ])
 def test_two_workers_train_in_lockstep(tmp_path, backend_args, batch_flag,
                                        global_batch):

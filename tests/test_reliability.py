@@ -1,6 +1,7 @@
 """Stops that lose nothing: signals, non-finite losses, foreign checkpoints."""
 
 import glob
+import json
 import os
 import signal
 import subprocess
@@ -209,3 +210,34 @@ def test_full_disk_is_one_line_and_keeps_what_was_written(tmp_path):
     assert tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
   finally:
     subprocess.run(['umount', model_dir], check=True)
+
+
+def _train_losses(metrics_path):
+  with open(metrics_path) as f:
+    records = [json.loads(line) for line in f]
+  return [(r['step'], r.get('train_loss'), r.get('eval_loss'))
+          for r in records]
+
+
+def test_same_seed_gives_the_same_losses_step_by_step(tmp_path):
+  from tests.imagenet_fixture import write_dataset
+  data_dir = str(tmp_path / 'data')
+  write_dataset(data_dir)
+
+  def train(name, seed):
+    # bf16 with matmul convolutions, uint8 images, random crops and flips,
+    # several threads per op: every source of drift the defaults have.
+    model_dir = str(tmp_path / name)
+    result = e2e.run_main([
+        '-dd', data_dir, '-md', model_dir, '--resnet_depth=18',
+        '--image_size=32', '--batch_size=4', '-te=2', '-dt', 'bf16',
+        '-dlit', 'uint8', '--steps_per_loop=2', '--log_steps=1',
+        f'--global_seed={seed}'])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return (_train_losses(os.path.join(model_dir, 'metrics.jsonl')),
+            e2e.read_summary(model_dir)['weights_sha256'])
+
+  first, second, other = train('a', 5), train('b', 5), train('c', 6)
+  assert len(first[0]) == 8 + 2           # every step, and both evals
+  assert first == second
+  assert other[0] != first[0] and other[1] != first[1]

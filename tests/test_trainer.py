@@ -79,3 +79,45 @@ def test_loop_measures_time_blocked_on_the_input():
   fast.train(tf.constant(1))
   fast.train(tf.constant(4))
   assert fast.last_loop.input_wait_seconds < 0.2 * fast.last_loop.seconds
+
+
+def _no_bn_model(seed):
+  """Conv + dense without batch norm, so micro-batches see the same model."""
+  tf_keras.utils.set_random_seed(seed)
+  l2 = tf_keras.regularizers.L2(1e-3)
+  return tf_keras.Sequential([
+      tf_keras.layers.Conv2D(4, 3, kernel_regularizer=l2,
+                             input_shape=(8, 8, 3)),
+      tf_keras.layers.GlobalAveragePooling2D(),
+      tf_keras.layers.Dense(5, activation='softmax', kernel_regularizer=l2)])
+
+
+def _one_update(num_accumulation_steps, images, labels):
+  model = _no_bn_model(seed=3)
+  optimizer = tf_keras.optimizers.legacy.SGD(0.5, momentum=0.9)
+  batch = tf.data.Dataset.from_tensors((images, labels)).repeat()
+  trainer = trainer_lib.ResnetTrainer(
+      strategy=tf.distribute.get_strategy(), model=model, optimizer=optimizer,
+      train_dataset=batch, eval_dataset=None, global_batch_size=8,
+      num_classes=5, max_steps_per_loop=2, label_smoothing=0.1,
+      weight_decay_path='regularizers',
+      num_accumulation_steps=num_accumulation_steps)
+  trainer.train(tf.constant(2))
+  return model.get_weights(), trainer.last_loop
+
+
+def test_accumulated_micro_batches_make_the_same_update_as_one_batch():
+  images = tf.random.stateless_uniform([8, 8, 8, 3], seed=[1, 2])
+  labels = tf.constant([0, 1, 2, 3, 4, 0, 1, 2])
+  whole, whole_loop = _one_update(1, images, labels)
+  for k in (2, 4):
+    split, split_loop = _one_update(k, images, labels)
+    # Two momentum steps: a decay applied k times, or a mean taken over a
+    # micro-batch instead of the batch, would move these weights visibly.
+    for a, b in zip(whole, split):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(whole_loop.losses, split_loop.losses,
+                               rtol=1e-5)
+    np.testing.assert_array_equal(whole_loop.accuracies,
+                                  split_loop.accuracies)
+  assert not np.allclose(whole[0], _no_bn_model(seed=3).get_weights()[0])

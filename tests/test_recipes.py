@@ -1,0 +1,188 @@
+"""Recipes (--config): precedence, errors, every shipped recipe, launcher."""
+
+import json
+import os
+
+import pytest
+import yaml
+from absl import flags
+
+from resnet_keras import recipes
+from resnet_keras.errors import UsageError
+from tests import e2e
+from tests import imagenet_fixture
+
+DEMO = os.path.join(e2e.REPO_ROOT, 'demo_resnet_keras.py')
+LAUNCHER_RECIPES = ('resnet50_lars_8workers', 'resnet50_lars_16workers',
+                    'resnet50_lars_32workers', 'resnet50_mlperf_lars')
+
+
+def _flag_values(argv=()):
+  values = flags.FlagValues()
+  flags.DEFINE_integer('batch_size', 256, '', flag_values=values)
+  flags.DEFINE_float('warmup_epochs', 5.0, '', flag_values=values)
+  flags.DEFINE_boolean('single_l2_loss_op', False, '', flag_values=values)
+  flags.DEFINE_string('optimizer', 'SGD', '', flag_values=values)
+  flags.DEFINE_integer('global_seed', None, '', flag_values=values)
+  values(['prog'] + list(argv))
+  return values
+
+
+ALLOWED = ('batch_size', 'warmup_epochs', 'single_l2_loss_op', 'optimizer',
+           'global_seed')
+
+
+def test_the_command_line_wins_then_the_recipe_then_defaults():
+  values = _flag_values(['--batch_size=64'])
+  applied = recipes.apply(values, {'description': 'x', 'batch_size': 512,
+                                   'warmup_epochs': 3,
+                                   'single_l2_loss_op': True}, 'r', ALLOWED)
+  assert values.batch_size == 64                      # given: kept
+  assert values.warmup_epochs == 3.0 and isinstance(values.warmup_epochs,
+                                                    float)
+  assert values.single_l2_loss_op is True
+  assert values.optimizer == 'SGD'                     # not in the recipe
+  assert applied == {'warmup_epochs': 3, 'single_l2_loss_op': True}
+  # A later source (a preset) does not replace what the recipe filled in.
+  later = recipes.apply(values, {'warmup_epochs': 1, 'optimizer': 'LARS'},
+                        'p', ALLOWED, skip=applied)
+  assert values.warmup_epochs == 3.0 and values.optimizer == 'LARS'
+  assert later == {'optimizer': 'LARS'}
+
+
+@pytest.mark.parametrize('settings,fragment', [
+    ({'bacth_size': 8}, 'unknown key "bacth_size" (not a setting'),
+    ({'num_workers_per_hls': 8}, 'a launcher setting'),
+    ({'batch_size': 'big'}, 'batch_size must be a int'),
+    ({'batch_size': 8.5}, 'batch_size must be a int'),
+    ({'batch_size': True}, 'batch_size must be a int'),
+    ({'single_l2_loss_op': 1}, 'single_l2_loss_op must be a bool'),
+    ({'optimizer': 3}, 'optimizer must be a string'),
+    ({'warmup_epochs': None}, 'warmup_epochs must be a float'),
+])
+def test_bad_keys_and_types_name_the_key(settings, fragment):
+  with pytest.raises(UsageError, match=fragment.replace('(', r'\(')):
+    recipes.apply(_flag_values(), settings, 'r', ALLOWED,
+                  launcher_keys=('num_workers_per_hls',))
+
+
+def test_none_is_allowed_where_the_default_is_none():
+  values = _flag_values()
+  recipes.apply(values, {'global_seed': None}, 'r', ALLOWED)
+  assert values.global_seed is None
+
+
+def test_as_args_spells_booleans_and_skips_none():
+  assert recipes.as_args({'a': True, 'b': False, 'c': 2.5, 'd': None}) == [
+      '--a', '--nob', '--c=2.5']
+  assert recipes.as_args({'lr_decay_points': [0.3, 0.6]}) == [
+      '--lr_decay_points=0.3,0.6']
+
+
+@pytest.mark.parametrize('points', [[0.2, 0.7], '0.2,0.7'])
+def test_decay_points_from_a_yaml_list_or_text(points, tmp_path):
+  path = tmp_path / 'stepped.yaml'
+  path.write_text(yaml.safe_dump({'lr_schedule': 'stepped',
+                                  'lr_decay_points': points,
+                                  'norm': 'group', 'groups': 16}))
+  values = yaml.safe_load(_print_config(e2e.MAIN, ['--config', str(path)]))
+  assert values['lr_decay_points'] == '0.2,0.7'
+  assert values['norm'] == 'group' and values['groups'] == 16
+
+
+def _print_config(script, args):
+  result = e2e.run_script(script, list(args) + ['--print_config'],
+                          timeout=120)
+  assert result.returncode == 0, result.stderr
+  return result.stdout
+
+
+@pytest.mark.parametrize('name', sorted(
+    set(recipes.available()) - set(LAUNCHER_RECIPES)))
+def test_single_process_recipes_print_and_read_back(name, tmp_path):
+  printed = _print_config(e2e.MAIN, ['--config', name])
+  values = yaml.safe_load(printed)
+  with open(os.path.join(recipes.RECIPES_DIR, f'{name}.yaml')) as f:
+    recipe = yaml.safe_load(f)
+  for key, value in recipe.items():
+    if key not in recipes.META_KEYS:
+      assert values[key] == value, key
+  # The printed configuration is itself a recipe giving the same run.
+  path = tmp_path / 'effective.yaml'
+  path.write_text(printed)
+  assert _print_config(e2e.MAIN, ['--config', str(path)]) == printed
+
+
+@pytest.mark.parametrize('name', LAUNCHER_RECIPES)
+def test_multi_worker_recipes_need_the_launcher(name):
+  result = e2e.run_main(['--config', name], timeout=120)
+  e2e.assert_one_line_error(result, 'num_workers_per_hls',
+                            'demo_resnet_keras.py')
+  values = yaml.safe_load(_print_config(DEMO, ['--config', name]))
+  assert values['num_workers_per_hls'] == 8 and values['use_horovod']
+
+
+def test_reference_recipe_values():
+  one = yaml.safe_load(_print_config(e2e.MAIN, ['--config',
+                                                'resnet50_lars_1worker']))
+  assert (one['optimizer'], one['base_learning_rate'], one['batch_size'],
+          one['train_epochs']) == ('LARS', 2.5, 256, 40)
+  big = yaml.safe_load(_print_config(DEMO, ['--config',
+                                            'resnet50_lars_32workers']))
+  assert (big['base_learning_rate'], big['warmup_epochs'],
+          big['lars_decay_epochs'], big['train_epochs'],
+          big['steps_per_loop']) == (17.0, 5.0, 43.0, 42, 1000)
+  mlperf = yaml.safe_load(_print_config(DEMO, ['--config',
+                                               'resnet50_mlperf_lars']))
+  assert mlperf['batch_size'] * mlperf['num_workers_per_hls'] == 2048
+  assert (mlperf['target_accuracy'], mlperf['epochs_between_evals'],
+          mlperf['eval_offset_epochs']) == (0.759, 4, 3)
+
+
+def test_launcher_recipe_beats_the_preset_and_flags_beat_both():
+  result = e2e.run_script(DEMO, ['--config', 'resnet50_lars_16workers',
+                                 '--warmup_epochs', '2', '--dry_run'],
+                          timeout=120)
+  assert result.returncode == 0, result.stderr
+  command = next(l for l in result.stdout.splitlines()
+                 if l.startswith('command: '))
+  # The LARS preset for several workers says 9.5 and 3 warmup epochs.
+  assert '--base_learning_rate=13.0' in command
+  assert '--base_learning_rate=9.5' not in command
+  assert '--warmup_epochs 2' in command and '--warmup_epochs=' not in command
+  assert '-np 8' in command and '--config' not in command
+  assert 'HOROVOD_HIERARCHICAL_ALLREDUCE=1' in result.stdout
+
+
+@pytest.mark.parametrize('args,fragments', [
+    (['--config', 'no_such_recipe'], ['--config=no_such_recipe',
+                                      'resnet50_lars_1worker']),
+    (['--config', '{bad'], ['cannot be read as YAML']),
+    (['--config', '[1, 2]'], ['must be a mapping']),
+    (['--config', 'batch_size: many'], ['batch_size must be a int']),
+    (['--config', 'bogus: 1'], ['unknown key "bogus"']),
+])
+def test_bad_recipes_are_one_line(tmp_path, args, fragments):
+  if args[1] != 'no_such_recipe':
+    path = tmp_path / 'recipe.yaml'
+    path.write_text(args[1])
+    args = ['--config', str(path)]
+  for script in (e2e.MAIN, DEMO):
+    result = e2e.run_script(script, args + ['--print_config'], timeout=120)
+    e2e.assert_one_line_error(result, *fragments)
+
+
+def test_a_small_recipe_trains_with_overrides(tmp_path):
+  data_dir = str(tmp_path / 'data')
+  imagenet_fixture.write_dataset(data_dir)
+  model_dir = str(tmp_path / 'run')
+  result = e2e.run_main(['--config', 'fashion_mnist_resnet18', '-dd',
+                         data_dir, '-md', model_dir, '-bs', '4', '-te', '1',
+                         '--steps_per_loop', '2', '--log_steps', '2'])
+  assert result.returncode == 0, result.stderr
+  with open(os.path.join(model_dir, 'config.json')) as f:
+    effective = json.load(f)['config']
+  assert (effective['stem'], effective['image_size'],
+          effective['lr_schedule'], effective['batch_size']) == (
+              'small', 28, 'cosine', 4)
+  assert e2e.read_summary(model_dir)['train_steps'] == 4
