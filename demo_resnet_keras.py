@@ -13,8 +13,8 @@
 Every flag of resnet_ctl_imagenet_main.py is accepted and forwarded as typed.
 --config NAME (configs/NAME.yaml) fills in a recipe's values, launcher
 settings included; then --optimizer LARS / SGD fill in their preset
-hyperparameters; neither replaces a value given on the command line (in any
-spelling), and a preset never replaces a recipe's value. The trainer gets
+hyperparameters (RMSProp has none); neither replaces a value given on the
+command line (in any spelling), and a preset never replaces a recipe's value. The trainer gets
 every filled-in value as a flag, so --dry_run shows them all. With more than one worker in total (--num_workers_per_hls
 > 1 or several MULTI_HLS_IPS hosts) the workers are started with mpirun;
 they train with Horovod (--use_horovod; -bs per worker) or tf.distribute
@@ -77,9 +77,10 @@ def preset(optimizer: str, total_workers: int) -> dict:
             'warmup_epochs': 3, 'lr_schedule': 'polynomial',
             'label_smoothing': 0.1, 'weight_decay': 0.0001,
             'single_l2_loss_op': True}
-  # SGD: the Model Garden's 90-epoch recipe (LR 0.1 per 256 images).
-  return {'base_learning_rate': 0.1, 'warmup_epochs': 5,
-          'lr_schedule': 'piecewise', 'weight_decay': 0.0001}
+  if optimizer == 'SGD':  # The Model Garden's 90-epoch recipe.
+    return {'base_learning_rate': 0.1, 'warmup_epochs': 5,
+            'lr_schedule': 'piecewise', 'weight_decay': 0.0001}
+  return {}  # RMSProp has no reference recipe: the trainer's flags as given.
 
 
 def fill_in_settings(hosts) -> dict:

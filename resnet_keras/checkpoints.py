@@ -49,7 +49,7 @@ def model_identity(cfg: RunConfig) -> Dict:
   `cfg.num_classes` must be resolved (the effective config's, not 0).
   """
   return {'model': cfg.model_name, 'stem': cfg.stem,
-          'num_classes': cfg.num_classes}
+          'num_classes': cfg.num_classes, 'norm': cfg.norm_name}
 
 
 def describe_identity(identity: Dict) -> str:

@@ -15,9 +15,14 @@ from resnet_keras.errors import UsageError
 DATASETS = ('imagenet', 'cifar10', 'cifar100')
 DTYPES = ('fp32', 'bf16', 'fp16')
 LOADER_IMAGE_TYPES = ('fp32', 'bf16', 'uint8')
-OPTIMIZERS = ('SGD', 'LARS')
-LR_SCHEDULES = ('piecewise', 'polynomial', 'constant', 'cosine')
+OPTIMIZERS = ('SGD', 'LARS', 'RMSProp')
+LR_SCHEDULES = ('piecewise', 'polynomial', 'constant', 'cosine', 'stepped',
+                'exponential')
 RESNET_DEPTHS = (18, 34, 50, 101, 152)
+NORMS = ('batch', 'group')
+# Output channels of the ResNet's stages; the stem has the first, bottleneck
+# blocks 4x. Every count a normalisation layer sees is a multiple of the first.
+STAGE_FILTERS = (64, 128, 256, 512)
 CONV_IMPLS = ('auto', 'native', 'matmul')
 # Stem -> how much it downsamples. The stages downsample 8x more, so an image
 # must be at least 8 x this many pixels for the last stage to see 1x1.
@@ -57,6 +62,10 @@ class RunConfig:
   stem: str = 'imagenet'
   keras_applications_model: Optional[str] = None
   conv_impl: str = 'auto'  # auto: matmul for bf16 on CPUs.
+  norm: str = 'batch'
+  groups: int = 32  # --norm=group only.
+  sync_batch_norm: bool = False
+  enable_recompute: bool = False
   # Where the weights start when model_dir has no checkpoint (warm_start.py).
   restore_from: Optional[str] = None
   restore_optimizer: bool = False
@@ -89,6 +98,12 @@ class RunConfig:
   lars_decay_epochs: float = 0.0  # 0: decay over the whole run.
   lars_epsilon: float = 0.0
   momentum: float = 0.9
+  nesterov: bool = False
+  rmsprop_rho: float = 0.9
+  rmsprop_epsilon: float = 1e-3
+  lr_decay_factor: float = 0.1  # stepped and exponential schedules.
+  lr_decay_points: Tuple[float, ...] = (0.3, 0.6, 0.8)  # Fractions of the run.
+  lr_decay_epochs: float = 30.0
   label_smoothing: float = 0.0
   weight_decay: float = 1e-4
   single_l2_loss_op: bool = False
@@ -134,6 +149,12 @@ class RunConfig:
     return self.conv_impl == 'matmul'
 
   @property
+  def norm_name(self) -> str:
+    """'batch' or 'group<groups>': what the normalisation weights of a
+    checkpoint mean (sync batch norm has batch norm's)."""
+    return f'group{self.groups}' if self.norm == 'group' else self.norm
+
+  @property
   def uses_lars(self) -> bool:
     return self.optimizer == 'LARS'
 
@@ -148,6 +169,8 @@ class RunConfig:
     _check_choice('resnet_depth', self.resnet_depth, RESNET_DEPTHS)
     _check_choice('stem', self.stem, tuple(STEM_STRIDES))
     _check_choice('conv_impl', self.conv_impl, CONV_IMPLS)
+    _check_choice('norm', self.norm, NORMS)
+    self._validate_model_options()
     if self.distribution_strategy == 'hpu':
       raise UsageError('--distribution_strategy=hpu is Gaudi-only; use '
                        'mirrored (GPUs of one host), multi_worker_mirrored '
@@ -200,6 +223,7 @@ class RunConfig:
                        f'{self.train_crop_min_area}')
     if not 0 <= self.momentum < 1:
       raise UsageError(f'--momentum must be in [0, 1), got {self.momentum}')
+    self._validate_optimizer_options()
     if not 0 <= self.label_smoothing < 1:
       raise UsageError('--label_smoothing must be in [0, 1), got '
                        f'{self.label_smoothing}')
@@ -228,6 +252,48 @@ class RunConfig:
       raise UsageError('--freeze_backbone trains only the head on top of '
                        '--pretrained_checkpoint; give --pretrained_checkpoint '
                        'too')
+
+  def _validate_model_options(self) -> None:
+    if self.keras_applications_model is not None:
+      for name, wished in (('norm=group', self.norm == 'group'),
+                           ('sync_batch_norm', self.sync_batch_norm),
+                           ('enable_recompute', self.enable_recompute)):
+        if wished:
+          raise UsageError(f'--{name} applies to this project\'s ResNets; '
+                           '--keras_applications_model backbones have plain '
+                           'batch norm (drop one of the two flags)')
+    if self.norm == 'group':
+      if self.groups <= 0 or STAGE_FILTERS[0] % self.groups:
+        divisors = [d for d in range(1, STAGE_FILTERS[0] + 1)
+                    if STAGE_FILTERS[0] % d == 0]
+        raise UsageError(
+            f'--groups={self.groups} must divide every channel count of the '
+            f'ResNet (multiples of {STAGE_FILTERS[0]}); use one of: '
+            f'{", ".join(map(str, divisors))}')
+      if self.sync_batch_norm:
+        raise UsageError('--sync_batch_norm needs --norm=batch: group norm '
+                         'has no batch statistics to synchronise')
+
+  def _validate_optimizer_options(self) -> None:
+    if self.nesterov and self.optimizer == 'RMSProp':
+      raise UsageError('--nesterov applies to SGD and LARS momentum; '
+                       'RMSProp has no Nesterov form here (drop --nesterov)')
+    if not 0 <= self.rmsprop_rho < 1:
+      raise UsageError(f'--rmsprop_rho must be in [0, 1), got '
+                       f'{self.rmsprop_rho}')
+    if self.rmsprop_epsilon <= 0:
+      raise UsageError(f'--rmsprop_epsilon must be > 0, got '
+                       f'{self.rmsprop_epsilon}')
+    if not 0 < self.lr_decay_factor <= 1:
+      raise UsageError(f'--lr_decay_factor must be in (0, 1], got '
+                       f'{self.lr_decay_factor}')
+    _check_positive('lr_decay_epochs', self.lr_decay_epochs)
+    points = tuple(self.lr_decay_points)
+    if not (points and all(0 < p < 1 for p in points) and
+            list(points) == sorted(set(points))):
+      raise UsageError(
+          '--lr_decay_points must be increasing fractions of the run in '
+          f'(0, 1), e.g. 0.3,0.6,0.8; got {",".join(map(str, points))}')
 
 
 def _check_choice(name, value, allowed):

@@ -96,6 +96,22 @@ def define_flags() -> None:
                       'channels as patches x matmul: much faster in bf16 on '
                       'CPUs with AMX), or auto (matmul for bf16 on CPUs). '
                       'Same weights and results either way.')
+  flags.DEFINE_string('norm', _D.norm,
+                      'Normalisation after each convolution: batch, or group '
+                      '(GroupNormalization: independent of the batch, for '
+                      'small per-replica batches; no moving statistics).')
+  flags.DEFINE_integer('groups', _D.groups,
+                       '--norm=group: channel groups per layer; must divide '
+                       '64 (every channel count of the ResNets).')
+  flags.DEFINE_boolean('sync_batch_norm', False,
+                       'Batch statistics over the global batch (all-reduced '
+                       'across tf.distribute replicas, or Horovod workers) '
+                       'instead of each replica\'s own batch.')
+  flags.DEFINE_boolean('enable_recompute', False,
+                       'Keep only each residual stage\'s input during the '
+                       'forward pass and recompute its activations in the '
+                       'backward pass (tf.recompute_grad): less memory for '
+                       'about one more forward pass of compute.')
   # Precision.
   flags.DEFINE_string('dtype', _D.dtype,
                       'Compute precision: fp32, bf16 (mixed_bfloat16; fast on '
@@ -155,15 +171,19 @@ def define_flags() -> None:
                        'Run the steps of a loop inside one tf.function '
                        '(tf.range); off: one host call per step.')
   # Optimizer and schedule.
-  flags.DEFINE_string('optimizer', _D.optimizer, 'SGD (momentum) or LARS.')
+  flags.DEFINE_string('optimizer', _D.optimizer,
+                      'SGD (momentum), LARS or RMSProp.')
   flags.DEFINE_float('base_learning_rate', _D.base_learning_rate,
-                     'SGD: learning rate per 256 images (scaled by global '
-                     'batch / 256); LARS: the peak learning rate as is.')
+                     'SGD and RMSProp: learning rate per 256 images (scaled '
+                     'by global batch / 256); LARS: the peak learning rate '
+                     'as is.')
   flags.DEFINE_float('warmup_epochs', _D.warmup_epochs,
                      'Epochs of linear warmup from 0 to the peak.')
   flags.DEFINE_string('lr_schedule', _D.lr_schedule,
                       'piecewise (x0.1 at epochs 30/60/80), polynomial (power '
-                      '2), constant or cosine; all with warmup.')
+                      '2), constant, cosine, stepped (x lr_decay_factor at '
+                      'lr_decay_points) or exponential (x lr_decay_factor '
+                      'every lr_decay_epochs); all with warmup.')
   flags.DEFINE_float('end_learning_rate', _D.end_learning_rate,
                      'Where the polynomial and cosine decays end.')
   flags.DEFINE_float('lars_decay_epochs', 0.0,
@@ -171,15 +191,34 @@ def define_flags() -> None:
                      '(0: at the end of the run).')
   flags.DEFINE_float('lars_epsilon', _D.lars_epsilon,
                      'Epsilon in the LARS trust-ratio denominator.')
-  flags.DEFINE_float('momentum', _D.momentum, 'Momentum of SGD and LARS.')
+  flags.DEFINE(_FloatListParser(), 'lr_decay_points', _D.lr_decay_points,
+               'stepped: fractions of the run\'s steps where the learning '
+               'rate is multiplied by lr_decay_factor, e.g. 0.3,0.6,0.8.',
+               serializer=flags.CsvListSerializer(','))
+  flags.DEFINE_float('lr_decay_epochs', _D.lr_decay_epochs,
+                     'exponential: epochs (after warmup) per multiplication '
+                     'by lr_decay_factor.')
+  flags.DEFINE_float('lr_decay_factor', _D.lr_decay_factor,
+                     'stepped and exponential: the factor of each decay step.')
+  flags.DEFINE_float('momentum', _D.momentum,
+                     'Momentum of SGD, LARS and RMSProp.')
+  flags.DEFINE_boolean('nesterov', False,
+                       'Nesterov momentum (SGD and LARS).')
+  flags.DEFINE_float('rmsprop_rho', _D.rmsprop_rho,
+                     'RMSProp: decay of the moving average of squared '
+                     'gradients.')
+  flags.DEFINE_float('rmsprop_epsilon', _D.rmsprop_epsilon,
+                     'RMSProp: stabilises the denominator sqrt(ms + eps) '
+                     '(tf_keras puts it outside the root when --momentum=0); '
+                     'tf_keras\'s default 1e-7 makes the first steps huge.')
   flags.DEFINE_float('label_smoothing', 0.0,
                      'Label smoothing of the cross-entropy loss.')
   flags.DEFINE_float('weight_decay', _D.weight_decay,
                      'Adds weight_decay * w to the gradient of every conv/dense '
                      'kernel, on every path (regularisers, single L2 op, LARS).')
   flags.DEFINE_boolean('single_l2_loss_op', False,
-                       'SGD: one L2 term over all kernels instead of per-layer '
-                       'regularisers (same gradient, fewer ops).')
+                       'SGD/RMSProp: one L2 term over all kernels instead of '
+                       'per-layer regularisers (same gradient, fewer ops).')
   # Outputs.
   flags.DEFINE_string('model_dir', _D.model_dir,
                       'Checkpoints, summaries, exports and run_summary.json.')
@@ -246,6 +285,22 @@ def _define_warm_start_and_tracking_flags() -> None:
                       'W&B project of --wandb.')
   flags.DEFINE_string('wandb_run_name', None,
                       'W&B run name of --wandb; default: W&B picks one.')
+
+
+class _FloatListParser(flags.ListParser):
+  """Comma-separated floats, as a tuple (RunConfig holds no lists)."""
+
+  def parse(self, argument):
+    if isinstance(argument, (tuple, list)):
+      return tuple(argument)
+    try:
+      return tuple(float(p) for p in super().parse(argument))
+    except ValueError:
+      raise ValueError(f'expected comma-separated numbers, got "{argument}"'
+                       ) from None
+
+  def flag_type(self):
+    return 'comma-separated floats'
 
 
 RUN_CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(RunConfig))

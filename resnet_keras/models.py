@@ -2,7 +2,8 @@
 
 v1.5 puts the stride of a downsampling bottleneck on its 3x3 convolution (not
 the first 1x1), which is what the Model Garden and MLPerf train. Batch norm
-uses momentum 0.9 and epsilon 1e-5. The softmax runs in float32 under mixed
+uses momentum 0.9 and epsilon 1e-5 (optionally synchronised across replicas);
+group norm the same epsilon. The softmax runs in float32 under mixed
 precision so the loss never sees bf16/fp16 probabilities.
 
 Two models exist per run: the *network* takes normalised float images (used
@@ -11,14 +12,16 @@ wraps it with the input the data pipeline delivers (uint8 images get cast and
 normalised on the device as the first layer).
 """
 
-from typing import Optional, Tuple
+import math
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras.config import RunConfig
+from resnet_keras.config import STAGE_FILTERS, RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data.preprocessing import normalize_images
+from resnet_keras.errors import UsageError
 from resnet_keras.optimizers import l2_regularizer
 
 layers = tf_keras.layers
@@ -31,7 +34,6 @@ _STAGES = {
     101: ((3, 4, 23, 3), True),
     152: ((3, 8, 36, 3), True),
 }
-_STAGE_FILTERS = (64, 128, 256, 512)
 BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
 
@@ -100,25 +102,53 @@ def _conv(filters, kernel_size, strides, name, regularizer,
       name=name)
 
 
-def _bn(name):
-  return layers.BatchNormalization(momentum=BN_MOMENTUM, epsilon=BN_EPSILON,
-                                   name=name)
+NormFactory = Callable[[str], layers.Layer]  # name -> a new layer
 
 
-def _block(x, filters, strides, bottleneck, name, conv):
+def norm_factory(norm: str = 'batch', groups: int = 32,
+                 sync_batch_norm: bool = False,
+                 hvd: Any = None) -> NormFactory:
+  """The normalisation layer after each convolution.
+
+  Args:
+    norm: 'batch' or 'group'.
+    groups: group norm's channel groups (must divide every channel count).
+    sync_batch_norm: batch statistics over the global batch: all-reduced
+      across tf.distribute replicas (no effect outside a strategy), or across
+      Horovod workers when `hvd` is given. Same variables either way.
+    hvd: the horovod.tensorflow module under Horovod, else None.
+  """
+  if norm == 'group':
+    # float32 even under mixed precision, like batch norm's statistics:
+    # per-image moments summed in bf16 lose too much.
+    return lambda name: layers.GroupNormalization(
+        groups, epsilon=BN_EPSILON, dtype='float32', name=name)
+  if sync_batch_norm and hvd is not None:
+    if not hasattr(hvd, 'SyncBatchNormalization'):
+      raise UsageError('--sync_batch_norm with --use_horovod needs Horovod '
+                       '>= 0.21 (hvd.SyncBatchNormalization); upgrade it, or '
+                       'drop --sync_batch_norm')
+    return lambda name: hvd.SyncBatchNormalization(
+        momentum=BN_MOMENTUM, epsilon=BN_EPSILON, name=name)
+  return lambda name: layers.BatchNormalization(
+      momentum=BN_MOMENTUM, epsilon=BN_EPSILON,
+      synchronized=sync_batch_norm, name=name)
+
+
+def _block(x, filters, strides, bottleneck, name, conv, norm):
   """One residual block; projects the shortcut when the shape changes."""
   out_filters = filters * 4 if bottleneck else filters
   shortcut = x
   if strides != 1 or x.shape[-1] != out_filters:
     shortcut = conv(out_filters, 1, strides, name + '_proj')(x)
-    shortcut = _bn(name + '_proj_bn')(shortcut)
+    shortcut = norm(name + '_proj_bn')(shortcut)
   if bottleneck:
     convs = ((filters, 1, 1), (filters, 3, strides), (out_filters, 1, 1))
   else:
     convs = ((filters, 3, strides), (filters, 3, 1))
   for i, (f, k, s) in enumerate(convs):
     x = conv(f, k, s, f'{name}_conv{i + 1}')(x)
-    x = _bn(f'{name}_bn{i + 1}')(x)
+    x = norm(f'{name}_bn{i + 1}')(x)
     if i < len(convs) - 1:
       x = layers.Activation('relu', name=f'{name}_relu{i + 1}')(x)
   x = layers.Add(name=name + '_add')([x, shortcut])
@@ -144,9 +174,51 @@ _STEMS = {'imagenet': (7, 2, True), 'small': (3, 1, True),
           'cifar': (3, 1, False)}
 
 
+class StagewiseRecompute(tf_keras.Model):
+  """A functional ResNet that recomputes each stage in the backward pass.
+
+  It is the plain functional model (same layers, variables, names and
+  checkpoints, so a run can switch --enable_recompute on resume); only a
+  training call differs: the stem, each residual stage and the head run as
+  sub-models sharing those layers, each stage under tf.recompute_grad, so the
+  forward pass keeps only stage inputs and the backward pass recomputes a
+  stage's activations before differentiating it. The layers exist before
+  anything is wrapped, so tf.recompute_grad only reads variables.
+
+  Batch norm inside a stage runs twice per step (forward and recomputation)
+  and so updates its moving averages twice with the same batch statistics;
+  its momentum becomes sqrt(momentum), so the two updates equal one of the
+  plain model's.
+  """
+
+  def __init__(self, inputs, outputs, boundaries: Sequence[tf.Tensor],
+               name: str):
+    """`boundaries`: the stem's output, then each stage's (Keras tensors)."""
+    super().__init__(inputs, outputs, name=name)
+    bounds = [self.input, *boundaries, self.output]
+    pieces = [tf_keras.Model(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+    for stage in pieces[1:-1]:
+      for layer in stage.layers:
+        if isinstance(layer, layers.BatchNormalization):
+          layer.momentum = math.sqrt(layer.momentum)
+    # Held in a closure: as attributes they would be tracked, adding their
+    # shared layers to checkpoints a second time under new paths.
+    self._pieces = lambda: pieces
+
+  def call(self, inputs, training=None, mask=None):
+    if not training:
+      return super().call(inputs, training=training, mask=mask)
+    stem, *stages, head = self._pieces()
+    x = stem(inputs, training=True)
+    for stage in stages:
+      x = tf.recompute_grad(lambda t, s=stage: s(t, training=True))(x)
+    return head(x, training=True)
+
+
 def resnet(depth: int, num_classes: int, image_size: int,
            weight_decay: float = 0.0, stem: str = 'imagenet',
-           matmul_convs: bool = False) -> tf_keras.Model:
+           matmul_convs: bool = False, norm: Optional[NormFactory] = None,
+           recompute: bool = False) -> tf_keras.Model:
   """ResNet v1.5 of `depth` on normalised float images.
 
   Args:
@@ -158,7 +230,12 @@ def resnet(depth: int, num_classes: int, image_size: int,
     stem: 'imagenet', 'small' or 'cifar' (see `_STEMS`).
     matmul_convs: run convolutions on matmuls where that is faster (same
       variables and results; see `MatmulConv2D`).
+    norm: makes the normalisation layers (default: batch norm; see
+      `norm_factory`).
+    recompute: recompute each stage's activations in the backward pass (a
+      `StagewiseRecompute`).
   """
+  norm = norm or norm_factory()
   blocks, bottleneck = _STAGES[depth]
   kernel, stride, pool = _STEMS[stem]
   regularizer = l2_regularizer(weight_decay)
@@ -166,18 +243,23 @@ def resnet(depth: int, num_classes: int, image_size: int,
                                      matmul_convs)
   inputs = layers.Input((image_size, image_size, 3), name='images')
   x = conv(64, kernel, stride, 'stem_conv')(inputs)
-  x = _bn('stem_bn')(x)
+  x = norm('stem_bn')(x)
   x = layers.Activation('relu', name='stem_relu')(x)
   if pool:
     x = layers.MaxPooling2D(3, strides=2, padding='same', name='stem_pool')(x)
-  for stage, (num_blocks, filters) in enumerate(zip(blocks, _STAGE_FILTERS)):
+  boundaries = [x]
+  for stage, (num_blocks, filters) in enumerate(zip(blocks, STAGE_FILTERS)):
     for b in range(num_blocks):
       strides = 2 if stage > 0 and b == 0 else 1
       x = _block(x, filters, strides, bottleneck,
-                 f'stage{stage + 1}_block{b + 1}', conv)
+                 f'stage{stage + 1}_block{b + 1}', conv, norm)
+    boundaries.append(x)
   x = layers.GlobalAveragePooling2D(name='avg_pool')(x)
-  return tf_keras.Model(inputs, _classifier_head(x, num_classes, regularizer),
-                        name=f'resnet{depth}')
+  outputs = _classifier_head(x, num_classes, regularizer)
+  if recompute:
+    return StagewiseRecompute(inputs, outputs, boundaries,
+                              name=f'resnet{depth}')
+  return tf_keras.Model(inputs, outputs, name=f'resnet{depth}')
 
 
 def keras_application(name: str, num_classes: int,
@@ -213,16 +295,22 @@ def freeze_backbone(network: tf_keras.Model) -> None:
 
 
 def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
-                  has_gpu: bool = False) -> tf_keras.Model:
-  """The network the flags ask for (inputs: normalised float images)."""
+                  has_gpu: bool = False, hvd: Any = None) -> tf_keras.Model:
+  """The network the flags ask for (inputs: normalised float images).
+
+  `hvd`: the horovod.tensorflow module under Horovod (its synchronised batch
+  norm), else None.
+  """
   if cfg.keras_applications_model:
     network = keras_application(cfg.keras_applications_model, num_classes,
                                 cfg.image_size)
   else:
+    norm = norm_factory(cfg.norm, cfg.groups, cfg.sync_batch_norm, hvd)
     network = resnet(cfg.resnet_depth, num_classes, cfg.image_size,
                      weight_decay=cfg.weight_decay if use_regularizers else 0.0,
                      stem=cfg.stem,
-                     matmul_convs=cfg.uses_matmul_convs(has_gpu))
+                     matmul_convs=cfg.uses_matmul_convs(has_gpu), norm=norm,
+                     recompute=cfg.enable_recompute)
   # Also when validate or average rebuild the run: its checkpoints hold
   # optimizer slots for the trainable variables only.
   if cfg.freeze_backbone:
@@ -246,14 +334,14 @@ def build_training_model(network: tf_keras.Model, image_size: int,
 
 
 def build_models(cfg: RunConfig, num_classes: int, use_regularizers: bool,
-                 has_gpu: bool = False
+                 has_gpu: bool = False, hvd: Any = None
                  ) -> Tuple[tf_keras.Model, tf_keras.Model]:
   """(network, training model) of a run, under the current precision policy.
 
   Training and `resnet_keras.validate` both build them here, so a
   checkpoint's object graph is the same in both.
   """
-  network = build_network(cfg, num_classes, use_regularizers, has_gpu)
+  network = build_network(cfg, num_classes, use_regularizers, has_gpu, hvd)
   model = build_training_model(
       network, cfg.image_size, datasets.loader_dtype(cfg),
       normalize_on_device=cfg.data_loader_image_type == 'uint8',

@@ -4,10 +4,14 @@ Weight decay means one thing on every path: for a decayed weight w it adds
 `weight_decay * w` to w's gradient (the PyTorch/MLPerf convention, i.e. a loss
 term of weight_decay/2 * ||w||^2). The three paths that apply it:
 
-  * per-layer L2 regularisers (SGD, the default): `l2(weight_decay / 2)`;
-  * `--single_l2_loss_op` (SGD): one `weight_decay * sum(l2_loss(w))` term,
-    where tf.nn.l2_loss already halves;
+  * per-layer L2 regularisers (SGD and RMSProp, the default):
+    `l2(weight_decay / 2)`;
+  * `--single_l2_loss_op` (SGD and RMSProp): one
+    `weight_decay * sum(l2_loss(w))` term, where tf.nn.l2_loss already halves;
   * LARS: inside the optimizer, where it also enters the trust ratio.
+
+RMSProp then divides the whole gradient, decay term included, by its running
+RMS (L2 regularisation, as in the RMSProp recipes; not decoupled decay).
 
 Only convolution and dense kernels are decayed; batch-norm parameters and
 biases are neither decayed nor layer-adapted (`is_decayed`).
@@ -103,10 +107,15 @@ def build_optimizer(cfg: RunConfig, learning_rate):
   if cfg.uses_lars:
     optimizer = LARS(learning_rate=learning_rate, momentum=cfg.momentum,
                      weight_decay_rate=cfg.weight_decay, eeta=0.001,
-                     epsilon=cfg.lars_epsilon)
+                     epsilon=cfg.lars_epsilon, nesterov=cfg.nesterov)
+  elif cfg.optimizer == 'RMSProp':
+    optimizer = tf_keras.optimizers.legacy.RMSprop(
+        learning_rate=learning_rate, rho=cfg.rmsprop_rho,
+        momentum=cfg.momentum, epsilon=cfg.rmsprop_epsilon)
   else:
     optimizer = tf_keras.optimizers.legacy.SGD(
-        learning_rate=learning_rate, momentum=cfg.momentum)
+        learning_rate=learning_rate, momentum=cfg.momentum,
+        nesterov=cfg.nesterov)
   if cfg.dtype == 'fp16':
     if cfg.loss_scale:
       optimizer = tf_keras.mixed_precision.LossScaleOptimizer(

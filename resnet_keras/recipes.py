@@ -23,7 +23,7 @@ META_KEYS = ('description',)
 # absl flag type -> the YAML types a value may have (int for float: YAML
 # writes 40.0 as 40).
 _YAML_TYPES = {'bool': (bool,), 'int': (int,), 'float': (int, float),
-               'string': (str,)}
+               'string': (str,), 'comma-separated floats': (str, list)}
 
 
 def available() -> List[str]:
@@ -91,7 +91,8 @@ def apply(values, settings: Dict[str, Any], source: str,
     _check_type(source, key, value, flag)
     if flag.present or key in skip:
       continue
-    flag.value = float(value) if flag.flag_type() == 'float' else value
+    # The flag's parser: ints become floats, lists tuples, as typed flags do.
+    flag.value = None if value is None else flag.parser.parse(value)
     applied[key] = value
   return applied
 
@@ -104,6 +105,8 @@ def as_args(settings: Dict[str, Any]) -> List[str]:
       continue
     if isinstance(value, bool):
       args.append(f'--{name}' if value else f'--no{name}')
+    elif isinstance(value, (list, tuple)):
+      args.append(f'--{name}={",".join(map(str, value))}')
     else:
       args.append(f'--{name}={value}')
   return args
@@ -113,6 +116,7 @@ def dump(cfg: RunConfig, extra: Dict[str, Any] = None) -> str:
   """The effective configuration as a recipe `--config` reads back."""
   values = dict(extra or {})
   values.update(dataclasses.asdict(cfg))
-  if cfg.profile_steps:
-    values['profile_steps'] = ','.join(map(str, cfg.profile_steps))
+  # Tuples (profile_steps, lr_decay_points) as their flags' text.
+  values.update({k: ','.join(map(str, v)) for k, v in values.items()
+                 if isinstance(v, tuple)})
   return yaml.safe_dump(values, sort_keys=False)

@@ -97,8 +97,11 @@ def configure_runtime(cfg: RunConfig) -> bool:
 
 
 def _log_flag_notes(cfg: RunConfig, weight_decay_path: str,
-                    has_gpu: bool) -> None:
+                    has_gpu: bool, num_replicas: int) -> None:
   """One line for each flag whose wish this run cannot honour as written."""
+  if cfg.sync_batch_norm and num_replicas == 1:
+    logging.info('--sync_batch_norm: one replica in the job, whose batch is '
+                 'the global batch; nothing to synchronise')
   if cfg.experimental_preloading and not has_gpu:
     logging.info('--experimental_preloading: no accelerator present, batches '
                  'already live in host memory; nothing to preload')
@@ -237,7 +240,8 @@ def run(cfg: RunConfig) -> Dict:
         f'{strategy.num_replicas_in_sync * cfg.num_accumulation_steps}')
   _log_plan(cfg, plan, info, backend)
   wd_path = optimizers.weight_decay_path(cfg)
-  _log_flag_notes(cfg, wd_path, has_gpu)
+  _log_flag_notes(cfg, wd_path, has_gpu,
+                  strategy.num_replicas_in_sync * backend.batch_multiplier)
 
   schedule = schedules.schedule_for_run(
       cfg, plan.global_batch_size, plan.steps_per_epoch,
@@ -245,7 +249,7 @@ def run(cfg: RunConfig) -> Dict:
   with strategy.scope():
     network, model = models.build_models(
         cfg, info.num_classes, use_regularizers=wd_path == 'regularizers',
-        has_gpu=has_gpu)
+        has_gpu=has_gpu, hvd=backend.hvd)
     optimizer = optimizers.build_optimizer(cfg, schedule)
     optimizers.create_slots(optimizer, model.trainable_variables)
     manager = _checkpoint_manager(cfg, backend, model, optimizer)

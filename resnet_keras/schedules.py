@@ -2,10 +2,11 @@
 
 All schedules ramp linearly from 0 at step 0 to the peak at `warmup_steps`
 (lr = peak * step / warmup_steps), then follow the decay. Decays that describe
-"the rest of the run" (polynomial, cosine) are evaluated at `step -
-warmup_steps`, so the peak is exactly `--base_learning_rate` (scaled for SGD)
-when warmup ends; piecewise boundaries are absolute epochs, as in the
-reference recipes.
+"the rest of the run" (polynomial, cosine, exponential) are evaluated at
+`step - warmup_steps`, so the peak is exactly `--base_learning_rate` (scaled
+for SGD and RMSProp) when warmup ends; piecewise boundaries are absolute
+epochs, as in the reference recipes, and stepped ones absolute fractions of
+the run.
 """
 
 from typing import Sequence
@@ -25,7 +26,8 @@ SGD_REFERENCE_BATCH = 256
 
 def peak_learning_rate(optimizer: str, base_learning_rate: float,
                        global_batch_size: int) -> float:
-  """SGD scales linearly with the global batch; LARS peaks are absolute."""
+  """SGD and RMSProp scale linearly with the global batch; LARS peaks are
+  absolute."""
   if optimizer == 'LARS':
     return base_learning_rate
   return base_learning_rate * global_batch_size / SGD_REFERENCE_BATCH
@@ -75,11 +77,14 @@ def build_schedule(name: str, peak: float, warmup_steps: int, total_steps: int,
                    steps_per_epoch: int, end_learning_rate: float = 1e-4,
                    decay_steps: int = 0,
                    boundary_epochs: Sequence[float] = PIECEWISE_BOUNDARY_EPOCHS,
-                   multipliers: Sequence[float] = PIECEWISE_MULTIPLIERS):
+                   multipliers: Sequence[float] = PIECEWISE_MULTIPLIERS,
+                   decay_factor: float = 0.1,
+                   decay_points: Sequence[float] = (0.3, 0.6, 0.8),
+                   decay_epochs: float = 30.0):
   """Returns the schedule `name` with linear warmup.
 
   Args:
-    name: piecewise | polynomial | constant | cosine.
+    name: piecewise | polynomial | constant | cosine | stepped | exponential.
     peak: the learning rate when warmup ends.
     warmup_steps: steps of linear warmup from 0.
     total_steps: steps in the whole run (cosine and default polynomial end).
@@ -89,13 +94,26 @@ def build_schedule(name: str, peak: float, warmup_steps: int, total_steps: int,
       end_learning_rate (0: total_steps); it stays there afterwards.
     boundary_epochs: piecewise: epochs where the next multiplier starts.
     multipliers: piecewise: factors of `peak`, one more than boundaries.
+    decay_factor: stepped and exponential: the factor of each decay step.
+    decay_points: stepped: fractions of total_steps where a step happens.
+    decay_epochs: exponential: epochs per step (staircase, after warmup).
   """
   schedules = tf_keras.optimizers.schedules
-  if name == 'piecewise':
+  if name in ('piecewise', 'stepped'):
+    if name == 'stepped':
+      boundaries = stepped_boundaries(decay_points, total_steps)
+      multipliers = [decay_factor ** i for i in range(len(boundaries) + 1)]
+    else:
+      boundaries = [int(e * steps_per_epoch) for e in boundary_epochs]
     decay = schedules.PiecewiseConstantDecay(
-        boundaries=[int(e * steps_per_epoch) for e in boundary_epochs],
-        values=[peak * m for m in multipliers])
+        boundaries=boundaries, values=[peak * m for m in multipliers])
     return WarmupThenDecay(peak, warmup_steps, decay, decay_offset=0)
+  if name == 'exponential':
+    decay = schedules.ExponentialDecay(
+        initial_learning_rate=peak,
+        decay_steps=max(int(round(decay_epochs * steps_per_epoch)), 1),
+        decay_rate=decay_factor, staircase=True)
+    return WarmupThenDecay(peak, warmup_steps, decay, warmup_steps)
   if name == 'polynomial':
     decay_end = decay_steps or total_steps
     decay = schedules.PolynomialDecay(
@@ -114,6 +132,11 @@ def build_schedule(name: str, peak: float, warmup_steps: int, total_steps: int,
   raise ValueError(f'unknown schedule {name}')
 
 
+def stepped_boundaries(points: Sequence[float], total_steps: int):
+  """The steps after which each decay of a stepped schedule applies."""
+  return [int(round(p * total_steps)) for p in points]
+
+
 def schedule_for_run(cfg: RunConfig, global_batch_size: int,
                      steps_per_epoch: int, total_steps: int):
   """The schedule the flags ask for, in steps of this run's global batch."""
@@ -125,4 +148,7 @@ def schedule_for_run(cfg: RunConfig, global_batch_size: int,
       total_steps=total_steps,
       steps_per_epoch=steps_per_epoch,
       end_learning_rate=cfg.end_learning_rate,
-      decay_steps=int(round(cfg.lars_decay_epochs * steps_per_epoch)))
+      decay_steps=int(round(cfg.lars_decay_epochs * steps_per_epoch)),
+      decay_factor=cfg.lr_decay_factor,
+      decay_points=cfg.lr_decay_points,
+      decay_epochs=cfg.lr_decay_epochs)

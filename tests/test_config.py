@@ -13,8 +13,19 @@ from resnet_keras.errors import UsageError
 
 @pytest.mark.parametrize('field,value,expected', [
     ('dtype', 'fp64', '--dtype=fp64 is not supported; use one of: fp32, bf16, fp16'),
-    ('optimizer', 'adam', '--optimizer=adam is not supported; use one of: SGD, LARS'),
-    ('lr_schedule', 'step', 'use one of: piecewise, polynomial, constant, cosine'),
+    ('optimizer', 'adam', '--optimizer=adam is not supported; use one of: SGD, '
+     'LARS, RMSProp'),
+    ('optimizer', 'rmsprop', 'use one of: SGD, LARS, RMSProp'),
+    ('lr_schedule', 'step', 'use one of: piecewise, polynomial, constant, '
+     'cosine, stepped, exponential'),
+    ('norm', 'layer', '--norm=layer is not supported; use one of: batch, group'),
+    ('rmsprop_rho', 1.0, '--rmsprop_rho must be in [0, 1)'),
+    ('rmsprop_epsilon', 0.0, '--rmsprop_epsilon must be > 0'),
+    ('lr_decay_factor', 1.5, '--lr_decay_factor must be in (0, 1]'),
+    ('lr_decay_epochs', 0.0, '--lr_decay_epochs must be > 0'),
+    ('lr_decay_points', (0.6, 0.3), '--lr_decay_points must be increasing '
+     'fractions of the run in (0, 1), e.g. 0.3,0.6,0.8; got 0.6,0.3'),
+    ('lr_decay_points', (0.5, 1.0), 'got 0.5,1.0'),
     ('resnet_depth', 42, 'use one of: 18, 34, 50, 101, 152'),
     ('data_loader_image_type', 'int8', 'use one of: fp32, bf16, uint8'),
     ('batch_size', 0, '--batch_size must be > 0'),
@@ -30,6 +41,35 @@ def test_bad_values_name_the_flag_and_the_choices(field, value, expected):
     RunConfig(**{field: value}).validate()
   assert expected in str(e.value)
   assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('kwargs,expected', [
+    (dict(norm='group', groups=48), '--groups=48 must divide every channel '
+     'count of the ResNet (multiples of 64); use one of: 1, 2, 4, 8, 16, 32, '
+     '64'),
+    (dict(norm='group', groups=0), '--groups=0 must divide'),
+    (dict(norm='group', sync_batch_norm=True), '--sync_batch_norm needs '
+     '--norm=batch'),
+    (dict(keras_applications_model='ResNet50', norm='group'),
+     '--norm=group applies to this project\'s ResNets'),
+    (dict(keras_applications_model='ResNet50', sync_batch_norm=True),
+     '--sync_batch_norm applies'),
+    (dict(keras_applications_model='ResNet50', enable_recompute=True),
+     '--enable_recompute applies'),
+    (dict(optimizer='RMSProp', nesterov=True), '--nesterov applies to SGD and '
+     'LARS'),
+])
+def test_bad_combinations_are_one_line(kwargs, expected):
+  with pytest.raises(UsageError) as e:
+    RunConfig(**kwargs).validate()
+  assert expected in str(e.value)
+  assert '\n' not in str(e.value)
+
+
+@pytest.mark.parametrize('groups', [1, 2, 4, 8, 16, 32, 64])
+def test_group_counts_dividing_64_are_valid(groups):
+  RunConfig(norm='group', groups=groups).validate()
+  RunConfig(norm='batch', groups=48).validate()  # Unused without group norm.
 
 
 def test_smaller_stems_allow_smaller_images():

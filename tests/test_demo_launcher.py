@@ -50,6 +50,13 @@ def test_lars_preset_for_one_worker():
   assert values_of(args, 'single_l2_loss_op') == ['true']
 
 
+def test_rmsprop_has_no_preset():
+  args = trainer_args(command_of(dry_run(['--optimizer', 'RMSProp'])))
+  for name in ('base_learning_rate', 'warmup_epochs', 'lr_schedule',
+               'weight_decay'):
+    assert values_of(args, name) == [], name
+
+
 @pytest.mark.parametrize('given,name,value', [
     (['--base_learning_rate=3'], 'base_learning_rate', '3'),
     (['--base_learning_rate', '3'], 'base_learning_rate', '3'),

@@ -97,6 +97,50 @@ def test_bf16_lars_reference_preset(tmp_path):
   assert '| lr 2.5 |' in result.stderr
 
 
+def test_group_norm_rmsprop_stepped_bf16_and_norm_in_checkpoint_identity(
+    tmp_path):
+  model_dir = str(tmp_path / 'group')
+  result = e2e.run_main(e2e.TINY + [
+      '-md', model_dir, '-dt', 'bf16', '--norm', 'group', '--groups', '16',
+      '--optimizer', 'RMSProp', '--base_learning_rate', '0.01',
+      '--warmup_epochs', '0', '--lr_schedule', 'stepped',
+      '--lr_decay_points', '0.5', '--lr_decay_factor', '0.1', '-te', '2',
+      '--enable_checkpoint_and_export'])
+  assert result.returncode == 0, result.stderr
+  summary = e2e.read_summary(model_dir)
+  assert summary['optimizer'] == 'RMSProp' and summary['train_steps'] == 8
+  assert np.isfinite(summary['train_loss']) and summary['eval_examples'] == 13
+  # Peak 0.01 x 8/256 until half of the 8 steps, then x0.1.
+  assert '| lr 0.0003125 |' in result.stderr
+  assert '| lr 3.125e-05 |' in result.stderr
+  assert os.path.isdir(os.path.join(model_dir, 'saved_model'))
+  with open(os.path.join(model_dir, 'config.json')) as f:
+    assert json.load(f)['config']['lr_decay_points'] == [0.5]
+  batch_norm = e2e.run_main(e2e.TINY + ['-md', model_dir, '-te', '3'])
+  e2e.assert_one_line_error(batch_norm, 'holds checkpoints of another model',
+                            'norm group16', 'norm batch')
+
+
+def test_recompute_sync_batch_norm_nesterov_resume_without_recompute(
+    tmp_path):
+  model_dir = str(tmp_path / 'recompute')
+  first = e2e.run_main(e2e.TINY + [
+      '-md', model_dir, '--enable_recompute', '--sync_batch_norm',
+      '--nesterov', '--lr_schedule', 'exponential', '--lr_decay_epochs', '1',
+      '--lr_decay_factor', '0.5', '--warmup_epochs', '0', '-te', '2',
+      '--enable_checkpoint_and_export'])
+  assert first.returncode == 0, first.stderr
+  assert '--sync_batch_norm: one replica in the job' in first.stderr
+  assert '| lr 0.003125 |' in first.stderr    # 0.1 x 8/256
+  assert '| lr 0.0015625 |' in first.stderr   # x0.5 after one epoch
+  assert os.path.isdir(os.path.join(model_dir, 'saved_model'))
+  # Recomputation changes no variable: the plain model resumes from it.
+  second = e2e.run_main(e2e.TINY + ['-md', model_dir, '-te', '3'])
+  assert second.returncode == 0, second.stderr
+  assert 'restored from' in second.stderr and 'at step 8' in second.stderr
+  assert e2e.read_summary(model_dir)['train_steps'] == 12
+
+
 def test_uint8_loader_bf16_with_python_loop_and_clean(tmp_path):
   model_dir = tmp_path / 'u8'
   model_dir.mkdir()
@@ -155,6 +199,13 @@ def test_target_accuracy_stops_early_at_the_offset_eval(tmp_path):
     (['--num_classes', '1'], ['--num_classes=1']),
     (['--batch_size', 'many'], ['--batch_size']),
     (['--profile_steps', '5'], ['--profile_steps']),
+    (['--norm', 'group', '--groups', '48'], ['--groups=48', '1, 2, 4, 8']),
+    (['--keras_applications_model', 'ResNet50', '--norm', 'group'],
+     ['--norm=group', 'keras_applications_model']),
+    (['--optimizer', 'rmsprop'], ['--optimizer=rmsprop', 'RMSProp']),
+    (['--lr_decay_points', '0.5,x'], ['--lr_decay_points', '"0.5,x"']),
+    (['--lr_decay_points', '0.8,0.2'], ['--lr_decay_points must be '
+                                        'increasing']),
     (['--num_accumulation_steps', '0'], ['--num_accumulation_steps must be > 0']),
 ])
 def test_bad_flags_fail_in_one_line(tmp_path, args, fragments):
@@ -184,7 +235,10 @@ def test_helpfull_lists_flags_with_aliases():
   for name in ('--data_dir', '--train_epochs', '--lars_epsilon',
                '--single_l2_loss_op', '--data_loader_image_type',
                '--experimental_preloading', '--keras_applications_model',
-               '--target_accuracy', '--use_tf_while_loop', '--profile_steps'):
+               '--target_accuracy', '--use_tf_while_loop', '--profile_steps',
+               '--norm', '--groups', '--sync_batch_norm', '--enable_recompute',
+               '--nesterov', '--rmsprop_rho', '--rmsprop_epsilon',
+               '--lr_decay_factor', '--lr_decay_points', '--lr_decay_epochs'):
     assert name in text, name
   for alias in ('--dd', '--md', '--te', '--ebe', '--bs', '--dt', '--dlit',
                 '--synth'):

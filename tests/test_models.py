@@ -1,4 +1,9 @@
-"""Model structure: parameter counts, precision of the output, uint8 input."""
+"""Model structure: parameter counts, precision of the output, uint8 input;
+normalisation options and recomputation."""
+
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -8,6 +13,7 @@ import tf_keras
 from resnet_keras import models
 from resnet_keras.config import RunConfig
 from resnet_keras.data.preprocessing import normalize_images
+from tests import e2e
 
 # Trainable parameters with 1000 classes (torchvision's published counts).
 EXPECTED_PARAMS = {18: 11_689_512, 34: 21_797_672, 50: 25_557_032,
@@ -117,3 +123,198 @@ def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
 def test_conv_impl_setting(setting, dtype, has_gpu, expected):
   cfg = RunConfig(conv_impl=setting, dtype=dtype)
   assert cfg.uses_matmul_convs(has_gpu) is expected
+
+
+def _group_norm(groups=32):
+  return models.norm_factory('group', groups)
+
+
+@pytest.mark.parametrize('depth', sorted(EXPECTED_PARAMS))
+def test_group_norm_builds_every_depth_with_batch_norm_parameter_counts(depth):
+  # GroupNormalization has a gamma and beta per channel like batch norm, and
+  # no moving statistics.
+  model = models.resnet(depth, 1000, 32, norm=_group_norm())
+  assert models.count_trainable_parameters(model) == EXPECTED_PARAMS[depth]
+  assert not model.non_trainable_variables
+  assert isinstance(model.get_layer('stage4_block1_bn1'),
+                    tf_keras.layers.GroupNormalization)
+
+
+@pytest.mark.parametrize('stem', ['imagenet', 'small', 'cifar'])
+@pytest.mark.parametrize('groups', [32, 64, 1])
+def test_group_norm_every_stem_normalises_each_group(stem, groups):
+  model = models.resnet(18, 10, 32, stem=stem, norm=_group_norm(groups))
+  images = tf.random.stateless_normal([2, 32, 32, 3], seed=[0, 1])
+  stem_bn = tf_keras.Model(model.input, model.get_layer('stem_bn').output)
+  out = stem_bn(images, training=True).numpy()
+  # Fresh gamma 1, beta 0: each image's group has mean 0 and variance 1.
+  grouped = out.reshape(2, -1, groups, 64 // groups)
+  np.testing.assert_allclose(grouped.mean(axis=(1, 3)), 0, atol=1e-4)
+  np.testing.assert_allclose(grouped.var(axis=(1, 3)), 1, atol=1e-2)
+  # Per-image: another image in the batch changes nothing.
+  alone = stem_bn(images[:1], training=True).numpy()
+  np.testing.assert_allclose(alone, out[:1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize('matmul_convs', [False, True])
+def test_group_norm_trains_a_step_in_bf16(matmul_convs):
+  tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
+  try:
+    tf_keras.utils.set_random_seed(4)
+    model = models.resnet(18, 10, 32, stem='small', norm=_group_norm(),
+                          matmul_convs=matmul_convs)
+    optimizer = tf_keras.optimizers.legacy.SGD(0.01)
+    images = tf.random.stateless_uniform([4, 32, 32, 3], seed=[2, 3])
+    labels = tf.constant([0, 3, 5, 9])
+
+    @tf.function
+    def step():
+      with tf.GradientTape() as tape:
+        probs = model(images, training=True)
+        loss = tf.reduce_mean(
+            tf_keras.losses.sparse_categorical_crossentropy(labels, probs))
+      grads = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(grads, model.trainable_variables))
+      return probs, loss, grads
+
+    probs, loss, grads = step()
+    assert probs.dtype == tf.float32
+    np.testing.assert_allclose(tf.reduce_sum(probs, -1), 1.0, rtol=1e-5)
+    assert all(g is not None and np.isfinite(g.numpy()).all() for g in grads)
+    losses = [float(loss)] + [float(step()[1]) for _ in range(4)]
+    assert losses[-1] < losses[0], losses  # Five steps on one batch fit it.
+  finally:
+    tf_keras.mixed_precision.set_global_policy('float32')
+
+
+def _loss_and_grads(model, images, labels):
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(tf_keras.losses.sparse_categorical_crossentropy(
+        labels, model(images, training=True)))
+  return loss, tape.gradient(loss, model.trainable_variables)
+
+
+@pytest.mark.parametrize('norm,matmul_convs', [('batch', False),
+                                               ('group', False),
+                                               ('batch', True)])
+def test_recompute_gives_the_same_gradients(norm, matmul_convs):
+  tf_keras.utils.set_random_seed(5)
+  plain = models.resnet(18, 10, 32, norm=models.norm_factory(norm),
+                        matmul_convs=matmul_convs)
+  recompute = models.resnet(18, 10, 32, norm=models.norm_factory(norm),
+                            matmul_convs=matmul_convs, recompute=True)
+  assert isinstance(recompute, models.StagewiseRecompute)
+  recompute.set_weights(plain.get_weights())
+  images = tf.random.stateless_normal([4, 32, 32, 3], seed=[6, 7])
+  labels = tf.constant([1, 2, 3, 4])
+  loss_plain, grads_plain = tf.function(_loss_and_grads)(plain, images, labels)
+  loss_re, grads_re = tf.function(_loss_and_grads)(recompute, images, labels)
+  np.testing.assert_allclose(loss_re, loss_plain, rtol=1e-5)
+  assert len(grads_re) == len(grads_plain) == 62
+  for g_re, g_plain in zip(grads_re, grads_plain):
+    np.testing.assert_allclose(g_re, g_plain, rtol=1e-4,
+                               atol=1e-5 * float(tf.reduce_max(abs(g_plain))))
+  # Same weights in the same places, moving averages included (batch norm
+  # in the stages updated twice at sqrt(0.9), the stem's once at 0.9).
+  for a, b in zip(plain.get_weights(), recompute.get_weights()):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_recompute_moving_averages_match_one_update_per_step():
+  """Batch norm in a stage runs twice under recompute (forward and
+  recomputation); momentum sqrt(0.9) twice is one 0.9 update."""
+  cfg = RunConfig(resnet_depth=18, image_size=32)
+  tf_keras.utils.set_random_seed(8)
+  plain = models.build_network(cfg, 10, use_regularizers=False)
+  recompute = models.build_network(
+      RunConfig(resnet_depth=18, image_size=32, enable_recompute=True), 10,
+      use_regularizers=False)
+  recompute.set_weights(plain.get_weights())
+  images = tf.random.stateless_normal([4, 32, 32, 3], seed=[9, 10]) + 1.0
+  labels = tf.constant([1, 2, 3, 4])
+  before = plain.get_layer('stage3_block2_bn2').moving_mean.numpy()
+  for model in (plain, recompute):
+    tf.function(_loss_and_grads)(model, images, labels)
+  after_plain = plain.get_layer('stage3_block2_bn2').moving_mean.numpy()
+  after_re = recompute.get_layer('stage3_block2_bn2').moving_mean.numpy()
+  assert np.abs(after_plain - before).max() > 1e-3  # It moved...
+  np.testing.assert_allclose(after_re, after_plain, rtol=1e-4, atol=1e-6)
+
+
+def test_recompute_checkpoints_are_interchangeable(tmp_path):
+  plain = models.resnet(18, 10, 32)
+  recompute = models.resnet(18, 10, 32, recompute=True)
+  plain_path = tf.train.Checkpoint(model=plain).save(str(tmp_path / 'p'))
+  re_path = tf.train.Checkpoint(model=recompute).save(str(tmp_path / 'r'))
+  assert (tf.train.list_variables(plain_path) ==
+          [(n, s) for n, s in tf.train.list_variables(re_path)])
+  status = tf.train.Checkpoint(model=recompute).restore(plain_path)
+  status.assert_existing_objects_matched()
+  for a, b in zip(plain.get_weights(), recompute.get_weights()):
+    np.testing.assert_array_equal(a, b)
+
+
+_SYNC_BN_SCRIPT = '''
+import json, sys
+from common import env
+env.prepare_tensorflow_environment()
+import numpy as np
+import tensorflow as tf
+from resnet_keras import models
+from resnet_keras.config import RunConfig
+
+cpu = tf.config.list_physical_devices('CPU')[0]
+tf.config.set_logical_device_configuration(
+    cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+strategy = tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
+sync = sys.argv[1] == 'sync'
+with strategy.scope():
+  layer = models.norm_factory('batch', sync_batch_norm=sync)('bn')
+  network = models.build_network(
+      RunConfig(resnet_depth=18, image_size=32, sync_batch_norm=sync), 10,
+      use_regularizers=False)
+# Two replicas with different batches (3 and 3 images of 2x2x4).
+batches = (np.random.RandomState(0).normal(size=[2, 3, 2, 2, 4]) *
+           np.array([1.0, 3.0])[:, None, None, None, None] +
+           np.array([0.0, 5.0])[:, None, None, None, None])
+inputs = strategy.experimental_distribute_values_from_function(
+    lambda ctx: tf.constant(batches[ctx.replica_id_in_sync_group], tf.float32))
+outputs = strategy.run(tf.function(lambda x: layer(x, training=True)),
+                       args=(inputs,))
+print(json.dumps({
+    'replicas': strategy.num_replicas_in_sync,
+    'outputs': [o.numpy().tolist()
+                for o in strategy.experimental_local_results(outputs)],
+    'moving_mean': layer.moving_mean.numpy().tolist(),
+    'moving_variance': layer.moving_variance.numpy().tolist(),
+    'network_synchronized': network.get_layer('stage1_block1_bn1').synchronized,
+    'inputs': batches.tolist()}))
+'''
+
+
+@pytest.mark.parametrize('mode', ['sync', 'local'])
+def test_sync_batch_norm_uses_the_global_batch_statistics(mode):
+  result = subprocess.run([sys.executable, '-c', _SYNC_BN_SCRIPT, mode],
+                          cwd=e2e.REPO_ROOT, capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  got = json.loads(result.stdout.strip().splitlines()[-1])
+  assert got['replicas'] == 2
+  assert got['network_synchronized'] == (mode == 'sync')
+  batches = np.array(got['inputs'])
+  outputs = np.array(got['outputs'])
+  if mode == 'sync':  # Statistics over both replicas' 6 images.
+    means = np.broadcast_to(batches.mean(axis=(0, 1, 2, 3)), (2, 4))
+    variances = np.broadcast_to(batches.var(axis=(0, 1, 2, 3)), (2, 4))
+  else:  # Each replica its own 3 images.
+    means, variances = batches.mean(axis=(1, 2, 3)), batches.var(axis=(1, 2, 3))
+  for replica in range(2):
+    expected = ((batches[replica] - means[replica]) /
+                np.sqrt(variances[replica] + models.BN_EPSILON))
+    np.testing.assert_allclose(outputs[replica], expected, rtol=1e-4,
+                               atol=1e-4)
+  if mode == 'sync':
+    # One update with momentum 0.9 from mean 0 and variance 1.
+    np.testing.assert_allclose(got['moving_mean'], 0.1 * means[0], rtol=1e-4)
+    np.testing.assert_allclose(got['moving_variance'],
+                               0.9 + 0.1 * variances[0], rtol=1e-4)

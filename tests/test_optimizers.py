@@ -1,4 +1,5 @@
-"""LARS against a hand-computed step; the three weight-decay paths agree."""
+"""LARS, Nesterov SGD and RMSProp against hand-computed steps; the three
+weight-decay paths agree."""
 
 import numpy as np
 import pytest
@@ -102,3 +103,64 @@ def test_weight_decay_path_selection():
   assert optimizers.weight_decay_path(RunConfig(weight_decay=0)) == 'none'
   assert optimizers.weight_decay_path(
       RunConfig(keras_applications_model='ResNet50')) == 'single_l2_loss_op'
+
+
+def _two_steps(optimizer, w0, grads):
+  w = tf.Variable(w0, name='dense/kernel')
+  for g in grads:
+    optimizer.apply_gradients([(tf.constant(g, tf.float32), w)])
+  return w.numpy()
+
+
+def test_sgd_nesterov_two_steps_by_hand():
+  cfg = RunConfig(momentum=0.9, nesterov=True)
+  w = _two_steps(optimizers.build_optimizer(cfg, 0.5), [1.0, -2.0],
+                 [[0.2, 0.4], [0.1, -0.3]])
+  # tf_keras: v = m*v - lr*g; w += m*v - lr*g.
+  v1 = -0.5 * np.array([0.2, 0.4])
+  w1 = np.array([1.0, -2.0]) + 0.9 * v1 - 0.5 * np.array([0.2, 0.4])
+  v2 = 0.9 * v1 - 0.5 * np.array([0.1, -0.3])
+  w2 = w1 + 0.9 * v2 - 0.5 * np.array([0.1, -0.3])
+  np.testing.assert_allclose(w, w2, rtol=1e-6)
+  plain = _two_steps(optimizers.build_optimizer(RunConfig(momentum=0.9), 0.5),
+                     [1.0, -2.0], [[0.2, 0.4], [0.1, -0.3]])
+  np.testing.assert_allclose(plain, np.array([1.0, -2.0]) + v1 + v2,
+                             rtol=1e-6)
+
+
+def test_lars_nesterov_step_by_hand():
+  opt = optimizers.build_optimizer(
+      RunConfig(optimizer='LARS', momentum=0.9, nesterov=True,
+                weight_decay=0.0), 2.0)
+  w = _two_steps(opt, [3.0, 4.0], [[0.6, 0.8]])
+  # Trust ratio 0.001 * 5 / 1; v = lr' g; update = m*v + lr' g.
+  scaled = 2.0 * 0.005 * np.array([0.6, 0.8])
+  np.testing.assert_allclose(w, np.array([3.0, 4.0]) - 1.9 * scaled,
+                             rtol=1e-6)
+
+
+def test_rmsprop_two_steps_by_hand():
+  cfg = RunConfig(optimizer='RMSProp', momentum=0.9, rmsprop_rho=0.8,
+                  rmsprop_epsilon=1e-3)
+  opt = optimizers.build_optimizer(cfg, 0.1)
+  assert isinstance(opt, tf_keras.optimizers.legacy.RMSprop)
+  grads = [np.array([0.5, -0.02]), np.array([0.1, 0.3])]
+  w = _two_steps(opt, [1.0, 2.0], grads)
+  # ms = rho*ms + (1-rho) g^2; mom = m*mom + lr g / sqrt(ms + eps); w -= mom.
+  ms, mom, expected = np.zeros(2), np.zeros(2), np.array([1.0, 2.0])
+  for g in grads:
+    ms = 0.8 * ms + 0.2 * g ** 2
+    mom = 0.9 * mom + 0.1 * g / np.sqrt(ms + 1e-3)
+    expected -= mom
+  np.testing.assert_allclose(w, expected, rtol=1e-5)
+
+
+def test_rmsprop_keeps_the_weight_decay_path_of_sgd():
+  assert optimizers.weight_decay_path(
+      RunConfig(optimizer='RMSProp')) == 'regularizers'
+  assert optimizers.weight_decay_path(
+      RunConfig(optimizer='RMSProp', single_l2_loss_op=True)) == (
+          'single_l2_loss_op')
+  fp16 = optimizers.build_optimizer(RunConfig(optimizer='RMSProp',
+                                              dtype='fp16'), 0.1)
+  assert isinstance(fp16.inner_optimizer, tf_keras.optimizers.legacy.RMSprop)

@@ -75,6 +75,19 @@ def test_none_is_allowed_where_the_default_is_none():
 def test_as_args_spells_booleans_and_skips_none():
   assert recipes.as_args({'a': True, 'b': False, 'c': 2.5, 'd': None}) == [
       '--a', '--nob', '--c=2.5']
+  assert recipes.as_args({'lr_decay_points': [0.3, 0.6]}) == [
+      '--lr_decay_points=0.3,0.6']
+
+
+@pytest.mark.parametrize('points', [[0.2, 0.7], '0.2,0.7'])
+def test_decay_points_from_a_yaml_list_or_text(points, tmp_path):
+  path = tmp_path / 'stepped.yaml'
+  path.write_text(yaml.safe_dump({'lr_schedule': 'stepped',
+                                  'lr_decay_points': points,
+                                  'norm': 'group', 'groups': 16}))
+  values = yaml.safe_load(_print_config(e2e.MAIN, ['--config', str(path)]))
+  assert values['lr_decay_points'] == '0.2,0.7'
+  assert values['norm'] == 'group' and values['groups'] == 16
 
 
 def _print_config(script, args):

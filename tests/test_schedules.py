@@ -13,6 +13,8 @@ def lr(schedule, step):
 def test_peak_scales_sgd_with_batch_but_not_lars():
   assert schedules.peak_learning_rate('SGD', 0.1, 1024) == pytest.approx(0.4)
   assert schedules.peak_learning_rate('LARS', 9.5, 2048) == 9.5
+  assert schedules.peak_learning_rate('RMSProp', 0.016, 512) == (
+      pytest.approx(0.032))
 
 
 def test_piecewise_warmup_and_boundaries():
@@ -76,3 +78,51 @@ def test_schedule_for_run_uses_flags():
   assert lr(s, 30) == pytest.approx(9.5)
   assert lr(s, 100) == pytest.approx(1e-4)
   assert lr(s, 200) == pytest.approx(1e-4)
+
+
+def test_stepped_decays_at_fractions_of_the_run():
+  # 1000 steps, warmup 100 to 1.0, x0.5 after 30%, 60% and 80% of the run.
+  s = schedules.build_schedule('stepped', peak=1.0, warmup_steps=100,
+                               total_steps=1000, steps_per_epoch=10,
+                               decay_factor=0.5, decay_points=(0.3, 0.6, 0.8))
+  assert lr(s, 50) == pytest.approx(0.5)
+  assert lr(s, 100) == pytest.approx(1.0)
+  assert lr(s, 300) == pytest.approx(1.0)     # boundary is exclusive
+  assert lr(s, 301) == pytest.approx(0.5)
+  assert lr(s, 600) == pytest.approx(0.5)
+  assert lr(s, 601) == pytest.approx(0.25)
+  assert lr(s, 801) == pytest.approx(0.125)
+  assert lr(s, 999) == pytest.approx(0.125)
+
+
+def test_exponential_staircase_after_warmup():
+  # 10 steps/epoch, warmup 10 steps to 2.0, x0.5 every 2 epochs after it.
+  s = schedules.build_schedule('exponential', peak=2.0, warmup_steps=10,
+                               total_steps=100, steps_per_epoch=10,
+                               decay_factor=0.5, decay_epochs=2)
+  assert lr(s, 5) == pytest.approx(1.0)
+  assert lr(s, 10) == pytest.approx(2.0)      # the peak at warmup end
+  assert lr(s, 29) == pytest.approx(2.0)
+  assert lr(s, 30) == pytest.approx(1.0)
+  assert lr(s, 55) == pytest.approx(2.0 * 0.5 ** 2)  # 45 steps in: 2 decays
+  assert lr(s, 99) == pytest.approx(2.0 * 0.5 ** 4)
+
+
+def test_schedule_for_run_stepped_and_exponential_flags():
+  stepped = RunConfig(lr_schedule='stepped', base_learning_rate=0.1,
+                      warmup_epochs=1, lr_decay_factor=0.2,
+                      lr_decay_points=(0.5,))
+  s = schedules.schedule_for_run(stepped, global_batch_size=512,
+                                 steps_per_epoch=10, total_steps=200)
+  assert lr(s, 5) == pytest.approx(0.1)      # warmup to 0.2 (0.1 x 512/256)
+  assert lr(s, 100) == pytest.approx(0.2)
+  assert lr(s, 101) == pytest.approx(0.04)
+  exponential = RunConfig(optimizer='RMSProp', lr_schedule='exponential',
+                          base_learning_rate=0.016, warmup_epochs=0,
+                          lr_decay_factor=0.97, lr_decay_epochs=2.4)
+  s = schedules.schedule_for_run(exponential, global_batch_size=1024,
+                                 steps_per_epoch=100, total_steps=5000)
+  assert lr(s, 0) == pytest.approx(0.064)    # RMSProp scales like SGD
+  assert lr(s, 239) == pytest.approx(0.064)
+  assert lr(s, 240) == pytest.approx(0.064 * 0.97)
+  assert lr(s, 4800) == pytest.approx(0.064 * 0.97 ** 20)

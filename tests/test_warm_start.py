@@ -119,13 +119,13 @@ def test_sources_are_resolved_or_refused_in_one_line(synthetic_run,
   refused('--pretrained_checkpoint=.*config.json does not exist',
           pretrained_checkpoint=str(bare))
   # records_run has 6 classes: another model to restore, fine to transfer.
-  refused(r'holds another model \(model resnet18, num_classes 6, stem '
-          r'imagenet; this run: model resnet18, num_classes 10',
+  refused(r'holds another model \(model resnet18, .*num_classes 6, stem '
+          r'imagenet; this run: model resnet18, .*num_classes 10',
           restore_from=records_run[1])
   assert warm_start.resolve(_this_run(
       synthetic_run, tmp_path, pretrained_checkpoint=records_run[1]))
-  refused(r'holds another model \(model resnet18, stem imagenet; this run: '
-          r'model resnet34', pretrained_checkpoint=synthetic_run,
+  refused(r'holds another model \(model resnet18, norm batch, stem imagenet; '
+          r'this run: model resnet34', pretrained_checkpoint=synthetic_run,
           resnet_depth=34)
   # A model_dir with its own checkpoint resumes instead.
   assert warm_start.resolve(dataclasses.replace(
