@@ -329,6 +329,11 @@ def run(cfg: RunConfig) -> Dict:
                      cfg.restore_optimizer)
   backend.sync_from_chief(model.variables + optimizer.variables())
   start_step = int(optimizer.iterations.numpy())
+  if start_from and start_step >= plan.total_train_steps:
+    raise UsageError(
+        f'--restore_optimizer restored step {start_step}, but this run has '
+        f'only {plan.total_train_steps} steps, so it would train nothing; '
+        'raise --train_epochs, or drop --restore_optimizer to start at step 0')
   if start_step and backend.is_chief and not start_from:
     logging.info('restored from %s at step %d', manager.latest_checkpoint,
                  start_step)

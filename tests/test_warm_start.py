@@ -183,3 +183,13 @@ def test_bad_flags_fail_in_one_line(synthetic_run, tmp_path):
       e2e.run_main(args + ['--num_classes=5', '-md', str(tmp_path / 'b'),
                            '--restore_from', synthetic_run]),
       '--restore_from=', 'num_classes 10', 'this run: ', 'num_classes 5')
+
+
+def test_a_restored_step_past_the_end_stops_with_a_fix(synthetic_run, tmp_path):
+  # synthetic_run ended at step 8; these flags make an 8-step run.
+  result = e2e.run_main(e2e.TINY + ['-md', str(tmp_path / 'new'), '-te', '2',
+                                    '--restore_from', synthetic_run,
+                                    '--restore_optimizer'])
+  e2e.assert_stopped_with(result, 'restored step 8', 'only 8 steps',
+                          '--train_epochs')
+  assert not os.path.exists(tmp_path / 'new' / 'ckpt-8.index')
