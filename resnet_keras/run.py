@@ -258,7 +258,7 @@ def run(cfg: RunConfig) -> Dict:
   skipped = datasets.skipped_records_counter(cfg)
   train_fn, eval_fn = datasets.make_input_fns(
       cfg, info, program_batch, skipped,
-      start_step=checkpoints.latest_step(cfg.model_dir))
+      start_step=warm_start.steps_of_data_read(cfg.model_dir))
   # Preloading: tf.distribute prefetches each replica's next batches into
   # device memory while the current step runs.
   input_options = tf.distribute.InputOptions(
@@ -334,6 +334,8 @@ def run(cfg: RunConfig) -> Dict:
         f'--restore_optimizer restored step {start_step}, but this run has '
         f'only {plan.total_train_steps} steps, so it would train nothing; '
         'raise --train_epochs, or drop --restore_optimizer to start at step 0')
+  if start_from and backend.is_chief:
+    warm_start.record_start(cfg.model_dir, start_from, start_step)
   if start_step and backend.is_chief and not start_from:
     logging.info('restored from %s at step %d', manager.latest_checkpoint,
                  start_step)

@@ -9,7 +9,10 @@ checkpoint). The config.json beside the checkpoint (every training run and
 mismatch is refused in one line naming both models before anything runs.
 
 Both only decide where a run starts: once its own model_dir has a checkpoint,
-rerunning the same command resumes from that, as any run does.
+rerunning the same command resumes from that, as any run does. The start is
+recorded in model_dir/warm_start.json: a run that began at a restored step
+S has read (step - S) batches of its data at a later step, which is what an
+exact resume (--global_seed) skips.
 
 --restore_from restores the checkpoint into this run's model (and, with
 --restore_optimizer, its optimizer: slots, step and loss scale, so the
@@ -20,6 +23,7 @@ copied from there by name; the head keeps its fresh initialisation.
 """
 
 import dataclasses
+import json
 import os
 from typing import Optional
 
@@ -30,9 +34,11 @@ from resnet_keras import checkpoints
 from resnet_keras import models
 from resnet_keras.config import RunConfig
 from resnet_keras.errors import UsageError
+from resnet_keras.metrics import write_json_atomically
 
 RESTORE_FLAG = '--restore_from'
 PRETRAINED_FLAG = '--pretrained_checkpoint'
+START_FILE = 'warm_start.json'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,3 +128,21 @@ def _load_backbone(source: Source, network) -> None:
                       source.checkpoint, source.cfg)
   for layer in models.backbone_layers(network):
     layer.set_weights(source_network.get_layer(layer.name).get_weights())
+
+
+def record_start(model_dir: str, source: Source, step: int) -> None:
+  """Notes in model_dir where this run started (chief only)."""
+  write_json_atomically(os.path.join(model_dir, START_FILE),
+                        {'flag': source.flag, 'checkpoint': source.checkpoint,
+                         'step': step})
+
+
+def steps_of_data_read(model_dir: str) -> int:
+  """Batches this model_dir's run has drawn from its own data by its latest
+  checkpoint: the checkpoint's step, less the step a warm start began at."""
+  step = checkpoints.latest_step(model_dir)
+  path = os.path.join(model_dir, START_FILE)
+  if not step or not os.path.exists(path):
+    return step
+  with open(path) as f:
+    return step - json.load(f)['step']

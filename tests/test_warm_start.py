@@ -193,3 +193,28 @@ def test_a_restored_step_past_the_end_stops_with_a_fix(synthetic_run, tmp_path):
   e2e.assert_stopped_with(result, 'restored step 8', 'only 8 steps',
                           '--train_epochs')
   assert not os.path.exists(tmp_path / 'new' / 'ckpt-8.index')
+
+
+def test_a_warm_started_run_resumes_exactly(tmp_path):
+  from tests.imagenet_fixture import write_dataset
+  data_dir = str(tmp_path / 'data')
+  write_dataset(data_dir)  # 17 training records: 4 steps of 4 per epoch
+
+  def train(model_dir, epochs, *extra):
+    result = e2e.run_main([
+        '-dd', data_dir, '-md', str(tmp_path / model_dir),
+        '--resnet_depth=18', '--image_size=32', '--batch_size=4',
+        f'-te={epochs}', '--steps_per_loop=2', '--log_steps=2',
+        '--global_seed=7', '--enable_checkpoint_and_export', '--skip_eval',
+        *extra])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return e2e.read_summary(str(tmp_path / model_dir))
+
+  train('source', 1)                                    # ends at step 4
+  warm = ['--restore_from', str(tmp_path / 'source'), '--restore_optimizer']
+  straight = train('straight', 3, *warm)                # steps 4 -> 12
+  train('resumed', 2, *warm)                            # 4 -> 8, "stopped"
+  resumed = train('resumed', 3, *warm)                  # its own ckpt-8 -> 12
+  assert resumed['resumed_from_step'] == 8 and resumed['train_steps'] == 12
+  # The resumed run skips the 4 steps of data its first part read, not 8.
+  assert resumed['weights_sha256'] == straight['weights_sha256']
