@@ -181,7 +181,8 @@ def weights_digest(model) -> str:
   return digest.hexdigest()
 
 
-def _log_plan(cfg: RunConfig, plan: TrainingPlan, info, backend) -> None:
+def _log_plan(cfg: RunConfig, plan: TrainingPlan, info, backend,
+              replica_batch: int) -> None:
   logging.info(
       'data: %s, %d classes, %d train / %d eval examples', info.name,
       info.num_classes, info.num_train_examples, info.num_eval_examples)
@@ -195,9 +196,7 @@ def _log_plan(cfg: RunConfig, plan: TrainingPlan, info, backend) -> None:
   if cfg.num_accumulation_steps > 1:
     logging.info('gradient accumulation: %d micro-batches of %d per replica '
                  'per optimizer step', cfg.num_accumulation_steps,
-                 plan.global_batch_size // backend.batch_multiplier //
-                 backend.strategy.num_replicas_in_sync //
-                 cfg.num_accumulation_steps)
+                 replica_batch // cfg.num_accumulation_steps)
 
 
 def run(cfg: RunConfig) -> Dict:
@@ -238,7 +237,7 @@ def run(cfg: RunConfig) -> Dict:
         f'--num_accumulation_steps={cfg.num_accumulation_steps} equal '
         'micro-batches; use a --batch_size that is a multiple of '
         f'{strategy.num_replicas_in_sync * cfg.num_accumulation_steps}')
-  _log_plan(cfg, plan, info, backend)
+  _log_plan(cfg, plan, info, backend, replica_batch)
   wd_path = optimizers.weight_decay_path(cfg)
   _log_flag_notes(cfg, wd_path, has_gpu,
                   strategy.num_replicas_in_sync * backend.batch_multiplier)

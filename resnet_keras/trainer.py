@@ -196,12 +196,14 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     _, sums, cross_entropy, correct = tf.while_loop(
         lambda i, *_: i < k, micro_step,
         (tf.constant(0), zeros, tf.constant(0.0), tf.constant(0.0)))
-    with tf.GradientTape() as tape:
-      decay = self._scaled(self._decay_share())
-    decay_grads = tape.gradient(decay, variables,
-                                unconnected_gradients='zero')
-    grads = [tf.cast(s, v.dtype) + d
-             for s, v, d in zip(sums, variables, decay_grads)]
+    grads = [tf.cast(s, v.dtype) for s, v in zip(sums, variables)]
+    # LARS decays inside the optimizer; biases and batch norm are never
+    # decayed (their decay gradient is None): no work for either.
+    if self.weight_decay_path in ('regularizers', 'single_l2_loss_op'):
+      with tf.GradientTape() as tape:
+        decay = self._scaled(self._decay_share())
+      grads = [g if d is None else g + d
+               for g, d in zip(grads, tape.gradient(decay, variables))]
     return self.backend.allreduce_gradients(grads), cross_entropy, correct
 
   def train_loop_end(self):
