@@ -7,7 +7,9 @@ size, or uses --data_dir), then measures images/sec of
 the medians and the ratio. Compare with the trainer's img/s: the pipeline
 should deliver at least twice what training consumes. Ours with a seed
 (--global_seed: deterministic order, stateless augmentation) runs too, to
-show what reproducibility costs.
+show what reproducibility costs. Then each side's per-image preprocessing
+alone: the same cached records through its parse-and-augment function on one
+thread, which separates op cost from tf.data scheduling.
 
   python benchmarks/input_pipeline.py [--data_dir DIR] [--image_size 224]
 """
@@ -30,6 +32,7 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from official.legacy.image_classification.resnet import imagenet_preprocessing  # pylint: disable=g-import-not-at-top
 
 from resnet_keras.data import imagenet  # pylint: disable=g-import-not-at-top
+from resnet_keras.data.preprocessing import augmentation_seed  # pylint: disable=g-import-not-at-top
 from tests.imagenet_fixture import _example  # pylint: disable=g-import-not-at-top
 
 
@@ -79,6 +82,36 @@ def model_garden(files, args):
       dtype=tf.bfloat16, drop_remainder=True, filenames=files)
 
 
+def per_image_ms(files, repeats, num_records=400):
+  """Median ms per image of each side's training preprocessing, one thread."""
+  records = list(tf.data.TFRecordDataset(files).take(num_records)
+                 .as_numpy_iterator())
+  cached = tf.data.Dataset.from_tensor_slices(records).enumerate()
+
+  def ours_fn(position, record):
+    image_bytes, label, boxes = imagenet.parse_record(record)
+    return imagenet.preprocess_train(
+        image_bytes, boxes, 224, tf.bfloat16,
+        augmentation_seed(None, position),
+        augmentation_seed(None, position, 1)), label
+
+  def model_garden_fn(_, record):
+    return imagenet_preprocessing.parse_record(record, True, tf.bfloat16)
+
+  one_thread = tf.data.Options()
+  one_thread.threading.private_threadpool_size = 1
+  times = {'ours': [], 'model_garden': []}
+  for _ in range(repeats):
+    for name, fn in (('ours', ours_fn), ('model_garden', model_garden_fn)):
+      it = iter(cached.map(fn).with_options(one_thread))
+      for _ in range(10):
+        next(it)
+      start = time.perf_counter()
+      count = sum(1 for _ in it)
+      times[name].append((time.perf_counter() - start) / count * 1e3)
+  return {name: statistics.median(t) for name, t in times.items()}
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
   parser.add_argument('--data_dir', help='Existing TFRecords (train split).')
@@ -108,6 +141,9 @@ def main():
     print(f'ours, seeded {c:8.1f} images/sec   {rates["ours_seeded"]}')
     print(f'ratio ours/model garden: {a / b:.2f}; seeded/unseeded: '
           f'{c / a:.2f}')
+    ms = per_image_ms(files, args.repeats)
+    print(f'per image, one thread: ours {ms["ours"]:.3f} ms, model garden '
+          f'{ms["model_garden"]:.3f} ms')
 
 
 if __name__ == '__main__':
