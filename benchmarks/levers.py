@@ -38,6 +38,11 @@ LEVERS = {
                  ('jemalloc', [], _preload('jemalloc'))),
     'onednn': (('oneDNN on', [], {}),
                ('oneDNN off', [], {'TF_ENABLE_ONEDNN_OPTS': '0'})),
+    # fp32 variables and activations, bf16 multiplies inside oneDNN convs
+    # (like TF32 on GPUs, with fewer mantissa bits): run with --dtype fp32.
+    'fp32_bf16_math': (('strict fp32', [], {}),
+                       ('bf16 math', [],
+                        {'ONEDNN_DEFAULT_FPMATH_MODE': 'BF16'})),
     'steps_per_loop': (('1 step/loop', ['--steps_per_loop=1'], {}),
                        ('default', [], {})),
 }
