@@ -7,9 +7,11 @@ size, or uses --data_dir), then measures images/sec of
 the medians and the ratio. Compare with the trainer's img/s: the pipeline
 should deliver at least twice what training consumes. Ours with a seed
 (--global_seed: deterministic order, stateless augmentation) runs too, to
-show what reproducibility costs. Then each side's per-image preprocessing
-alone: the same cached records through its parse-and-augment function on one
-thread, which separates op cost from tf.data scheduling.
+show what reproducibility costs, and ours on a private threadpool of the
+machine's cores (--datasets_num_private_threads). Then each side's
+per-image preprocessing alone: the same cached records through its
+parse-and-augment function on one thread, which separates op cost from
+tf.data scheduling.
 
   python benchmarks/input_pipeline.py [--data_dir DIR] [--image_size 224]
 """
@@ -65,14 +67,20 @@ def images_per_second(ds, batch_size, warmup_batches, batches):
   return batches * batch_size / (time.perf_counter() - start)
 
 
-def ours(files, args, seed=None):
+def ours(files, args, seed=None, num_private_threads=0):
   return imagenet.dataset(files, is_training=True, batch_size=args.batch_size,
                           image_size=args.image_size, dtype=tf.bfloat16,
-                          num_classes=1000, seed=seed)
+                          num_classes=1000, seed=seed,
+                          num_private_threads=num_private_threads)
 
 
 def ours_seeded(files, args):
   return ours(files, args, seed=1)
+
+
+def ours_private_threads(files, args):
+  """--datasets_num_private_threads set to the machine's cores."""
+  return ours(files, args, num_private_threads=os.cpu_count())
 
 
 def model_garden(files, args):
@@ -128,19 +136,23 @@ def main():
     print(f'{len(files)} shards, batch {args.batch_size}, bf16 224x224, '
           f'{args.batches} batches per measurement after 5 warm-up batches')
     builders = {'ours': ours, 'model_garden': model_garden,
-                'ours_seeded': ours_seeded}
+                'ours_seeded': ours_seeded,
+                'ours_private_threads': ours_private_threads}
     rates = {name: [] for name in builders}
     for _ in range(args.repeats):
       for name, build in builders.items():
         build_args = argparse.Namespace(**vars(args))
         rates[name].append(images_per_second(build(files, build_args),
                                              args.batch_size, 5, args.batches))
-    a, b, c = (statistics.median(rates[name]) for name in builders)
-    print(f'ours         {a:8.1f} images/sec   {rates["ours"]}')
-    print(f'model garden {b:8.1f} images/sec   {rates["model_garden"]}')
-    print(f'ours, seeded {c:8.1f} images/sec   {rates["ours_seeded"]}')
-    print(f'ratio ours/model garden: {a / b:.2f}; seeded/unseeded: '
-          f'{c / a:.2f}')
+    median = {name: statistics.median(r) for name, r in rates.items()}
+    for name, r in rates.items():
+      print(f'{name:<21} {median[name]:8.1f} images/sec   '
+            f'{[round(x) for x in r]}')
+    print(f'ratio ours/model garden: '
+          f'{median["ours"] / median["model_garden"]:.2f}; seeded/unseeded: '
+          f'{median["ours_seeded"] / median["ours"]:.2f}; private '
+          f'threads/shared pool: '
+          f'{median["ours_private_threads"] / median["ours"]:.2f}')
     ms = per_image_ms(files, args.repeats)
     print(f'per image, one thread: ours {ms["ours"]:.3f} ms, model garden '
           f'{ms["model_garden"]:.3f} ms')
