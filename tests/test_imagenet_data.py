@@ -10,6 +10,7 @@ from resnet_keras.data import imagenet
 from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.errors import UsageError
 from tests import e2e
+from tests.imagenet_fixture import _example
 from tests.imagenet_fixture import write_dataset
 
 
@@ -18,6 +19,21 @@ def data_dir(tmp_path_factory):
   root = tmp_path_factory.mktemp('imagenet')
   labels = write_dataset(str(root))
   return str(root), labels
+
+
+@pytest.mark.parametrize('boxes', [[], [(0.1, 0.2, 0.5, 0.6)],
+                                   [(0.1, 0.2, 0.5, 0.6), (0.0, 0.3, 1.0, 0.9)]])
+def test_parse_record_returns_label_and_boxes_in_y_x_order(boxes):
+  # The records store each coordinate as its own list (image/object/bbox/
+  # xmin, ymin, ...); the crop sampler wants them regrouped per box as
+  # [1, num_boxes, (ymin, xmin, ymax, xmax)].
+  record = _example(b'jpeg', 7, 10, 10, boxes=boxes)
+  image_bytes, label, parsed = imagenet.parse_record(tf.constant(record))
+  assert image_bytes.numpy() == b'jpeg'
+  assert int(label) == 6  # 1-based in the record.
+  assert parsed.shape == (1, len(boxes), 4)
+  np.testing.assert_allclose(parsed.numpy().reshape(-1, 4),
+                             np.array(boxes, np.float32).reshape(-1, 4))
 
 
 @pytest.mark.parametrize('layout', ['nested', 'flat'])

@@ -203,7 +203,8 @@ def read_labels(path: str) -> List[str]:
 def parse_record(serialized):
   """-> (JPEG bytes, 0-based label, boxes [1, N, 4] as ymin, xmin, ymax, xmax)."""
   parsed = tf.io.parse_single_example(serialized, _FEATURES)
-  coords = [tf.sparse.to_dense(parsed[f'image/object/bbox/{k}'])
+  # A 1-D VarLenFeature's values are its dense form: no SparseToDense ops.
+  coords = [parsed[f'image/object/bbox/{k}'].values
             for k in ('ymin', 'xmin', 'ymax', 'xmax')]
   boxes = tf.expand_dims(tf.stack(coords, axis=-1), 0)
   label = tf.cast(parsed['image/class/label'], tf.int32) - 1
