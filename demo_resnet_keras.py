@@ -14,9 +14,10 @@ Every flag of resnet_ctl_imagenet_main.py is accepted and forwarded as typed.
 --config NAME (configs/NAME.yaml) fills in a recipe's values, launcher
 settings included; then --optimizer LARS / SGD fill in their preset
 hyperparameters (RMSProp has none); neither replaces a value given on the
-command line (in any spelling), and a preset never replaces a recipe's value. The trainer gets
-every filled-in value as a flag, so --dry_run shows them all. With more than one worker in total (--num_workers_per_hls
-> 1 or several MULTI_HLS_IPS hosts) the workers are started with mpirun;
+command line (in any spelling), and a preset never replaces a recipe's
+value. The trainer gets every filled-in value as a flag, so --dry_run shows
+them all. With more than one worker in total (--num_workers_per_hls > 1 or
+several MULTI_HLS_IPS hosts) the workers are started with mpirun;
 they train with Horovod (--use_horovod; -bs per worker) or tf.distribute
 (--distribution_strategy=multi_worker_mirrored; -bs global, each rank's
 TF_CONFIG derived from its MPI rank). Environment: MULTI_HLS_IPS,

@@ -160,10 +160,11 @@ def define_flags() -> None:
                      'Stop once eval top-1 accuracy reaches this fraction; '
                      '0: never stop early.')
   flags.DEFINE_integer('global_seed', None,
-                       'Seed for weights, data order and augmentation, with '
-                       'deterministic ops: two runs with the same flags log '
-                       'the same losses step by step, and a resumed run '
-                       'continues exactly.')
+                       'Seed for weights, data order and augmentation '
+                       '(deterministic input order; TensorFlow\'s op '
+                       'determinism stays off): on CPUs two runs with the same '
+                       'flags log the same losses step by step, and a resumed '
+                       'run continues exactly.')
   flags.DEFINE_boolean('use_tf_function', _D.use_tf_function,
                        'Compile steps with tf.function (off: eager, for '
                        'debugging).')
