@@ -7,8 +7,9 @@ size, or uses --data_dir), then measures images/sec of
 the medians and the ratio. Compare with the trainer's img/s: the pipeline
 should deliver at least twice what training consumes. Ours with a seed
 (--global_seed: deterministic order, stateless augmentation) runs too, to
-show what reproducibility costs, and ours on a private threadpool of the
-machine's cores (--datasets_num_private_threads). Then each side's
+show what reproducibility costs, ours on a private threadpool of the
+machine's cores (--datasets_num_private_threads), and ours delivering uint8
+pixels (--data_loader_image_type=uint8, the mean subtracted on the device). Then each side's
 per-image preprocessing alone: the same cached records through its
 parse-and-augment function on one thread, which separates op cost from
 tf.data scheduling.
@@ -67,9 +68,9 @@ def images_per_second(ds, batch_size, warmup_batches, batches):
   return batches * batch_size / (time.perf_counter() - start)
 
 
-def ours(files, args, seed=None, num_private_threads=0):
+def ours(files, args, seed=None, num_private_threads=0, dtype=tf.bfloat16):
   return imagenet.dataset(files, is_training=True, batch_size=args.batch_size,
-                          image_size=args.image_size, dtype=tf.bfloat16,
+                          image_size=args.image_size, dtype=dtype,
                           num_classes=1000, seed=seed,
                           num_private_threads=num_private_threads)
 
@@ -81,6 +82,11 @@ def ours_seeded(files, args):
 def ours_private_threads(files, args):
   """--datasets_num_private_threads set to the machine's cores."""
   return ours(files, args, num_private_threads=os.cpu_count())
+
+
+def ours_uint8(files, args):
+  """--data_loader_image_type=uint8: normalisation moves to the device."""
+  return ours(files, args, dtype=tf.uint8)
 
 
 def model_garden(files, args):
@@ -96,21 +102,24 @@ def per_image_ms(files, repeats, num_records=400):
                  .as_numpy_iterator())
   cached = tf.data.Dataset.from_tensor_slices(records).enumerate()
 
-  def ours_fn(position, record):
-    image_bytes, label, boxes = imagenet.parse_record(record)
-    return imagenet.preprocess_train(
-        image_bytes, boxes, 224, tf.bfloat16,
-        augmentation_seed(None, position),
-        augmentation_seed(None, position, 1)), label
+  def ours_fn(dtype):
+    def fn(position, record):
+      image_bytes, label, boxes = imagenet.parse_record(record)
+      return imagenet.preprocess_train(
+          image_bytes, boxes, 224, dtype, augmentation_seed(None, position),
+          augmentation_seed(None, position, 1)), label
+    return fn
 
   def model_garden_fn(_, record):
     return imagenet_preprocessing.parse_record(record, True, tf.bfloat16)
 
   one_thread = tf.data.Options()
   one_thread.threading.private_threadpool_size = 1
-  times = {'ours': [], 'model_garden': []}
+  fns = {'ours': ours_fn(tf.bfloat16), 'model_garden': model_garden_fn,
+         'ours_uint8': ours_fn(tf.uint8)}
+  times = {name: [] for name in fns}
   for _ in range(repeats):
-    for name, fn in (('ours', ours_fn), ('model_garden', model_garden_fn)):
+    for name, fn in fns.items():
       it = iter(cached.map(fn).with_options(one_thread))
       for _ in range(10):
         next(it)
@@ -137,7 +146,8 @@ def main():
           f'{args.batches} batches per measurement after 5 warm-up batches')
     builders = {'ours': ours, 'model_garden': model_garden,
                 'ours_seeded': ours_seeded,
-                'ours_private_threads': ours_private_threads}
+                'ours_private_threads': ours_private_threads,
+                'ours_uint8': ours_uint8}
     rates = {name: [] for name in builders}
     for _ in range(args.repeats):
       for name, build in builders.items():
@@ -152,10 +162,11 @@ def main():
           f'{median["ours"] / median["model_garden"]:.2f}; seeded/unseeded: '
           f'{median["ours_seeded"] / median["ours"]:.2f}; private '
           f'threads/shared pool: '
-          f'{median["ours_private_threads"] / median["ours"]:.2f}')
+          f'{median["ours_private_threads"] / median["ours"]:.2f}; uint8/bf16 '
+          f'loader: {median["ours_uint8"] / median["ours"]:.2f}')
     ms = per_image_ms(files, args.repeats)
     print(f'per image, one thread: ours {ms["ours"]:.3f} ms, model garden '
-          f'{ms["model_garden"]:.3f} ms')
+          f'{ms["model_garden"]:.3f} ms, ours uint8 {ms["ours_uint8"]:.3f} ms')
 
 
 if __name__ == '__main__':
