@@ -30,6 +30,8 @@ def _preload(name):
 LEVERS = {
     'conv_impl': (('native', ['--conv_impl=native'], {}),
                   ('matmul', ['--conv_impl=matmul'], {})),
+    'relu_impl': (('native', ['--relu_impl=native'], {}),
+                  ('bitwise', ['--relu_impl=bitwise'], {})),
     'inter_op_threads': (('default', [], {}),
                          ('1', ['--inter_op_parallelism_threads=1'], {})),
     'tcmalloc': (('glibc malloc', [], {}),

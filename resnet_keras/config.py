@@ -24,6 +24,7 @@ NORMS = ('batch', 'group')
 # blocks 4x. Every count a normalisation layer sees is a multiple of the first.
 STAGE_FILTERS = (64, 128, 256, 512)
 CONV_IMPLS = ('auto', 'native', 'matmul')
+RELU_IMPLS = ('auto', 'native', 'bitwise')
 # Stem -> how much it downsamples. The stages downsample 8x more, so an image
 # must be at least 8 x this many pixels for the last stage to see 1x1.
 STEM_STRIDES = {'imagenet': 4, 'small': 2, 'cifar': 1}
@@ -62,6 +63,7 @@ class RunConfig:
   stem: str = 'imagenet'
   keras_applications_model: Optional[str] = None
   conv_impl: str = 'auto'  # auto: matmul for bf16 on CPUs.
+  relu_impl: str = 'auto'  # auto: bitwise for bf16 on CPUs.
   norm: str = 'batch'
   groups: int = 32  # --norm=group only.
   sync_batch_norm: bool = False
@@ -148,6 +150,13 @@ class RunConfig:
       return self.dtype == 'bf16' and not has_gpu
     return self.conv_impl == 'matmul'
 
+  def uses_bitwise_relu(self, has_gpu: bool) -> bool:
+    """Whether the ReLUs after the residual adds train bitwise
+    (models.ResidualRelu; levers.py: faster for bf16 on CPUs)."""
+    if self.relu_impl == 'auto':
+      return self.dtype == 'bf16' and not has_gpu
+    return self.relu_impl == 'bitwise'
+
   @property
   def norm_name(self) -> str:
     """'batch' or 'group<groups>': what the normalisation weights of a
@@ -169,6 +178,7 @@ class RunConfig:
     _check_choice('resnet_depth', self.resnet_depth, RESNET_DEPTHS)
     _check_choice('stem', self.stem, tuple(STEM_STRIDES))
     _check_choice('conv_impl', self.conv_impl, CONV_IMPLS)
+    _check_choice('relu_impl', self.relu_impl, RELU_IMPLS)
     _check_choice('norm', self.norm, NORMS)
     self._validate_model_options()
     if self.distribution_strategy == 'hpu':

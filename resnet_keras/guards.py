@@ -38,8 +38,9 @@ def non_finite_step(losses: np.ndarray, first_step: int) -> Optional[int]:
   return first_step + int(bad[0]) if bad.size else None
 
 
-def non_finite_message(step: int, loss: float, last_checkpoint: Optional[str],
+def non_finite_message(problem: str, last_checkpoint: Optional[str],
                        dtype: str) -> str:
+  """`problem` (what went non-finite, and when), what was kept, and why."""
   kept = (f'the last checkpoint ({last_checkpoint}) is kept' if
           last_checkpoint else 'no checkpoint was written')
   causes = ['a learning rate too high for this batch (--base_learning_rate, '
@@ -48,12 +49,17 @@ def non_finite_message(step: int, loss: float, last_checkpoint: Optional[str],
     causes.append('fp16 overflow (use dynamic loss scaling: --loss_scale=0, '
                   'or --dtype=bf16)')
   causes.append('corrupt input data')
-  return (f'training loss is {loss} at step {step}; stopped, {kept}. Likely '
-          f'causes: {"; ".join(causes)}')
+  return f'{problem}; stopped, {kept}. Likely causes: {"; ".join(causes)}'
 
 
 class LoopGuard:
-  """Train action: stops on a non-finite loss or a preemption signal."""
+  """Train action: stops on a non-finite loss or weight, or a preemption
+  signal.
+
+  The weights are checked too because a loss can stay finite over a
+  non-finite weight: a dead unit's NaN does not reach it (e.g. a batch-norm
+  moving variance, or a NaN that a bitwise ReLU turned into 0).
+  """
 
   def __init__(self, get_loop: Callable, any_worker: Callable[[bool], bool],
                last_checkpoint: Callable[[], Optional[str]], dtype: str):
@@ -85,10 +91,19 @@ class LoopGuard:
     del output
     loop = self._get_loop()
     step = non_finite_step(loop.losses, loop.first_step)
+    problem = None
     if step is not None:
-      raise RunStopped(
-          non_finite_message(step, float(loop.losses[step - loop.first_step]),
-                             self._last_checkpoint(), self._dtype),
-          NON_FINITE_EXIT_CODE)
+      problem = (f'training loss is {loop.losses[step - loop.first_step]} at '
+                 f'step {step}')
+    # Horovod workers keep their own batch-norm statistics: combined, so no
+    # worker stops alone while the others wait in a collective.
+    elif self._any_worker(not loop.weights_finite):
+      last_step = loop.first_step + len(loop.losses) - 1
+      problem = (f'a weight or batch-norm statistic is non-finite after step '
+                 f'{last_step} (the losses were finite)')
+    if problem:
+      raise RunStopped(non_finite_message(problem, self._last_checkpoint(),
+                                          self._dtype),
+                       NON_FINITE_EXIT_CODE)
     if self._any_worker(self._signum is not None):
       raise SignalReceived(self._signum or signal.SIGTERM)

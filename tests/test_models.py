@@ -125,6 +125,83 @@ def test_conv_impl_setting(setting, dtype, has_gpu, expected):
   assert cfg.uses_matmul_convs(has_gpu) is expected
 
 
+@pytest.mark.parametrize('setting,dtype,has_gpu,expected', [
+    ('auto', 'bf16', False, True), ('auto', 'fp32', False, False),
+    ('auto', 'bf16', True, False), ('bitwise', 'fp32', True, True),
+    ('native', 'bf16', False, False)])
+def test_relu_impl_setting(setting, dtype, has_gpu, expected):
+  cfg = RunConfig(relu_impl=setting, dtype=dtype)
+  assert cfg.uses_bitwise_relu(has_gpu) is expected
+
+
+_SPECIAL = [0.0, -0.0, 1.5, -1.5, 3e38, -3e38, 1e-40, -1e-40, 1e-6, -1e-6,
+            np.inf, -np.inf, np.nan]
+
+
+@pytest.mark.parametrize('dtype', [tf.bfloat16, tf.float16, tf.float32])
+def test_bitwise_relu_equals_relu_and_its_gradient(dtype):
+  x = tf.cast(tf.concat([tf.constant(_SPECIAL, tf.float32),
+                         tf.random.stateless_normal([1000], [3, 4]) * 10], 0),
+              dtype)
+  dy = tf.cast(tf.random.stateless_normal(x.shape, [5, 6]), dtype)
+  results = []
+  for relu in (tf.nn.relu, models._bitwise_relu):
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = relu(x)
+    results.append((y, tape.gradient(y, x, output_gradients=dy)))
+  (y, dx), (y_bitwise, dx_bitwise) = results
+  # TensorFlow's CPU kernels read subnormals as 0 (so tf.nn.relu returns 0
+  # for them); the bitwise ReLU passes a positive one through, and every
+  # later kernel reads it as 0 again (the gradients below agree).
+  x32 = tf.cast(x, tf.float32).numpy()
+  smallest_normal = 2.0**-14 if dtype == tf.float16 else 2.0**-126
+  subnormal = (x32 > 0) & (x32 < smallest_normal)
+  assert subnormal.any()
+  np.testing.assert_array_equal(
+      tf.cast(y_bitwise, tf.float32),
+      np.where(subnormal, x32, tf.cast(y, tf.float32)))  # NaN where NaN
+  np.testing.assert_array_equal(tf.cast(dx_bitwise, tf.float32),
+                                tf.cast(dx, tf.float32))
+  assert y_bitwise.dtype == dtype
+
+
+def test_residual_relu_is_bitwise_only_in_training():
+  # A negative NaN (x86's default NaN, e.g. inf - inf) is the one input the
+  # bitwise ReLU maps differently: 0, not NaN. Evaluation must keep NaN.
+  negative_nan = -tf.constant([np.nan], tf.bfloat16)
+  assert np.signbit(tf.cast(negative_nan, tf.float32).numpy()[0])
+  layer = models.ResidualRelu(bitwise=True)
+  assert layer(negative_nan, training=True).numpy()[0] == 0
+  assert np.isnan(float(layer(negative_nan, training=False)[0]))
+  assert np.isnan(float(models.ResidualRelu()(negative_nan, training=True)[0]))
+
+
+def test_bitwise_relu_network_trains_bit_identically():
+  tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
+  try:
+    native = models.resnet(50, 10, 32)
+    bitwise = models.resnet(50, 10, 32, bitwise_relu=True)
+  finally:
+    tf_keras.mixed_precision.set_global_policy('float32')
+  assert bitwise.get_layer('stage1_block1_out').bitwise
+  bitwise.set_weights(native.get_weights())
+  images = tf.random.stateless_normal([4, 32, 32, 3], [1, 2]) * 50
+  labels = tf.constant([1, 4, 7, 9])
+
+  def loss_and_grads(model):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(tf_keras.losses.sparse_categorical_crossentropy(
+          labels, model(images, training=True)))
+    return loss, tape.gradient(loss, model.trainable_variables)
+
+  loss_native, grads_native = loss_and_grads(native)
+  loss_bitwise, grads_bitwise = loss_and_grads(bitwise)
+  assert float(loss_bitwise) == float(loss_native)
+  for g_bitwise, g_native in zip(grads_bitwise, grads_native):
+    np.testing.assert_array_equal(g_bitwise, g_native)
+
+
 def _group_norm(groups=32):
   return models.norm_factory('group', groups)
 

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 
 from resnet_keras import guards
+from resnet_keras import trainer as trainer_lib
+from resnet_keras.errors import RunStopped
 from tests import e2e
 
 LONG = [a for a in e2e.TINY if not a.startswith('--train_steps')] + [
@@ -23,11 +25,30 @@ def test_non_finite_step_finds_the_first_bad_loss():
   assert guards.non_finite_step(np.array([1.0, np.inf, np.nan]), 11) == 12
 
 
-def test_non_finite_message_names_step_checkpoint_and_causes():
-  text = guards.non_finite_message(7, float('nan'), '/m/ckpt-4', 'fp16')
-  assert 'loss is nan at step 7' in text and '/m/ckpt-4' in text
+def _guard(losses, weights_finite=True):
+  loop = trainer_lib.LoopRecord(first_step=5, losses=np.array(losses),
+                                accuracies=np.zeros(len(losses)), seconds=1.0,
+                                weights_finite=weights_finite)
+  return guards.LoopGuard(get_loop=lambda: loop, any_worker=lambda flag: flag,
+                          last_checkpoint=lambda: '/m/ckpt-4', dtype='fp16')
+
+
+def test_guard_names_the_first_non_finite_loss_checkpoint_and_causes():
+  with pytest.raises(RunStopped) as stop:
+    _guard([1.0, np.nan, np.inf])(None)
+  assert stop.value.exit_code == guards.NON_FINITE_EXIT_CODE
+  text = str(stop.value)
+  assert 'loss is nan at step 6' in text and '/m/ckpt-4' in text
   assert '--base_learning_rate' in text and 'loss scaling' in text
-  assert 'no checkpoint' in guards.non_finite_message(7, 1e999, None, 'fp32')
+  assert 'no checkpoint' in guards.non_finite_message('x', None, 'fp32')
+
+
+def test_guard_stops_on_non_finite_weights_behind_finite_losses():
+  _guard([1.0, 2.0])(None)  # All finite: carries on.
+  with pytest.raises(RunStopped) as stop:
+    _guard([1.0, 2.0], weights_finite=False)(None)
+  assert stop.value.exit_code == guards.NON_FINITE_EXIT_CODE
+  assert 'non-finite after step 6 (the losses were finite)' in str(stop.value)
 
 
 def _train_with_checkpoint(model_dir):

@@ -42,6 +42,19 @@ def test_every_step_of_a_loop_reaches_the_host():
   assert int(trainer.global_step.numpy()) == 5
 
 
+def test_loop_reports_non_finite_weights():
+  trainer = _trainer()
+  trainer.train(tf.constant(1))
+  assert trainer.last_loop.weights_finite
+  # A moving variance is never in the training loss: a NaN there leaves every
+  # loss finite.
+  variance = trainer.model.get_layer('stem_bn').moving_variance
+  variance.assign(tf.tensor_scatter_nd_update(variance, [[0]], [np.nan]))
+  trainer.train(tf.constant(1))
+  assert np.isfinite(trainer.last_loop.losses).all()
+  assert not trainer.last_loop.weights_finite
+
+
 def test_eval_counts_every_example_weighted_by_count():
   trainer = _trainer(eval_examples=13, batch=4)
   results = trainer.evaluate(tf.constant(-1))
