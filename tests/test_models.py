@@ -82,6 +82,13 @@ def test_keras_applications_backbone_gets_our_head():
   assert model.layers[-1].dtype_policy.compute_dtype == 'float32'
 
 
+def _loss_and_grads(model, images, labels, training=True):
+  with tf.GradientTape() as tape:
+    loss = tf.reduce_sum(tf_keras.losses.sparse_categorical_crossentropy(
+        labels, model(images, training=training)))
+  return loss, tape.gradient(loss, model.trainable_variables)
+
+
 @pytest.mark.parametrize('depth,image_size', [(50, 64), (18, 28)])
 def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
   # ResNet-50 at 64 px: stride-1 and stride-2 1x1 convolutions, 3x3 ones on
@@ -98,16 +105,12 @@ def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
                                        seed=[1, 2])
   labels = tf.constant([1, 4, 7])
 
-  def loss_and_grads(model):
-    # Inference-mode batch norm: batch statistics of 3 images at 2x2 px
-    # would amplify rounding differences far beyond the convolutions'.
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_sum(tf_keras.losses.sparse_categorical_crossentropy(
-          labels, model(images, training=False)))
-    return loss, tape.gradient(loss, model.trainable_variables)
-
-  loss_native, grads_native = loss_and_grads(native)
-  loss_matmul, grads_matmul = loss_and_grads(matmul)
+  # Inference-mode batch norm: batch statistics of 3 images at 2x2 px would
+  # amplify rounding differences far beyond the convolutions'.
+  loss_native, grads_native = _loss_and_grads(native, images, labels,
+                                              training=False)
+  loss_matmul, grads_matmul = _loss_and_grads(matmul, images, labels,
+                                              training=False)
   np.testing.assert_allclose(loss_matmul, loss_native, rtol=1e-4)
   for g_matmul, g_native in zip(grads_matmul, grads_native):
     # Summation order differs (matmul vs convolution kernels): compare
@@ -189,14 +192,8 @@ def test_bitwise_relu_network_trains_bit_identically():
   images = tf.random.stateless_normal([4, 32, 32, 3], [1, 2]) * 50
   labels = tf.constant([1, 4, 7, 9])
 
-  def loss_and_grads(model):
-    with tf.GradientTape() as tape:
-      loss = tf.reduce_sum(tf_keras.losses.sparse_categorical_crossentropy(
-          labels, model(images, training=True)))
-    return loss, tape.gradient(loss, model.trainable_variables)
-
-  loss_native, grads_native = loss_and_grads(native)
-  loss_bitwise, grads_bitwise = loss_and_grads(bitwise)
+  loss_native, grads_native = _loss_and_grads(native, images, labels)
+  loss_bitwise, grads_bitwise = _loss_and_grads(bitwise, images, labels)
   assert float(loss_bitwise) == float(loss_native)
   for g_bitwise, g_native in zip(grads_bitwise, grads_native):
     np.testing.assert_array_equal(g_bitwise, g_native)
@@ -262,13 +259,6 @@ def test_group_norm_trains_a_step_in_bf16(matmul_convs):
     assert losses[-1] < losses[0], losses  # Five steps on one batch fit it.
   finally:
     tf_keras.mixed_precision.set_global_policy('float32')
-
-
-def _loss_and_grads(model, images, labels):
-  with tf.GradientTape() as tape:
-    loss = tf.reduce_sum(tf_keras.losses.sparse_categorical_crossentropy(
-        labels, model(images, training=True)))
-  return loss, tape.gradient(loss, model.trainable_variables)
 
 
 @pytest.mark.parametrize('norm,matmul_convs', [('batch', False),
