@@ -119,22 +119,20 @@ def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
                                atol=1e-3 * float(tf.reduce_max(abs(g_native))))
 
 
+@pytest.mark.parametrize('flag,uses,forced', [
+    ('conv_impl', 'uses_matmul_convs', 'matmul'),
+    ('relu_impl', 'uses_bitwise_relu', 'bitwise')])
 @pytest.mark.parametrize('setting,dtype,has_gpu,expected', [
     ('auto', 'bf16', False, True), ('auto', 'fp32', False, False),
-    ('auto', 'bf16', True, False), ('matmul', 'fp32', True, True),
+    ('auto', 'bf16', True, False), ('forced', 'fp32', True, True),
     ('native', 'bf16', False, False)])
-def test_conv_impl_setting(setting, dtype, has_gpu, expected):
-  cfg = RunConfig(conv_impl=setting, dtype=dtype)
-  assert cfg.uses_matmul_convs(has_gpu) is expected
-
-
-@pytest.mark.parametrize('setting,dtype,has_gpu,expected', [
-    ('auto', 'bf16', False, True), ('auto', 'fp32', False, False),
-    ('auto', 'bf16', True, False), ('bitwise', 'fp32', True, True),
-    ('native', 'bf16', False, False)])
-def test_relu_impl_setting(setting, dtype, has_gpu, expected):
-  cfg = RunConfig(relu_impl=setting, dtype=dtype)
-  assert cfg.uses_bitwise_relu(has_gpu) is expected
+def test_cpu_bf16_auto_settings(flag, uses, forced, setting, dtype, has_gpu,
+                                expected):
+  """auto picks the CPU-bf16 kernels only for bf16 without a GPU; the forced
+  setting applies anywhere, native nowhere."""
+  cfg = RunConfig(**{flag: forced if setting == 'forced' else setting},
+                  dtype=dtype)
+  assert getattr(cfg, uses)(has_gpu) is expected
 
 
 _SPECIAL = [0.0, -0.0, 1.5, -1.5, 3e38, -3e38, 1e-40, -1e-40, 1e-6, -1e-6,
