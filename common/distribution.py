@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 import socket
-from typing import Any
+from typing import Any, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -90,14 +90,16 @@ class Backend:
                                  name=name.replace(':', '_'))
     return value.numpy()
 
-  def any_worker(self, flag: bool) -> bool:
-    """True if `flag` is true on any worker (a collective: all must call)."""
+  def any_worker(self, *flags: bool) -> Tuple[bool, ...]:
+    """Per flag, True if it is true on any worker: one collective for all
+    of them, which every worker must call."""
+    counts = [int(flag) for flag in flags]
     if self.hvd:
-      return self.sum_over_workers(tf.constant(int(flag)), 'any_worker') > 0
-    if self.num_workers > 1:
-      per_replica = self.strategy.run(lambda: tf.constant(int(flag)))
-      return int(self.strategy.reduce('SUM', per_replica, axis=None)) > 0
-    return flag
+      counts = self.sum_over_workers(tf.constant(counts), 'any_worker')
+    elif self.num_workers > 1:
+      per_replica = self.strategy.run(lambda: tf.constant(counts))
+      counts = self.strategy.reduce('SUM', per_replica, axis=None).numpy()
+    return tuple(bool(count > 0) for count in counts)
 
   def sum_metrics_over_workers(self, metrics) -> None:
     """Horovod: each worker evaluated its own shard; summing the metrics'

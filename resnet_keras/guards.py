@@ -1,15 +1,16 @@
-"""What stops a run between loops: preemption signals and non-finite losses.
+"""What stops a run between loops: preemption signals, non-finite losses or
+weights.
 
 `LoopGuard` is an orbit train action, so it runs on the host after every
 loop of `steps_per_loop` steps (a signal arriving mid-loop is noticed when
 the loop's tf.function returns). Every worker reaches the same verdict at
-the same loop: the signal flag is combined over workers, and the losses it
-checks are already reduced over them, so no worker is left waiting in a
-collective for one that stopped.
+the same loop: the signal flag and the weights check are combined over
+workers in one collective, and the losses are already reduced over them, so
+no worker is left waiting in a collective for one that stopped.
 """
 
 import signal
-from typing import Callable, Optional
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 from absl import logging
@@ -61,7 +62,7 @@ class LoopGuard:
   moving variance, or a NaN that a bitwise ReLU turned into 0).
   """
 
-  def __init__(self, get_loop: Callable, any_worker: Callable[[bool], bool],
+  def __init__(self, get_loop: Callable, any_worker: Callable[..., Tuple[bool, ...]],
                last_checkpoint: Callable[[], Optional[str]], dtype: str):
     self._get_loop = get_loop
     self._any_worker = any_worker
@@ -95,15 +96,20 @@ class LoopGuard:
     if step is not None:
       problem = (f'training loss is {loop.losses[step - loop.first_step]} at '
                  f'step {step}')
-    # Horovod workers keep their own batch-norm statistics: combined, so no
-    # worker stops alone while the others wait in a collective.
-    elif self._any_worker(not loop.weights_finite):
-      last_step = loop.first_step + len(loop.losses) - 1
-      problem = (f'a weight or batch-norm statistic is non-finite after step '
-                 f'{last_step} (the losses were finite)')
+    else:
+      # The losses are already reduced over workers; Horovod workers keep
+      # their own batch-norm statistics, and a signal reaches one worker:
+      # both verdicts are combined in one collective, so no worker stops
+      # alone while the others wait in the next one.
+      weights_bad, signalled = self._any_worker(not loop.weights_finite,
+                                                self._signum is not None)
+      if weights_bad:
+        last_step = loop.first_step + len(loop.losses) - 1
+        problem = (f'a weight or batch-norm statistic is non-finite after '
+                   f'step {last_step} (the losses were finite)')
+      elif signalled:
+        raise SignalReceived(self._signum or signal.SIGTERM)
     if problem:
       raise RunStopped(non_finite_message(problem, self._last_checkpoint(),
                                           self._dtype),
                        NON_FINITE_EXIT_CODE)
-    if self._any_worker(self._signum is not None):
-      raise SignalReceived(self._signum or signal.SIGTERM)

@@ -113,13 +113,21 @@ def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
     log.close()
 
 
-def test_preempted_workers_agree_and_the_chief_saves(tmp_path):
-  job, log = _start_long_job(tmp_path, ['-ds', 'multi_worker_mirrored'])
+@pytest.mark.parametrize('backend_args,signalled_ranks', [
+    (['-ds', 'multi_worker_mirrored'], (0, 1)),  # A preemption of the job.
+    # One worker's signal stops both at the same step (no worker left
+    # waiting in a collective), and the unsignalled chief saves.
+    (['--use_horovod'], (1,)),
+])
+def test_preempted_workers_agree_and_the_chief_saves(tmp_path, backend_args,
+                                                     signalled_ranks):
+  job, log = _start_long_job(tmp_path, backend_args)
   try:
     ranks = _rank_pids(job.pid)
     assert sorted(ranks.values()) == [0, 1], ranks
-    for pid in ranks:  # A preemption signals every worker of the job.
-      os.kill(pid, signal.SIGTERM)
+    for pid, rank in ranks.items():
+      if rank in signalled_ranks:
+        os.kill(pid, signal.SIGTERM)
     assert job.wait(timeout=120) != 0
     output = (tmp_path / 'log.txt').read_text()
     saved = [l for l in output.splitlines() if 'after signal' in l]

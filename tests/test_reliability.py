@@ -29,7 +29,8 @@ def _guard(losses, weights_finite=True):
   loop = trainer_lib.LoopRecord(first_step=5, losses=np.array(losses),
                                 accuracies=np.zeros(len(losses)), seconds=1.0,
                                 weights_finite=weights_finite)
-  return guards.LoopGuard(get_loop=lambda: loop, any_worker=lambda flag: flag,
+  return guards.LoopGuard(get_loop=lambda: loop,
+                          any_worker=lambda *flags: flags,
                           last_checkpoint=lambda: '/m/ckpt-4', dtype='fp16')
 
 
