@@ -216,11 +216,12 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
   def train_loop_end(self):
     num_steps = int(self.global_step.numpy() - self._loop_start.numpy())
     workers = self.backend.batch_multiplier
-    losses = self.backend.sum_over_workers(
-        self._losses[:num_steps], 'loop_losses') / workers
-    accuracies = self.backend.sum_over_workers(
-        self._correct[:num_steps], 'loop_correct') / (
-            self.global_batch_size * workers)
+    # One collective for both (Horovod; tf.distribute already reduced them).
+    loss_sums, correct_sums = self.backend.sum_over_workers(
+        tf.stack([self._losses[:num_steps], self._correct[:num_steps]]),
+        'loop_losses_and_correct')
+    losses = loss_sums / workers
+    accuracies = correct_sums / (self.global_batch_size * workers)
     seconds = time.perf_counter() - self._loop_started_at
     self.last_loop = LoopRecord(
         first_step=int(self._loop_start.numpy()) + 1, losses=losses,

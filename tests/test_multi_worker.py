@@ -47,6 +47,9 @@ def test_two_workers_train_in_lockstep(tmp_path, backend_args, batch_flag,
   assert chief['train_steps'] == 4
   assert chief['eval_examples'] == 13  # Every example once, over both.
   assert chief['weights_sha256'] == worker['weights_sha256']
+  # Losses and accuracies are reduced over the workers: both log the same.
+  assert chief['train_loss'] == pytest.approx(worker['train_loss'])
+  assert chief['train_accuracy'] == pytest.approx(worker['train_accuracy'])
 
 
 def _rank_pids(launcher_pid):
