@@ -90,15 +90,21 @@ class Backend:
                                  name=name.replace(':', '_'))
     return value.numpy()
 
+  def count_workers(self, flags, name: str):
+    """Per element of the bool tensor `flags`, how many workers have it set.
+    A collective that every worker must call, eagerly or in a tf.function."""
+    counts = tf.cast(flags, tf.int32)
+    if self.hvd:
+      return self.hvd.allreduce(counts, op=self.hvd.Sum, name=name)
+    if self.num_workers > 1:
+      return self.strategy.reduce('SUM', self.strategy.run(lambda: counts),
+                                  axis=None)
+    return counts
+
   def any_worker(self, *flags: bool) -> Tuple[bool, ...]:
     """Per flag, True if it is true on any worker: one collective for all
     of them, which every worker must call."""
-    counts = [int(flag) for flag in flags]
-    if self.hvd:
-      counts = self.sum_over_workers(tf.constant(counts), 'any_worker')
-    elif self.num_workers > 1:
-      per_replica = self.strategy.run(lambda: tf.constant(counts))
-      counts = self.strategy.reduce('SUM', per_replica, axis=None).numpy()
+    counts = self.count_workers(tf.constant(flags), 'any_worker').numpy()
     return tuple(bool(count > 0) for count in counts)
 
   def sum_metrics_over_workers(self, metrics) -> None:

@@ -2,13 +2,20 @@
 weights.
 
 `LoopGuard` is an orbit train action, so it runs on the host after every
-loop of `steps_per_loop` steps (a signal arriving mid-loop is noticed when
-the loop's tf.function returns). Every worker reaches the same verdict at
-the same loop: the signal flag and the weights check are combined over
-workers in one collective, and the losses are already reduced over them, so
-no worker is left waiting in a collective for one that stopped.
+loop of `steps_per_loop` steps. A signal also ends the loop early: Python
+runs signal handlers only when the main thread leaves the loop's
+tf.function, so the C-level handler's wakeup byte (`signal.set_wakeup_fd`)
+is what the loop polls before each step (`stop_requested`); a minutes-long
+CPU loop would otherwise outlast a scheduler's grace period. Every worker
+reaches the same verdict at the same step: the loop combines its stop flag
+over workers before each step, the signal flag and the weights check are
+combined in one collective after the loop, and the losses are already
+reduced over them, so no worker is left waiting in a collective for one
+that stopped.
 """
 
+import logging as std_logging
+import os
 import signal
 from typing import Callable, Optional, Tuple
 
@@ -62,7 +69,8 @@ class LoopGuard:
   moving variance, or a NaN that a bitwise ReLU turned into 0).
   """
 
-  def __init__(self, get_loop: Callable, any_worker: Callable[..., Tuple[bool, ...]],
+  def __init__(self, get_loop: Callable,
+               any_worker: Callable[..., Tuple[bool, ...]],
                last_checkpoint: Callable[[], Optional[str]], dtype: str):
     self._get_loop = get_loop
     self._any_worker = any_worker
@@ -70,21 +78,50 @@ class LoopGuard:
     self._dtype = dtype
     self._signum = None
     self._previous = {}
+    self._stop_pending = False
+    self._wakeup = None  # (read end, write end, the wakeup fd it replaced)
+    self._orbit_filter = _ShortLoopWarning(
+        lambda: bool(get_loop() and get_loop().stopped_early))
 
   def install(self) -> None:
     for signum in _SIGNALS:
       self._previous[signum] = signal.signal(signum, self._on_signal)
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    os.set_blocking(write_end, False)
+    self._wakeup = (read_end, write_end, signal.set_wakeup_fd(
+        write_end, warn_on_full_buffer=False))
+    logging.get_absl_logger().addFilter(self._orbit_filter)
 
   def uninstall(self) -> None:
     for signum, handler in self._previous.items():
       signal.signal(signum, handler)
     self._previous = {}
+    if self._wakeup:
+      read_end, write_end, previous = self._wakeup
+      signal.set_wakeup_fd(previous)
+      os.close(read_end)
+      os.close(write_end)
+      self._wakeup = None
+    logging.get_absl_logger().removeFilter(self._orbit_filter)
+
+  def stop_requested(self) -> bool:
+    """Whether a stop signal arrived; safe to call from any thread (the
+    train loop polls it through tf.py_function before each step)."""
+    if self._wakeup and not self._stop_pending:
+      try:
+        received = os.read(self._wakeup[0], 64)
+      except BlockingIOError:
+        received = b''
+      self._stop_pending = any(signum in _SIGNALS for signum in received)
+    return self._stop_pending or self._signum is not None
 
   def _on_signal(self, signum, frame):
     del frame
-    logging.warning('received %s: stopping after the current loop',
+    logging.warning('received %s: stopping after the current step',
                     signal.Signals(signum).name)
     self._signum = signum
+    self._stop_pending = True
     # A second signal acts as it would without us (e.g. a hard Ctrl-C).
     signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
 
@@ -102,14 +139,27 @@ class LoopGuard:
       # both verdicts are combined in one collective, so no worker stops
       # alone while the others wait in the next one.
       weights_bad, signalled = self._any_worker(not loop.weights_finite,
-                                                self._signum is not None)
+                                                self.stop_requested())
       if weights_bad:
         last_step = loop.first_step + len(loop.losses) - 1
         problem = (f'a weight or batch-norm statistic is non-finite after '
                    f'step {last_step} (the losses were finite)')
-      elif signalled:
+      elif signalled or loop.stopped_early:
         raise SignalReceived(self._signum or signal.SIGTERM)
     if problem:
       raise RunStopped(non_finite_message(problem, self._last_checkpoint(),
                                           self._dtype),
                        NON_FINITE_EXIT_CODE)
+
+
+class _ShortLoopWarning(std_logging.Filter):
+  """Drops orbit's warning that a loop ran fewer steps than asked when a
+  stop ended it: that is the stop, and the guard says so itself."""
+
+  def __init__(self, stopped_early: Callable[[], bool]):
+    super().__init__()
+    self._stopped_early = stopped_early
+
+  def filter(self, record) -> bool:
+    return not (self._stopped_early() and
+                'did not update `global_step`' in record.getMessage())

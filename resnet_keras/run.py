@@ -269,6 +269,10 @@ def run(cfg: RunConfig) -> Dict:
              strategy.distribute_datasets_from_function(
                  lambda ctx: eval_fn(backend.input_context(ctx)),
                  input_options))
+  guard = guards.LoopGuard(
+      get_loop=lambda: trainer.last_loop, any_worker=backend.any_worker,
+      last_checkpoint=lambda: manager and manager.latest_checkpoint,
+      dtype=cfg.dtype)
   trainer = trainer_lib.ResnetTrainer(
       strategy=strategy, model=model, optimizer=optimizer,
       train_dataset=train_ds, eval_dataset=eval_ds,
@@ -277,7 +281,8 @@ def run(cfg: RunConfig) -> Dict:
       label_smoothing=cfg.label_smoothing, weight_decay=cfg.weight_decay,
       weight_decay_path=wd_path, use_tf_function=cfg.use_tf_function,
       use_tf_while_loop=cfg.use_tf_while_loop,
-      num_accumulation_steps=cfg.num_accumulation_steps, backend=backend)
+      num_accumulation_steps=cfg.num_accumulation_steps, backend=backend,
+      stop_requested=guard.stop_requested)
 
   metrics_log = None
   if backend.is_chief:
@@ -293,10 +298,6 @@ def run(cfg: RunConfig) -> Dict:
       # mpirun gives every rank a terminal; one bar per rank would garble it.
       progress_bar=sys.stdout.isatty() and backend.num_workers == 1,
       metrics_log=metrics_log)
-  guard = guards.LoopGuard(
-      get_loop=lambda: trainer.last_loop, any_worker=backend.any_worker,
-      last_checkpoint=lambda: manager and manager.latest_checkpoint,
-      dtype=cfg.dtype)
   actions = [logger, guard]
   profiler = None
   if cfg.profile_steps:
@@ -345,6 +346,8 @@ def run(cfg: RunConfig) -> Dict:
     checkpoints.record_config(cfg.model_dir, effective_cfg, plan)
     metrics_log.resume_at(start_step)
   guard.install()
+  logging.info('training to step %d; SIGTERM or Ctrl-C: checkpoint after the '
+               'current step, then stop', plan.total_train_steps)
   try:
     while step < plan.total_train_steps and not target_reached:
       try:

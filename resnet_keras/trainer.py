@@ -6,7 +6,9 @@ step writes its loss and its count of correct predictions into a small
 on-device buffer indexed by the step's position in the loop; `train_loop_end`
 reads the buffer once and keeps the per-step values in `last_loop`.
 Each step also adds the time it waited for its batch to a counter, so the
-logs can say when training is input-bound.
+logs can say when training is input-bound. Before each step the loop asks
+the host whether to stop (a signal arrived: guards.LoopGuard), combined over
+workers, and ends early if so.
 With gradient accumulation a step splits its batch into K micro-batches,
 sums their float32 gradients in a `tf.while_loop` and applies them once: the
 all-reduce (tf.distribute's in `apply_gradients`, Horovod's explicit one)
@@ -16,7 +18,7 @@ When things happen (loops, evals, checkpoints) is decided in run.py.
 
 import dataclasses
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 import orbit
@@ -36,6 +38,7 @@ class LoopRecord:
   seconds: float
   input_wait_seconds: float = 0.0  # spent blocked on the input iterator
   weights_finite: bool = True  # every model variable, at the loop's end
+  stopped_early: bool = False  # a stop request ended it before its last step
 
 
 class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
@@ -47,10 +50,13 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                label_smoothing: float = 0.0, weight_decay: float = 0.0,
                weight_decay_path: str = 'none', use_tf_function: bool = True,
                use_tf_while_loop: bool = True, num_accumulation_steps: int = 1,
-               backend: Optional[distribution.Backend] = None):
+               backend: Optional[distribution.Backend] = None,
+               stop_requested: Optional[Callable[[], bool]] = None):
     """`global_batch_size` is the batch of `strategy`'s replicas together;
     under Horovod each worker has its own (see distribution.Backend). Each
-    replica's share is split into `num_accumulation_steps` micro-batches."""
+    replica's share is split into `num_accumulation_steps` micro-batches.
+    `stop_requested` (host code, any thread) is polled before each step;
+    when it is true on any worker, every worker ends the loop there."""
     self.strategy = strategy
     self.backend = backend or distribution.Backend(strategy)
     self.model = model
@@ -62,6 +68,7 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     self.weight_decay = weight_decay
     self.weight_decay_path = weight_decay_path
     self.num_accumulation_steps = num_accumulation_steps
+    self._stop_requested = stop_requested
     self.uses_loss_scale = isinstance(
         optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
     self.last_loop: Optional[LoopRecord] = None
@@ -80,6 +87,7 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
       self._correct = tf.Variable(tf.zeros([max_steps_per_loop]),
                                   trainable=False)
       self._input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+      self._stopped_early = tf.Variable(False, trainable=False)
     with strategy.scope():
       self.eval_loss = tf_keras.metrics.Mean('eval_loss')
       self.eval_accuracy = tf_keras.metrics.SparseCategoricalAccuracy(
@@ -118,9 +126,33 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
   # -- Training --------------------------------------------------------------
 
+  def create_train_loop_fn(self):
+    """orbit's loop, plus a stop check before each step."""
+    if self._stop_requested is None:
+      return super().create_train_loop_fn()
+    options = self._train_options
+    step_fn = self.train_step
+    if options.use_tf_function and not options.use_tf_while_loop:
+      step_fn = tf.function(step_fn)
+
+    def loop_fn(iterator, num_steps):
+      for _ in tf.range(num_steps):
+        if self._stop_on_any_worker():
+          self._stopped_early.assign(True)
+          break
+        step_fn(iterator)
+
+    return tf.function(loop_fn) if options.use_tf_while_loop else loop_fn
+
+  def _stop_on_any_worker(self):
+    requested = tf.py_function(self._stop_requested, [], tf.bool)
+    return self.backend.count_workers(
+        tf.reshape(requested, [1]), 'stop_requested')[0] > 0
+
   def train_loop_begin(self):
     self._loop_start.assign(self.global_step)
     self._input_wait.assign(0.0)
+    self._stopped_early.assign(False)
     self._loop_started_at = time.perf_counter()
 
   def train_step(self, iterator):
@@ -227,7 +259,8 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         first_step=int(self._loop_start.numpy()) + 1, losses=losses,
         accuracies=accuracies, seconds=seconds,
         input_wait_seconds=float(self._input_wait.numpy()),
-        weights_finite=bool(self._weights_finite()))
+        weights_finite=bool(self._weights_finite()),
+        stopped_early=bool(self._stopped_early.numpy()))
     return {
         'train_loss': float(np.mean(losses)),
         'train_accuracy': float(np.mean(accuracies)),

@@ -97,6 +97,32 @@ def test_signal_saves_a_checkpoint_and_a_rerun_resumes(tmp_path, signum,
   assert e2e.read_summary(model_dir)['resumed_from_step'] == step
 
 
+def test_a_signal_ends_a_long_loop_at_the_next_step(tmp_path):
+  # 100000 steps in one loop take minutes; the stop must not wait for them.
+  model_dir = str(tmp_path / 'model')
+  args = [sys.executable, e2e.MAIN, f'--model_dir={model_dir}',
+          '--steps_per_loop=100000'] + [
+              a for a in LONG if not a.startswith('--steps_per_loop')]
+  job = subprocess.Popen(args, cwd=e2e.REPO_ROOT, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+  seen = []
+  for line in job.stderr:  # The signal handlers are installed by now.
+    seen.append(line)
+    if 'training to step' in line:
+      break
+  job.send_signal(signal.SIGTERM)
+  try:
+    returncode = job.wait(timeout=120)
+  finally:
+    job.kill()
+  rest = job.stderr.read()
+  assert returncode == 143, ''.join(seen) + rest
+  step = int(rest.split('saved checkpoint at step ')[1].split()[0])
+  assert step < 100000 and _checkpoint_steps(model_dir) == [step]
+  assert f'stopped by SIGTERM at step {step}' in rest
+  assert 'did not update' not in rest  # orbit's short-loop warning
+
+
 def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tmp_path):
   model_dir = str(tmp_path / 'model')
   _train_with_checkpoint(model_dir)
