@@ -261,6 +261,8 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         input_wait_seconds=float(self._input_wait.numpy()),
         weights_finite=bool(self._weights_finite()),
         stopped_early=bool(self._stopped_early.numpy()))
+    if not num_steps:  # A stop before the loop's first step: no summaries.
+      return {}
     return {
         'train_loss': float(np.mean(losses)),
         'train_accuracy': float(np.mean(accuracies)),

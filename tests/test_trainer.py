@@ -3,6 +3,7 @@
 import time
 
 import numpy as np
+import pytest
 import tensorflow as tf
 import tf_keras
 
@@ -11,7 +12,8 @@ from resnet_keras import trainer as trainer_lib
 from resnet_keras.data import synthetic
 
 
-def _trainer(eval_examples=13, batch=4, steps_per_loop=3, train=None):
+def _trainer(eval_examples=13, batch=4, steps_per_loop=3, train=None,
+             **options):
   strategy = tf.distribute.get_strategy()
   net = models.resnet(18, 5, 32)
   optimizer = tf_keras.optimizers.legacy.SGD(0.05, momentum=0.9)
@@ -21,7 +23,7 @@ def _trainer(eval_examples=13, batch=4, steps_per_loop=3, train=None):
   return trainer_lib.ResnetTrainer(
       strategy=strategy, model=net, optimizer=optimizer, train_dataset=train,
       eval_dataset=evals, global_batch_size=batch, num_classes=5,
-      max_steps_per_loop=steps_per_loop)
+      max_steps_per_loop=steps_per_loop, **options)
 
 
 def test_every_step_of_a_loop_reaches_the_host():
@@ -40,6 +42,27 @@ def test_every_step_of_a_loop_reaches_the_host():
   assert trainer.last_loop.first_step == 4
   assert len(trainer.last_loop.losses) == 2
   assert int(trainer.global_step.numpy()) == 5
+
+
+@pytest.mark.parametrize('while_loop', [True, False])
+def test_a_stop_request_ends_the_loop_before_the_next_step(while_loop):
+  polls = []
+
+  def stop_requested():  # True from the third poll: after two steps.
+    polls.append(1)
+    return len(polls) > 2
+
+  trainer = _trainer(steps_per_loop=5, stop_requested=stop_requested,
+                     use_tf_while_loop=while_loop)
+  out = trainer.train(tf.constant(5))
+  assert int(trainer.global_step.numpy()) == 2 and len(polls) == 3
+  assert trainer.last_loop.stopped_early
+  assert len(trainer.last_loop.losses) == 2
+  assert out['train_loss'] == np.mean(trainer.last_loop.losses)
+  # Still requested: the next loop runs no step and reports nothing.
+  assert trainer.train(tf.constant(5)) == {}
+  assert int(trainer.global_step.numpy()) == 2
+  assert trainer.last_loop.stopped_early and not len(trainer.last_loop.losses)
 
 
 def test_loop_reports_non_finite_weights():
