@@ -114,7 +114,7 @@ class LoopGuard:
       except BlockingIOError:
         received = b''
       self._stop_pending = any(signum in _SIGNALS for signum in received)
-    return self._stop_pending or self._signum is not None
+    return self._stop_pending
 
   def _on_signal(self, signum, frame):
     del frame

@@ -25,10 +25,11 @@ def test_non_finite_step_finds_the_first_bad_loss():
   assert guards.non_finite_step(np.array([1.0, np.inf, np.nan]), 11) == 12
 
 
-def _guard(losses, weights_finite=True):
+def _guard(losses, weights_finite=True, stopped_early=False):
   loop = trainer_lib.LoopRecord(first_step=5, losses=np.array(losses),
                                 accuracies=np.zeros(len(losses)), seconds=1.0,
-                                weights_finite=weights_finite)
+                                weights_finite=weights_finite,
+                                stopped_early=stopped_early)
   return guards.LoopGuard(get_loop=lambda: loop,
                           any_worker=lambda *flags: flags,
                           last_checkpoint=lambda: '/m/ckpt-4', dtype='fp16')
@@ -50,6 +51,29 @@ def test_guard_stops_on_non_finite_weights_behind_finite_losses():
     _guard([1.0, 2.0], weights_finite=False)(None)
   assert stop.value.exit_code == guards.NON_FINITE_EXIT_CODE
   assert 'non-finite after step 6 (the losses were finite)' in str(stop.value)
+
+
+def test_guard_turns_a_signal_into_a_stop_and_restores_the_handlers():
+  guard = _guard([1.0])
+  before = signal.getsignal(signal.SIGTERM)
+  guard.install()
+  try:
+    assert not guard.stop_requested()
+    signal.raise_signal(signal.SIGTERM)
+    assert guard.stop_requested()
+    with pytest.raises(guards.SignalReceived) as stop:
+      guard(None)
+    assert stop.value.exit_code == 143
+  finally:
+    guard.uninstall()
+  assert signal.getsignal(signal.SIGTERM) is before
+  assert signal.set_wakeup_fd(-1) == -1  # The wakeup fd is given back.
+
+
+def test_a_loop_another_worker_stopped_stops_this_one():
+  with pytest.raises(guards.SignalReceived) as stop:
+    _guard([1.0], stopped_early=True)(None)
+  assert stop.value.exit_code == 143
 
 
 def _train_with_checkpoint(model_dir):
