@@ -9,10 +9,10 @@ should deliver at least twice what training consumes. Ours with a seed
 (--global_seed: deterministic order, stateless augmentation) runs too, to
 show what reproducibility costs, ours on a private threadpool of the
 machine's cores (--datasets_num_private_threads), and ours delivering uint8
-pixels (--data_loader_image_type=uint8, the mean subtracted on the device). Then each side's
-per-image preprocessing alone: the same cached records through its
-parse-and-augment function on one thread, which separates op cost from
-tf.data scheduling.
+pixels (--data_loader_image_type=uint8, the mean subtracted on the device).
+Then each side's per-image preprocessing alone: the same cached records
+through its parse-and-augment function on one thread, which separates op
+cost from tf.data scheduling.
 
   python benchmarks/input_pipeline.py [--data_dir DIR] [--image_size 224]
 """

@@ -1,5 +1,5 @@
-"""What stops a run between loops: preemption signals, non-finite losses or
-weights.
+"""What stops a run: preemption signals (before the next step), non-finite
+losses or weights (after the loop).
 
 `LoopGuard` is an orbit train action, so it runs on the host after every
 loop of `steps_per_loop` steps. A signal also ends the loop early: Python
