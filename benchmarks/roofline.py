@@ -3,12 +3,13 @@
 A roofline model of one training step, built from the real model's layer
 shapes (`resnet_keras.models.resnet`) and two limits measured in the same
 run: the matmul peak in the step's dtype (hardware.py) and the memory
-bandwidth TensorFlow's elementwise kernels reach (adds on 1 GiB tensors). Every op of the step (forward, both gradients of
-each convolution, batch norm, ReLU and its gradient, residual adds and the
-gradient sums where a tensor feeds two layers, pooling, weight casts under
-mixed precision, weight decay, the momentum update) moves at least its
-inputs and outputs once and does its FLOPs, so it takes at least
-max(FLOPs / peak, bytes / bandwidth). Two ceilings follow:
+bandwidth TensorFlow's elementwise kernels reach (adds on 1 GiB tensors).
+Every op of the step (forward, both gradients of each convolution, batch
+norm, ReLU and its gradient, residual adds and the gradient sums where a
+tensor feeds two layers, pooling, weight casts under mixed precision, weight
+decay, the momentum update) moves at least its inputs and outputs once and
+does its FLOPs, so it takes at least max(FLOPs / peak, bytes / bandwidth).
+Two ceilings follow:
 
 - serial: those per-op times summed. TensorFlow runs the step as separate
   kernels, each using both cores; this is that execution at each kernel's
@@ -104,7 +105,8 @@ def step_costs(model, batch, act_bytes, mixed_precision, weight_decay=True):
   for layer in model.layers:
     if isinstance(layer, tf_keras.layers.InputLayer):
       continue
-    inputs = tf.nest.flatten(layer._inbound_nodes[0].keras_inputs)  # pylint: disable=protected-access
+    node = layer._inbound_nodes[0]  # pylint: disable=protected-access
+    inputs = tf.nest.flatten(node.keras_inputs)
     in_bytes = sum(_elements(t.shape, batch) for t in inputs) * act_bytes
     out_bytes = _elements(layer.output.shape, batch) * act_bytes
     if isinstance(layer, (tf_keras.layers.Conv2D, tf_keras.layers.Dense)):
@@ -198,7 +200,8 @@ def main():
         'ours', args.batch, args.dtype, args.loops * args.steps_per_loop,
         args.steps_per_loop)))
   for name, rate in rows:
-    print(f'{name:<19} {rate:7.2f} img/s   MFU {rate * flop / args.batch / peak:4.0%}'
+    mfu = rate * flop / args.batch / peak
+    print(f'{name:<19} {rate:7.2f} img/s   MFU {mfu:4.0%}'
           + (f'   {rate / rows[0][1]:.0%} of serial, '
              f'{rate / rows[1][1]:.0%} of overlapped'
              if name == 'our trainer' else ''))
