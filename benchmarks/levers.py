@@ -32,6 +32,8 @@ LEVERS = {
                   ('matmul', ['--conv_impl=matmul'], {})),
     'relu_impl': (('native', ['--relu_impl=native'], {}),
                   ('bitwise', ['--relu_impl=bitwise'], {})),
+    'relu_impl_xla': (('bitwise', ['--relu_impl=bitwise'], {}),
+                      ('xla', ['--relu_impl=xla'], {})),
     'inter_op_threads': (('default', [], {}),
                          ('1', ['--inter_op_parallelism_threads=1'], {})),
     'tcmalloc': (('glibc malloc', [], {}),

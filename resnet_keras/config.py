@@ -24,7 +24,7 @@ NORMS = ('batch', 'group')
 # blocks 4x. Every count a normalisation layer sees is a multiple of the first.
 STAGE_FILTERS = (64, 128, 256, 512)
 CONV_IMPLS = ('auto', 'native', 'matmul')
-RELU_IMPLS = ('auto', 'native', 'bitwise')
+RELU_IMPLS = ('auto', 'native', 'bitwise', 'xla')
 # Stem -> how much it downsamples. The stages downsample 8x more, so an image
 # must be at least 8 x this many pixels for the last stage to see 1x1.
 STEM_STRIDES = {'imagenet': 4, 'small': 2, 'cifar': 1}
@@ -63,7 +63,7 @@ class RunConfig:
   stem: str = 'imagenet'
   keras_applications_model: Optional[str] = None
   conv_impl: str = 'auto'  # auto: matmul for bf16 on CPUs.
-  relu_impl: str = 'auto'  # auto: bitwise for bf16 on CPUs.
+  relu_impl: str = 'auto'  # auto: xla for bf16 on CPUs.
   norm: str = 'batch'
   groups: int = 32  # --norm=group only.
   sync_batch_norm: bool = False
@@ -150,12 +150,13 @@ class RunConfig:
       return self.dtype == 'bf16' and not has_gpu
     return self.conv_impl == 'matmul'
 
-  def uses_bitwise_relu(self, has_gpu: bool) -> bool:
-    """Whether the ReLUs after the residual adds train bitwise
-    (models.ResidualRelu; levers.py: faster for bf16 on CPUs)."""
+  def residual_relu(self, has_gpu: bool) -> str:
+    """How the ReLUs after the residual adds train: native, bitwise or xla
+    (models.ResidualRelu; levers.py: xla fastest for bf16 on CPUs, no gain
+    in fp32; GPUs keep cuDNN's)."""
     if self.relu_impl == 'auto':
-      return self.dtype == 'bf16' and not has_gpu
-    return self.relu_impl == 'bitwise'
+      return 'xla' if self.dtype == 'bf16' and not has_gpu else 'native'
+    return self.relu_impl
 
   @property
   def norm_name(self) -> str:

@@ -98,11 +98,13 @@ def define_flags() -> None:
                       'Same weights and results either way.')
   flags.DEFINE_string('relu_impl', _D.relu_impl,
                       'How the ReLU after each residual add runs in '
-                      'training: native (tf.nn.relu), bitwise (an integer '
-                      'max on the floats\' bits: 3-4x faster for bf16 on '
-                      'CPUs, same results except that a negative NaN becomes '
-                      '0), or auto (bitwise for bf16 on CPUs). Evaluation '
-                      'and export always run tf.nn.relu.')
+                      'training: native (tf.nn.relu), xla (the add and the '
+                      'ReLU as one XLA-compiled kernel, same results: ~10% '
+                      'faster ResNet-50 steps in bf16 on CPUs), bitwise (an '
+                      'integer max on the floats\' bits, no XLA; same '
+                      'results except that a negative NaN becomes 0), or '
+                      'auto (xla for bf16 on CPUs). Evaluation and export '
+                      'always run tf.nn.relu.')
   flags.DEFINE_string('norm', _D.norm,
                       'Normalisation after each convolution: batch, or group '
                       '(GroupNormalization: independent of the batch, for '

@@ -20,7 +20,7 @@ from resnet_keras.errors import UsageError
      'cosine, stepped, exponential'),
     ('norm', 'layer', '--norm=layer is not supported; use one of: batch, group'),
     ('relu_impl', 'fast', '--relu_impl=fast is not supported; use one of: '
-     'auto, native, bitwise'),
+     'auto, native, bitwise, xla'),
     ('rmsprop_rho', 1.0, '--rmsprop_rho must be in [0, 1)'),
     ('rmsprop_epsilon', 0.0, '--rmsprop_epsilon must be > 0'),
     ('lr_decay_factor', 1.5, '--lr_decay_factor must be in (0, 1]'),

@@ -120,8 +120,8 @@ def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
 
 
 @pytest.mark.parametrize('flag,uses,forced', [
-    ('conv_impl', 'uses_matmul_convs', 'matmul'),
-    ('relu_impl', 'uses_bitwise_relu', 'bitwise')])
+    ('conv_impl', lambda cfg, gpu: cfg.uses_matmul_convs(gpu), 'matmul'),
+    ('relu_impl', lambda cfg, gpu: cfg.residual_relu(gpu) == 'xla', 'xla')])
 @pytest.mark.parametrize('setting,dtype,has_gpu,expected', [
     ('auto', 'bf16', False, True), ('auto', 'fp32', False, False),
     ('auto', 'bf16', True, False), ('forced', 'fp32', True, True),
@@ -132,7 +132,7 @@ def test_cpu_bf16_auto_settings(flag, uses, forced, setting, dtype, has_gpu,
   setting applies anywhere, native nowhere."""
   cfg = RunConfig(**{flag: forced if setting == 'forced' else setting},
                   dtype=dtype)
-  assert getattr(cfg, uses)(has_gpu) is expected
+  assert uses(cfg, has_gpu) is expected
 
 
 _SPECIAL = [0.0, -0.0, 1.5, -1.5, 3e38, -3e38, 1e-40, -1e-40, 1e-6, -1e-6,
@@ -172,29 +172,63 @@ def test_residual_relu_is_bitwise_only_in_training():
   # bitwise ReLU maps differently: 0, not NaN. Evaluation must keep NaN.
   negative_nan = -tf.constant([np.nan], tf.bfloat16)
   assert np.signbit(tf.cast(negative_nan, tf.float32).numpy()[0])
-  layer = models.ResidualRelu(bitwise=True)
+  layer = models.ResidualRelu('bitwise')
   assert layer(negative_nan, training=True).numpy()[0] == 0
   assert np.isnan(float(layer(negative_nan, training=False)[0]))
   assert np.isnan(float(models.ResidualRelu()(negative_nan, training=True)[0]))
 
 
-def test_bitwise_relu_network_trains_bit_identically():
+@pytest.mark.parametrize('dtype', [tf.bfloat16, tf.float32])
+def test_xla_add_relu_equals_add_then_relu_and_its_gradient(dtype):
+  specials = tf.constant(_SPECIAL + [-np.nan], tf.float32)
+  a = tf.cast(tf.concat([specials, tf.random.stateless_normal([1000], [3, 4])
+                         * 10], 0), dtype)
+  b = tf.cast(tf.random.stateless_normal(a.shape, [7, 8]) * 10, dtype)
+  dy = tf.cast(tf.random.stateless_normal(a.shape, [5, 6]), dtype)
+  dy = tf.tensor_scatter_nd_update(dy, [[3], [20]], tf.constant([np.nan] * 2,
+                                                                dtype))
+  results = []
+  for add_relu in (lambda a, b: tf.nn.relu(a + b), models._xla_add_relu):
+    with tf.GradientTape(persistent=True) as tape:
+      tape.watch([a, b])
+      y = add_relu(a, b)
+    results.append([tf.cast(t, tf.float32).numpy() for t in (
+        y, *tape.gradient(y, [a, b], output_gradients=dy))])
+  for native, xla in zip(*results):
+    np.testing.assert_array_equal(xla, native)  # NaN where NaN
+  assert np.isnan(results[1][0][-1001])  # relu(-NaN + b) stays NaN.
+  assert np.isnan(results[1][1]).sum() >= 1  # A NaN dy stays NaN.
+
+
+def test_residual_layers_fuse_only_in_training():
+  a = tf.constant([[-2.0, 1.0, np.nan]])
+  b = tf.constant([[1.0, 1.0, 0.0]])
+  add, relu = models.ResidualAdd('xla'), models.ResidualRelu('xla')
+  np.testing.assert_array_equal(add([a, b], training=True), [[0, 2, np.nan]])
+  np.testing.assert_array_equal(relu(a, training=True), a)  # Already applied.
+  np.testing.assert_array_equal(add([a, b], training=False), [[-1, 2, np.nan]])
+  np.testing.assert_array_equal(relu(a, training=False), [[0, 1, np.nan]])
+
+
+@pytest.mark.parametrize('impl', ['bitwise', 'xla'])
+def test_fast_residual_relus_train_bit_identically(impl):
   tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
   try:
     native = models.resnet(50, 10, 32)
-    bitwise = models.resnet(50, 10, 32, bitwise_relu=True)
+    fast = models.resnet(50, 10, 32, residual_relu=impl)
   finally:
     tf_keras.mixed_precision.set_global_policy('float32')
-  assert bitwise.get_layer('stage1_block1_out').bitwise
-  bitwise.set_weights(native.get_weights())
+  assert fast.get_layer('stage1_block1_out').impl == impl
+  assert [l.name for l in fast.layers] == [l.name for l in native.layers]
+  fast.set_weights(native.get_weights())
   images = tf.random.stateless_normal([4, 32, 32, 3], [1, 2]) * 50
   labels = tf.constant([1, 4, 7, 9])
 
   loss_native, grads_native = _loss_and_grads(native, images, labels)
-  loss_bitwise, grads_bitwise = _loss_and_grads(bitwise, images, labels)
-  assert float(loss_bitwise) == float(loss_native)
-  for g_bitwise, g_native in zip(grads_bitwise, grads_native):
-    np.testing.assert_array_equal(g_bitwise, g_native)
+  loss_fast, grads_fast = _loss_and_grads(fast, images, labels)
+  assert float(loss_fast) == float(loss_native)
+  for g_fast, g_native in zip(grads_fast, grads_native):
+    np.testing.assert_array_equal(g_fast, g_native)
 
 
 def _group_norm(groups=32):
