@@ -153,7 +153,7 @@ class RunConfig:
   def residual_relu(self, has_gpu: bool) -> str:
     """How the ReLUs after the residual adds train: native, bitwise or xla
     (models.ResidualRelu; levers.py: xla fastest for bf16 on CPUs, no gain
-    in fp32; GPUs keep cuDNN's)."""
+    in fp32; GPUs keep tf.nn.relu)."""
     if self.relu_impl == 'auto':
       return 'xla' if self.dtype == 'bf16' and not has_gpu else 'native'
     return self.relu_impl
