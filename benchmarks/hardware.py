@@ -1,4 +1,5 @@
-"""This machine's limits, measured: matmul peak and ResNet-50's FLOP count.
+"""This machine's limits, measured: matmul peak, memory bandwidth, and
+ResNet-50's FLOP count.
 
 Model FLOP utilisation (MFU) = achieved training FLOP/s / matmul peak. The
 peak is what TensorFlow's own matmul reaches on this machine (not a vendor
@@ -33,3 +34,30 @@ def matmul_peak_gflops(dtype: str, size: int = 2048, repeats: int = 20) -> float
     out.numpy()
     best = min(best, time.perf_counter() - start)
   return 2 * size ** 3 * repeats / best / 1e9
+
+
+def memory_bandwidth_gbs(elements: int = 1 << 28, repeats: int = 5):
+  """Best GB/s of TensorFlow's fp32 adds on 1 GiB tensors, by kind.
+
+  'add' writes a fresh tensor, as most ops of a step do (each write first
+  reads the line it fills); 'in-place add' (a variable's assign_add) writes
+  memory it just read. roofline.py's ceilings use the higher of the two.
+  """
+  a = tf.random.uniform([elements])
+  b = tf.random.uniform([elements])
+  total = tf.Variable(tf.zeros([elements]))
+
+  def add_in_place():
+    total.assign_add(a, read_value=False)
+
+  rates = {}
+  for name, op in (('add', tf.function(lambda: a + b)),
+                   ('in-place add', tf.function(add_in_place))):
+    op()  # Trace; CPU ops return only once they are done.
+    seconds = []
+    for _ in range(repeats):
+      start = time.perf_counter()
+      op()
+      seconds.append(time.perf_counter() - start)
+    rates[name] = 3 * elements * 4 / min(seconds) / 1e9
+  return rates

@@ -2,7 +2,7 @@
 
 A roofline model of one training step, built from the real model's layer
 shapes (`resnet_keras.models.resnet`) and two limits measured in the same
-run: the matmul peak in the step's dtype (hardware.py) and the memory
+run (hardware.py): the matmul peak in the step's dtype and the memory
 bandwidth TensorFlow's elementwise kernels reach (adds on 1 GiB tensors).
 Every op of the step (forward, both gradients of each convolution, batch
 norm, ReLU and its gradient, residual adds and the gradient sums where a
@@ -28,7 +28,6 @@ import argparse
 import collections
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -51,33 +50,6 @@ VARIABLE_BYTES = 4  # float32 variables, gradients and momentum.
 # gradient back.
 MOMENTUM_BYTES = 5 * VARIABLE_BYTES
 WEIGHT_DECAY_BYTES = 3 * VARIABLE_BYTES
-
-
-def memory_bandwidth_gbs(elements: int = 1 << 28, repeats: int = 5):
-  """Best GB/s of TensorFlow's fp32 adds on 1 GiB tensors, by kind.
-
-  'add' writes a fresh tensor, as most ops of a step do (each write first
-  reads the line it fills); 'in-place add' (a variable's assign_add) writes
-  memory it just read. The ceilings use the higher of the two.
-  """
-  a = tf.random.uniform([elements])
-  b = tf.random.uniform([elements])
-  total = tf.Variable(tf.zeros([elements]))
-
-  def add_in_place():
-    total.assign_add(a, read_value=False)
-
-  rates = {}
-  for name, op in (('add', tf.function(lambda: a + b)),
-                   ('in-place add', tf.function(add_in_place))):
-    op()  # Trace; CPU ops return only once they are done.
-    seconds = []
-    for _ in range(repeats):
-      start = time.perf_counter()
-      op()
-      seconds.append(time.perf_counter() - start)
-    rates[name] = 3 * elements * 4 / min(seconds) / 1e9
-  return rates
 
 
 Cost = collections.namedtuple('Cost', 'kind flop bytes')
@@ -174,7 +146,7 @@ def main():
   parser.add_argument('--steps_per_loop', type=int, default=4)
   args = parser.parse_args()
   peak = hardware.matmul_peak_gflops(args.dtype) * 1e9
-  bandwidths = memory_bandwidth_gbs()
+  bandwidths = hardware.memory_bandwidth_gbs()
   bandwidth = max(bandwidths.values()) * 1e9
   print(f'matmul peak {args.dtype} {peak / 1e9:.0f} GFLOP/s; memory '
         'bandwidth ' + ', '.join(f'{name} {rate:.1f}'
