@@ -39,6 +39,7 @@ def child(args) -> dict:
   env.prepare_tensorflow_environment()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tf_keras  # pylint: disable=g-import-not-at-top
+  from resnet_keras import hardware  # pylint: disable=g-import-not-at-top
   from resnet_keras import models  # pylint: disable=g-import-not-at-top
   from resnet_keras import optimizers  # pylint: disable=g-import-not-at-top
   from resnet_keras.config import RunConfig  # pylint: disable=g-import-not-at-top
@@ -46,11 +47,11 @@ def child(args) -> dict:
   cfg = RunConfig(resnet_depth=args.resnet_depth, image_size=args.image_size,
                   dtype=args.dtype, enable_recompute=args.recompute,
                   batch_size=args.batch)
-  has_gpu = bool(tf.config.list_physical_devices('GPU'))
+  machine = hardware.detect()
   tf_keras.mixed_precision.set_global_policy(
       {'fp32': 'float32', 'bf16': 'mixed_bfloat16'}[args.dtype])
   model = models.build_network(cfg, 1000, use_regularizers=False,
-                               has_gpu=has_gpu)
+                               machine=machine)
   optimizer = optimizers.build_optimizer(cfg, 0.01)
   optimizers.create_slots(optimizer, model.trainable_variables)
   images = tf.random.uniform([args.batch, args.image_size, args.image_size, 3])
@@ -78,7 +79,7 @@ def child(args) -> dict:
             # ru_maxrss is in KiB on Linux.
             'peak_rss_mib': resource.getrusage(
                 resource.RUSAGE_SELF).ru_maxrss / 1024}
-  if has_gpu:
+  if machine.has_gpu:
     result['gpu_peak_mib'] = tf.config.experimental.get_memory_info(
         'GPU:0')['peak'] / 2**20
   return result

@@ -1,18 +1,58 @@
 """Process environment that must be set before TensorFlow is imported."""
 
 import os
+import platform
+from typing import Dict, Mapping, Optional
+
+ONEDNN_VAR = 'TF_ENABLE_ONEDNN_OPTS'
+# Marks a TF_ENABLE_ONEDNN_OPTS this package set, as opposed to the user. The
+# launcher forwards it with the variable, so every rank it starts reports the
+# same reason.
+ONEDNN_DEFAULTED_VAR = 'RESNET_KERAS_ONEDNN_DEFAULTED'
+_X86_64 = ('x86_64', 'amd64')
 
 
 def prepare_tensorflow_environment() -> None:
-  """tf_keras as Keras, and TensorFlow's C++ logs down to what matters.
+  """tf_keras as Keras, oneDNN on x86-64, and TensorFlow's C++ logs quiet.
 
   tf_keras (Keras 2) is the Keras this project trains with; tf-models-official
-  and Horovod are built on it. TensorFlow's CUDA build logs a cuInit *error*
-  on every start on a machine without an NVIDIA driver; there it is noise, so
-  C++ logs are silenced (errors still surface as Python exceptions). Values
-  the user already set win.
+  and Horovod are built on it. TensorFlow 2.20 turns its oneDNN CPU kernels on
+  by default only on CPUs with AVX512_VNNI, AVX512_BF16 or AMX; everywhere
+  else its Eigen kernels train ResNets about 4x slower (benchmarks/README.md),
+  so this turns oneDNN on for every x86-64 CPU. TensorFlow's CUDA build logs a
+  cuInit *error* on every start on a machine without an NVIDIA driver; there
+  it is noise, so C++ logs are silenced (errors still surface as Python
+  exceptions). Values the user already set win.
   """
   os.environ.setdefault('TF_USE_LEGACY_KERAS', '1')
+  if (ONEDNN_VAR not in os.environ and
+      platform.machine().lower() in _X86_64):
+    os.environ[ONEDNN_VAR] = '1'
+    os.environ[ONEDNN_DEFAULTED_VAR] = '1'
   has_nvidia_driver = os.path.exists('/proc/driver/nvidia/version')
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL',
                         '2' if has_nvidia_driver else '3')
+
+
+def onednn_reason(environ: Mapping[str, str],
+                  machine: Optional[str] = None) -> str:
+  """Why oneDNN is on or off in a process with this environment."""
+  value = environ.get(ONEDNN_VAR)
+  if value is None:
+    return (f'{ONEDNN_VAR} unset on a {machine or platform.machine()} CPU: '
+            'TensorFlow\'s own default')
+  if environ.get(ONEDNN_DEFAULTED_VAR) == '1' and value == '1':
+    return (f'{ONEDNN_VAR}=1 set by resnet_keras on this x86-64 CPU '
+            '(TensorFlow turns oneDNN on by itself only with AVX512_VNNI, '
+            'AVX512_BF16 or AMX)')
+  return f'{ONEDNN_VAR}={value} set in the environment'
+
+
+def onednn_status() -> Dict[str, object]:
+  """{'onednn': whether TensorFlow's oneDNN kernels are on, 'onednn_reason'}.
+
+  Asks TensorFlow itself (after import), so what is recorded is what ran.
+  """
+  from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-import-not-at-top
+  return {'onednn': bool(_pywrap_util_port.IsMklEnabled()),
+          'onednn_reason': onednn_reason(os.environ)}

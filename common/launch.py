@@ -32,7 +32,7 @@ FORWARDED_ENV = ('PATH', 'PYTHONPATH', 'LD_LIBRARY_PATH', 'LD_PRELOAD',
                  'MULTI_HLS_IPS', 'MPI_TCP_INCLUDE', 'TF_BASE_PORT',
                  'CUDA_VISIBLE_DEVICES', 'MALLOC_CONF')
 FORWARDED_ENV_PREFIXES = ('TF_', 'HOROVOD_', 'NCCL_', 'OMP_', 'KMP_', 'ONEDNN_',
-                          'DNNL_')
+                          'DNNL_', 'RESNET_KERAS_')
 # Rank and world size as the common MPI launchers publish them.
 _RANK_VARS = (('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'),
               ('PMI_RANK', 'PMI_SIZE'), ('PMIX_RANK', 'PMIX_SIZE'))

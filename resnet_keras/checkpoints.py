@@ -10,7 +10,7 @@ they are checkpoints of: a run refuses another model's checkpoints, and
 import dataclasses
 import json
 import os
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import tensorflow as tf
 
@@ -56,11 +56,18 @@ def describe_identity(identity: Dict) -> str:
   return ', '.join(f'{k} {v}' for k, v in sorted(identity.items()))
 
 
-def record_config(model_dir: str, cfg: RunConfig, plan: TrainingPlan) -> None:
-  """Writes model_dir/config.json; `cfg` has num_classes resolved."""
-  write_json_atomically(os.path.join(model_dir, CONFIG_FILE),
-                        {'config': dataclasses.asdict(cfg),
-                         'training_plan': dataclasses.asdict(plan)})
+def record_config(model_dir: str, cfg: RunConfig, plan: TrainingPlan,
+                  runtime: Optional[Dict] = None) -> None:
+  """Writes model_dir/config.json; `cfg` has num_classes and dtype resolved.
+
+  `runtime`: the machine, and what was chosen for it and why
+  (run.fit_to_hardware).
+  """
+  record = {'config': dataclasses.asdict(cfg),
+            'training_plan': dataclasses.asdict(plan)}
+  if runtime:
+    record['runtime'] = runtime
+  write_json_atomically(os.path.join(model_dir, CONFIG_FILE), record)
 
 
 def read_config(model_dir: str) -> Tuple[RunConfig, TrainingPlan]:

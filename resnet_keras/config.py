@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional, Tuple, Type, TypeVar
 from resnet_keras.errors import UsageError
 
 DATASETS = ('imagenet', 'cifar10', 'cifar100')
-DTYPES = ('fp32', 'bf16', 'fp16')
+DTYPES = ('fp32', 'bf16', 'fp16', 'auto')
 LOADER_IMAGE_TYPES = ('fp32', 'bf16', 'uint8')
 OPTIMIZERS = ('SGD', 'LARS', 'RMSProp')
 LR_SCHEDULES = ('piecewise', 'polynomial', 'constant', 'cosine', 'stepped',
@@ -128,11 +128,6 @@ class RunConfig:
   intra_op_parallelism_threads: int = 0
 
   @property
-  def compute_dtype(self) -> str:
-    return {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}[
-        self.dtype]
-
-  @property
   def min_image_size(self) -> int:
     """Smallest input for which the last stage still sees 1x1."""
     if self.keras_applications_model:
@@ -143,19 +138,22 @@ class RunConfig:
   def model_name(self) -> str:
     return self.keras_applications_model or f'resnet{self.resnet_depth}'
 
-  def uses_matmul_convs(self, has_gpu: bool) -> bool:
-    """Whether models.MatmulConv2D runs the convolutions (levers.py: faster
-    for bf16 on CPUs, no gain in fp32; GPUs keep cuDNN)."""
+  def uses_matmul_convs(self, bf16_cpu: bool) -> bool:
+    """Whether models.MatmulConv2D runs the convolutions. auto: for bf16 on
+    a CPU with bf16 hardware (levers.py: faster there; no gain in fp32 or
+    where bf16 is emulated; GPUs keep cuDNN). `bf16_cpu`:
+    hardware.Machine.bf16_cpu."""
     if self.conv_impl == 'auto':
-      return self.dtype == 'bf16' and not has_gpu
+      return self.dtype == 'bf16' and bf16_cpu
     return self.conv_impl == 'matmul'
 
-  def residual_relu(self, has_gpu: bool) -> str:
+  def residual_relu(self, bf16_cpu: bool) -> str:
     """How the ReLUs after the residual adds train: native, bitwise or xla
-    (models.ResidualRelu; levers.py: xla fastest for bf16 on CPUs, no gain
-    in fp32; GPUs keep tf.nn.relu)."""
+    (models.ResidualRelu). auto: xla for bf16 on a CPU with bf16 hardware
+    (levers.py: fastest there; no gain in fp32 or where bf16 is emulated;
+    GPUs keep tf.nn.relu)."""
     if self.relu_impl == 'auto':
-      return 'xla' if self.dtype == 'bf16' and not has_gpu else 'native'
+      return 'xla' if self.dtype == 'bf16' and bf16_cpu else 'native'
     return self.relu_impl
 
   @property

@@ -94,7 +94,8 @@ def define_flags() -> None:
                       '(1x1 convolutions as one matmul, and kernel gradients '
                       'of 3x3 convolutions on maps <= 7x7 with >= 256 '
                       'channels as patches x matmul: much faster in bf16 on '
-                      'CPUs with AMX), or auto (matmul for bf16 on CPUs). '
+                      'CPUs with AMX), or auto (matmul for bf16 on CPUs with '
+                      'bf16 hardware). '
                       'Same weights and results either way.')
   flags.DEFINE_string('relu_impl', _D.relu_impl,
                       'How the ReLU after each residual add runs in '
@@ -103,7 +104,8 @@ def define_flags() -> None:
                       'faster ResNet-50 training in bf16 on CPUs), bitwise (an '
                       'integer max on the floats\' bits, no XLA; same '
                       'results except that a negative NaN becomes 0), or '
-                      'auto (xla for bf16 on CPUs). Evaluation and export '
+                      'auto (xla for bf16 on CPUs with bf16 hardware). '
+                      'Evaluation and export '
                       'always run tf.nn.relu.')
   flags.DEFINE_string('norm', _D.norm,
                       'Normalisation after each convolution: batch, or group '
@@ -124,8 +126,12 @@ def define_flags() -> None:
   # Precision.
   flags.DEFINE_string('dtype', _D.dtype,
                       'Compute precision: fp32, bf16 (mixed_bfloat16; fast on '
-                      'CPUs with AVX512_BF16/AMX and on GPUs) or fp16 '
-                      '(mixed_float16 with loss scaling; GPU only in practice).')
+                      'CPUs with AMX-BF16/AVX512_BF16 and on GPUs of compute '
+                      'capability >= 8.0, emulated and slower than fp32 on '
+                      'other CPUs), fp16 (mixed_float16 with loss scaling; '
+                      'GPU only in practice), or auto (bf16 where it is fast, '
+                      'fp16 on older GPUs, fp32 elsewhere; the choice and why '
+                      'are logged and recorded in config.json).')
   _alias('dt', 'dtype')
   flags.DEFINE_float('loss_scale', 0.0,
                      'fp16: a fixed loss scale; 0: dynamic loss scaling.')

@@ -18,6 +18,7 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 import tensorflow as tf
 import tf_keras
 
+from resnet_keras import hardware
 from resnet_keras.config import STAGE_FILTERS, RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data.preprocessing import normalize_images
@@ -393,12 +394,15 @@ def freeze_backbone(network: tf_keras.Model) -> None:
 
 
 def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
-                  has_gpu: bool = False, hvd: Any = None) -> tf_keras.Model:
+                  machine: Optional[hardware.Machine] = None,
+                  hvd: Any = None) -> tf_keras.Model:
   """The network the flags ask for (inputs: normalised float images).
 
-  `hvd`: the horovod.tensorflow module under Horovod (its synchronised batch
-  norm), else None.
+  `machine` decides the auto kernels (default: this one). `hvd`: the
+  horovod.tensorflow module under Horovod (its synchronised batch norm),
+  else None.
   """
+  bf16_cpu = (machine or hardware.detect()).bf16_cpu
   if cfg.keras_applications_model:
     network = keras_application(cfg.keras_applications_model, num_classes,
                                 cfg.image_size)
@@ -407,8 +411,8 @@ def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
     network = resnet(cfg.resnet_depth, num_classes, cfg.image_size,
                      weight_decay=cfg.weight_decay if use_regularizers else 0.0,
                      stem=cfg.stem,
-                     matmul_convs=cfg.uses_matmul_convs(has_gpu),
-                     residual_relu=cfg.residual_relu(has_gpu), norm=norm,
+                     matmul_convs=cfg.uses_matmul_convs(bf16_cpu),
+                     residual_relu=cfg.residual_relu(bf16_cpu), norm=norm,
                      recompute=cfg.enable_recompute)
   # Also when validate or average rebuild the run: its checkpoints hold
   # optimizer slots for the trainable variables only.
@@ -433,14 +437,14 @@ def build_training_model(network: tf_keras.Model, image_size: int,
 
 
 def build_models(cfg: RunConfig, num_classes: int, use_regularizers: bool,
-                 has_gpu: bool = False, hvd: Any = None
+                 machine: Optional[hardware.Machine] = None, hvd: Any = None
                  ) -> Tuple[tf_keras.Model, tf_keras.Model]:
   """(network, training model) of a run, under the current precision policy.
 
   Training and `resnet_keras.validate` both build them here, so a
   checkpoint's object graph is the same in both.
   """
-  network = build_network(cfg, num_classes, use_regularizers, has_gpu, hvd)
+  network = build_network(cfg, num_classes, use_regularizers, machine, hvd)
   model = build_training_model(
       network, cfg.image_size, datasets.loader_dtype(cfg),
       normalize_on_device=cfg.data_loader_image_type == 'uint8',

@@ -15,7 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import orbit
 import tensorflow as tf
@@ -23,9 +23,11 @@ import tf_keras
 from absl import logging
 
 from common import distribution
+from common import env
 from resnet_keras import checkpoints
 from resnet_keras import export
 from resnet_keras import guards
+from resnet_keras import hardware
 from resnet_keras import metrics
 from resnet_keras import models
 from resnet_keras import optimizers
@@ -62,9 +64,26 @@ def prepare_model_dir(model_dir: str, clean: bool) -> None:
                      f'({e.strerror}); choose another --model_dir') from None
 
 
-def configure_runtime(cfg: RunConfig) -> bool:
-  """Threads, XLA, seeds and precision policy; True if a GPU is present."""
-  has_gpu = bool(tf.config.list_physical_devices('GPU'))
+def fit_to_hardware(cfg: RunConfig, machine: hardware.Machine
+                    ) -> Tuple[RunConfig, Dict]:
+  """cfg with --dtype=auto decided, and what was decided and why.
+
+  The second value goes into config.json and run_summary.json as 'runtime'.
+  """
+  dtype, why = hardware.choose_dtype(cfg.dtype, machine)
+  if cfg.dtype == 'auto':
+    logging.info('dtype %s (%s)', dtype, why)
+  warning = hardware.emulated_bf16_warning(dtype, machine)
+  if warning:
+    logging.warning(warning)
+  runtime = {'machine': machine.describe(), 'dtype': dtype,
+             'dtype_reason': why, **env.onednn_status()}
+  return dataclasses.replace(cfg, dtype=dtype), runtime
+
+
+def configure_runtime(cfg: RunConfig, machine: hardware.Machine) -> None:
+  """Threads, XLA, seeds and precision policy (cfg.dtype is decided)."""
+  has_gpu = machine.has_gpu
   # TensorFlow's Python INFO lines (collective setup, SavedModel internals)
   # drown the step lines; its warnings still show.
   tf.get_logger().setLevel('WARNING')
@@ -92,7 +111,6 @@ def configure_runtime(cfg: RunConfig) -> bool:
     logging.warning('--dtype=fp16 on a CPU has no hardware support and is '
                     'very slow; use --dtype=bf16 on CPUs')
   tf_keras.mixed_precision.set_global_policy(_POLICIES[cfg.dtype])
-  return has_gpu
 
 
 def _log_flag_notes(cfg: RunConfig, weight_decay_path: str,
@@ -205,7 +223,10 @@ def run(cfg: RunConfig) -> Dict:
     tracking.import_wandb()  # Its absence is a usage error; say so first.
   started = time.time()
   info = datasets.describe(cfg)
-  has_gpu = configure_runtime(cfg)
+  machine = hardware.detect()
+  cfg, runtime = fit_to_hardware(cfg, machine)
+  has_gpu = machine.has_gpu
+  configure_runtime(cfg, machine)
   backend = distribution.build_backend(cfg.distribution_strategy,
                                        cfg.num_gpus, cfg.use_horovod)
   strategy = backend.strategy
@@ -247,7 +268,7 @@ def run(cfg: RunConfig) -> Dict:
   with strategy.scope():
     network, model = models.build_models(
         cfg, info.num_classes, use_regularizers=wd_path == 'regularizers',
-        has_gpu=has_gpu, hvd=backend.hvd)
+        machine=machine, hvd=backend.hvd)
     optimizer = optimizers.build_optimizer(cfg, schedule)
     optimizers.create_slots(optimizer, model.trainable_variables)
     manager = _checkpoint_manager(cfg, backend, model, optimizer)
@@ -342,7 +363,7 @@ def run(cfg: RunConfig) -> Dict:
   eval_results, target_reached, seconds_to_target = {}, False, None
   step = start_step
   if backend.is_chief:
-    checkpoints.record_config(cfg.model_dir, effective_cfg, plan)
+    checkpoints.record_config(cfg.model_dir, effective_cfg, plan, runtime)
     metrics_log.resume_at(start_step)
   guard.install()
   logging.info('training to step %d; SIGTERM or Ctrl-C: checkpoint after the '
@@ -436,6 +457,7 @@ def run(cfg: RunConfig) -> Dict:
       # ru_maxrss is in KiB on Linux.
       'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       'weights_sha256': weights_digest(model),
+      'runtime': runtime,
   }
   os.makedirs(write_dir, exist_ok=True)
   metrics.write_json_atomically(os.path.join(write_dir, SUMMARY_FILE),

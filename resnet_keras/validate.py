@@ -31,6 +31,7 @@ from absl import logging
 
 from common import cli
 from resnet_keras import checkpoints
+from resnet_keras import hardware
 from resnet_keras import metrics
 from resnet_keras import models
 from resnet_keras import optimizers
@@ -89,11 +90,15 @@ class CheckpointEvaluator:
   """
 
   def __init__(self, cfg: RunConfig, plan: TrainingPlan):
-    self.cfg, self.plan = cfg, plan
     info = datasets.describe(cfg)
-    has_gpu = run.configure_runtime(cfg)
+    machine = hardware.detect()
+    # The run's dtype as config.json records it (decided); warns, as training
+    # does, where this machine only emulates it.
+    cfg, _ = run.fit_to_hardware(cfg, machine)
+    self.cfg, self.plan = cfg, plan
+    run.configure_runtime(cfg, machine)
     self.network, self.model = models.build_models(
-        cfg, info.num_classes, use_regularizers=False, has_gpu=has_gpu)
+        cfg, info.num_classes, use_regularizers=False, machine=machine)
     self.optimizer = optimizers.build_optimizer(
         cfg, schedules.schedule_for_run(cfg, plan.global_batch_size,
                                         plan.steps_per_epoch,

@@ -14,8 +14,9 @@ TINY = ['--use_synthetic_data', '--resnet_depth=18', '--image_size=32',
         '--steps_per_loop=2', '--log_steps=2', '--num_eval_examples=13']
 
 
-def _run(argv, timeout=600, env=None):
-  full_env = dict(os.environ)
+def _run(argv, timeout=600, env=None, replace_env=False):
+  """`env` adds to this process's environment, or replaces it."""
+  full_env = {} if replace_env else dict(os.environ)
   full_env.update(env or {})
   return subprocess.run([sys.executable] + list(argv), cwd=REPO_ROOT,
                         capture_output=True, text=True, timeout=timeout,

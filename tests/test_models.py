@@ -120,19 +120,22 @@ def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
 
 
 @pytest.mark.parametrize('flag,uses,forced', [
-    ('conv_impl', lambda cfg, gpu: cfg.uses_matmul_convs(gpu), 'matmul'),
-    ('relu_impl', lambda cfg, gpu: cfg.residual_relu(gpu) == 'xla', 'xla')])
-@pytest.mark.parametrize('setting,dtype,has_gpu,expected', [
-    ('auto', 'bf16', False, True), ('auto', 'fp32', False, False),
-    ('auto', 'bf16', True, False), ('forced', 'fp32', True, True),
-    ('native', 'bf16', False, False)])
-def test_cpu_bf16_auto_settings(flag, uses, forced, setting, dtype, has_gpu,
+    ('conv_impl', lambda cfg, bf16_cpu: cfg.uses_matmul_convs(bf16_cpu),
+     'matmul'),
+    ('relu_impl', lambda cfg, bf16_cpu: cfg.residual_relu(bf16_cpu) == 'xla',
+     'xla')])
+@pytest.mark.parametrize('setting,dtype,bf16_cpu,expected', [
+    ('auto', 'bf16', True, True), ('auto', 'fp32', True, False),
+    # A GPU, or a CPU that emulates bf16.
+    ('auto', 'bf16', False, False), ('forced', 'fp32', False, True),
+    ('native', 'bf16', True, False)])
+def test_cpu_bf16_auto_settings(flag, uses, forced, setting, dtype, bf16_cpu,
                                 expected):
-  """auto picks the CPU-bf16 kernels only for bf16 without a GPU; the forced
-  setting applies anywhere, native nowhere."""
+  """auto picks the CPU-bf16 kernels only for bf16 on a CPU with bf16
+  hardware; the forced setting applies anywhere, native nowhere."""
   cfg = RunConfig(**{flag: forced if setting == 'forced' else setting},
                   dtype=dtype)
-  assert uses(cfg, has_gpu) is expected
+  assert uses(cfg, bf16_cpu) is expected
 
 
 _SPECIAL = [0.0, -0.0, 1.5, -1.5, 3e38, -3e38, 1e-40, -1e-40, 1e-6, -1e-6,

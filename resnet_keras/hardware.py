@@ -1,0 +1,120 @@
+"""What the machine can do, and the precision that fits it (`--dtype auto`).
+
+bf16 is fast only where the hardware multiplies in bf16: CPUs with AMX-BF16
+or AVX512_BF16, and GPUs of compute capability 8.0 or more. Elsewhere
+TensorFlow emulates it on CPUs (slower than fp32, benchmarks/README.md), and
+older GPUs have fp16 tensor cores instead. The choice is a pure function of
+what was detected, so it is tested without the hardware.
+"""
+
+import dataclasses
+from typing import FrozenSet, Optional, Tuple
+
+# The /proc/cpuinfo flags that decide the CPU paths, fastest bf16 first.
+BF16_CPU_FEATURES = ('amx_bf16', 'avx512_bf16')
+REPORTED_CPU_FEATURES = BF16_CPU_FEATURES + ('avx512f', 'avx2')
+# ResNet-18 (small stem, 28x28, batch 128, oneDNN on) trained at this share
+# of its fp32 speed in bf16 on a 2-core AMD EPYC with AVX2 only
+# (benchmarks/README.md, "bf16 without bf16 hardware").
+EMULATED_BF16_SPEED = 0.40
+MIN_BF16_GPU_CAPABILITY = (8, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cpu:
+  model: str
+  features: FrozenSet[str]  # the REPORTED_CPU_FEATURES it has
+
+  @property
+  def has_bf16(self) -> bool:
+    return bool(self.features & set(BF16_CPU_FEATURES))
+
+  def describe(self) -> str:
+    """'AMD EPYC (avx2)': the model and the features that matter here."""
+    names = [f for f in REPORTED_CPU_FEATURES if f in self.features]
+    return f'{self.model} ({", ".join(names) or "no AVX2"})'
+
+
+def parse_cpuinfo(text: str) -> Cpu:
+  """The first processor's model name and relevant flags in /proc/cpuinfo."""
+  model, flags = 'unknown CPU', set()
+  for line in text.splitlines():
+    key, _, value = line.partition(':')
+    key = key.strip()
+    if key == 'model name' and model == 'unknown CPU':
+      model = value.strip()
+    elif key == 'flags' and not flags:
+      flags = set(value.split())
+  return Cpu(model, frozenset(flags & set(REPORTED_CPU_FEATURES)))
+
+
+def this_cpu(path: str = '/proc/cpuinfo') -> Cpu:
+  try:
+    with open(path) as f:
+      return parse_cpuinfo(f.read())
+  except OSError:  # Not Linux: no features known, so no bf16 assumed.
+    return Cpu('unknown CPU', frozenset())
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+  """The CPU, and the compute capability of each visible GPU."""
+  cpu: Cpu
+  gpus: Tuple[Tuple[int, int], ...] = ()
+
+  @property
+  def has_gpu(self) -> bool:
+    return bool(self.gpus)
+
+  @property
+  def bf16_cpu(self) -> bool:
+    """Training runs on a CPU that multiplies in bf16 natively."""
+    return not self.gpus and self.cpu.has_bf16
+
+  def describe(self) -> str:
+    gpus = ', '.join(f'compute capability {_cc(g)}' for g in self.gpus)
+    return f'{len(self.gpus)} GPU(s) ({gpus})' if gpus else self.cpu.describe()
+
+
+def detect() -> Machine:
+  """This machine, as TensorFlow sees its GPUs ((8, 0) for an A100)."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  gpus = tuple(
+      tuple(tf.config.experimental.get_device_details(gpu).get(
+          'compute_capability', (0, 0)))
+      for gpu in tf.config.list_physical_devices('GPU'))
+  return Machine(this_cpu(), gpus)
+
+
+def choose_dtype(requested: str, machine: Machine) -> Tuple[str, str]:
+  """(dtype, why) for --dtype; only 'auto' is decided here."""
+  if requested != 'auto':
+    return requested, f'--dtype={requested}'
+  cpu = machine.cpu
+  if machine.gpus:
+    oldest = min(machine.gpus)
+    if oldest >= MIN_BF16_GPU_CAPABILITY:
+      return 'bf16', (f'auto: GPU compute capability {_cc(oldest)} has bf16 '
+                      'tensor cores')
+    return 'fp16', (f'auto: GPU compute capability {_cc(oldest)} < '
+                    f'{_cc(MIN_BF16_GPU_CAPABILITY)} has fp16 tensor cores '
+                    'but no bf16 ones (fp16 trains with dynamic loss scaling)')
+  if cpu.has_bf16:
+    found = [f for f in BF16_CPU_FEATURES if f in cpu.features]
+    return 'bf16', f'auto: {cpu.model} has {found[0].upper()}'
+  return 'fp32', (f'auto: {cpu.model} has no bf16 hardware (AMX_BF16 or '
+                  'AVX512_BF16), where bf16 is emulated and slower than fp32')
+
+
+def emulated_bf16_warning(dtype: str, machine: Machine) -> Optional[str]:
+  """The one line for --dtype=bf16 on a CPU that only emulates it."""
+  if dtype != 'bf16' or machine.has_gpu or machine.cpu.has_bf16:
+    return None
+  return (f'--dtype=bf16 on {machine.cpu.describe()}: this CPU has no bf16 hardware, '
+          'so TensorFlow emulates it; ResNet-18 trained at '
+          f'{EMULATED_BF16_SPEED:.2f}x its fp32 speed on such a CPU. '
+          '--dtype=auto (or fp32) is faster here')
+
+
+def _cc(capability: Tuple[int, int]) -> str:
+  return f'{capability[0]}.{capability[1]}'

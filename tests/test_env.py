@@ -1,0 +1,67 @@
+"""The process environment set before TensorFlow loads: oneDNN on x86-64."""
+
+import json
+import platform
+
+import pytest
+
+from common import env
+from tests import e2e
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+  for name in (env.ONEDNN_VAR, env.ONEDNN_DEFAULTED_VAR):
+    monkeypatch.delenv(name, raising=False)
+  return monkeypatch
+
+
+def test_onednn_is_turned_on_on_x86_64_unless_the_user_chose(clean_env):
+  clean_env.setattr(platform, 'machine', lambda: 'x86_64')
+  env.prepare_tensorflow_environment()
+  assert env.os.environ[env.ONEDNN_VAR] == '1'
+  assert 'set by resnet_keras' in env.onednn_reason(env.os.environ)
+
+  clean_env.setenv(env.ONEDNN_VAR, '0')
+  clean_env.delenv(env.ONEDNN_DEFAULTED_VAR)
+  env.prepare_tensorflow_environment()
+  assert env.os.environ[env.ONEDNN_VAR] == '0'
+  assert env.onednn_reason(env.os.environ) == (
+      'TF_ENABLE_ONEDNN_OPTS=0 set in the environment')
+
+
+def test_other_cpus_keep_tensorflows_default(clean_env):
+  clean_env.setattr(platform, 'machine', lambda: 'aarch64')
+  env.prepare_tensorflow_environment()
+  assert env.ONEDNN_VAR not in env.os.environ
+  assert env.onednn_reason(env.os.environ, machine='aarch64') == (
+      "TF_ENABLE_ONEDNN_OPTS unset on a aarch64 CPU: TensorFlow's own default")
+
+
+def test_a_user_value_of_1_is_the_users():
+  assert env.onednn_reason({env.ONEDNN_VAR: '1'}) == (
+      'TF_ENABLE_ONEDNN_OPTS=1 set in the environment')
+
+
+@pytest.mark.parametrize('value,on', [(None, True), ('0', False)])
+def test_runs_record_whether_onednn_was_on_and_why(tmp_path, value, on):
+  extra = {} if value is None else {env.ONEDNN_VAR: value}
+  environ = dict(env.os.environ)
+  for name in (env.ONEDNN_VAR, env.ONEDNN_DEFAULTED_VAR):
+    environ.pop(name, None)
+  environ.update(extra)
+  model_dir = tmp_path / 'model'
+  result = e2e.run_main(
+      e2e.TINY + ['--skip_eval', '--dtype=auto', f'--model_dir={model_dir}'],
+      env=environ, replace_env=True)
+  assert result.returncode == 0, result.stderr[-3000:]
+  runtime = e2e.read_summary(model_dir)['runtime']
+  assert runtime['onednn'] is on
+  assert ('set by resnet_keras' if value is None else
+          'TF_ENABLE_ONEDNN_OPTS=0 set in the environment'
+          ) in runtime['onednn_reason']
+  recorded = json.loads((model_dir / 'config.json').read_text())
+  assert recorded['runtime'] == runtime
+  # auto was decided: the config holds what ran, the log line says why.
+  assert recorded['config']['dtype'] == runtime['dtype'] != 'auto'
+  assert f'dtype {runtime["dtype"]} (auto: ' in result.stderr
