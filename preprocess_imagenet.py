@@ -46,12 +46,14 @@ from absl import app, flags
 from PIL import Image
 
 from common import cli
+from common import env
 from resnet_keras.errors import UsageError
 
 # TensorFlow is imported only where shards are written: it takes seconds, and
 # bad input should be reported at once. Its C++ start-up notices (no GPU,
 # oneDNN, CPU features) would bury the one-line errors on stderr.
 os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '1')
+env.prepare_tensorflow_environment()  # oneDNN as in every entry point.
 
 FLAGS = flags.FLAGS
 

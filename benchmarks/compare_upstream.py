@@ -3,7 +3,10 @@
 Runs `resnet_ctl_imagenet_main.py` (ours) and
 `official.legacy.image_classification.resnet.resnet_ctl_imagenet_main`
 (upstream, shipped in tf-models-official) alternately (A B A B ...) for each
-batch size and dtype, with the defaults a user gets. Throughput is the
+batch size and dtype, with the defaults a user gets. Upstream runs twice:
+as a user gets it (TensorFlow's default oneDNN setting: off on x86 CPUs
+without AVX512_VNNI, AVX512_BF16 or AMX) and with oneDNN on (like for like:
+ours turns it on everywhere). Throughput is the
 steady state: each program reports examples/sec per `steps_per_loop` interval
 and the first interval (tracing, warm-up) is dropped. Prints the median per
 program, the ratio ours/upstream, and our model FLOP utilisation: achieved
@@ -55,8 +58,14 @@ def steady_rate(program, output):
 
 def run_once(program, batch, dtype, steps, steps_per_loop, extra_args=(),
              extra_env=None):
-  """Steady-state examples/sec of one run of `program` ('ours'/'upstream')."""
-  env = dict(os.environ, TF_USE_LEGACY_KERAS='1', TF_CPP_MIN_LOG_LEVEL='3')
+  """Steady-state examples/sec of one run of `program` ('ours'/'upstream').
+
+  The environment is this shell's as a user has it (without what
+  hardware.py's import set for this process), plus `extra_env`.
+  """
+  env = {k: v for k, v in os.environ.items()
+         if (k, v) not in hardware.SET_BY_US.items()}
+  env.update(TF_USE_LEGACY_KERAS='1', TF_CPP_MIN_LOG_LEVEL='3')
   env.update(extra_env or {})
   with tempfile.TemporaryDirectory() as model_dir:
     result = subprocess.run(
@@ -80,26 +89,30 @@ def main():
   args = parser.parse_args()
   steps = args.loops * args.steps_per_loop
   dtypes = args.dtypes.split(',')
+  print(hardware.machine_line())
   peaks = {d: hardware.matmul_peak_gflops(d) for d in dtypes}
   print('matmul peak: ' + ', '.join(f'{d} {p:.0f} GFLOP/s'
                                     for d, p in peaks.items()))
   flop = hardware.resnet50_train_gflop_per_image()
   print(f'{"batch":>5} {"dtype":>5} {"ours img/s":>11} {"upstream":>9} '
-        f'{"ratio":>6} {"MFU":>5}   (median of {args.repeats} alternating '
-        f'runs, {steps} steps each)', flush=True)
+        f'{"ratio":>6} {"+oneDNN":>8} {"ratio":>6} {"MFU":>5}   (median of '
+        f'{args.repeats} alternating runs, {steps} steps each)', flush=True)
+  sides = (('ours', 'ours', None), ('upstream', 'upstream', None),
+           ('upstream+oneDNN', 'upstream', {'TF_ENABLE_ONEDNN_OPTS': '1'}))
   for batch in [int(b) for b in args.batch_sizes.split(',')]:
     for dtype in dtypes:
-      rates = {'ours': [], 'upstream': []}
+      rates = {name: [] for name, _, _ in sides}
       for _ in range(args.repeats):
-        for program in ('ours', 'upstream'):
-          rates[program].append(run_once(program, batch, dtype, steps,
-                                          args.steps_per_loop))
-      ours = statistics.median(rates['ours'])
-      upstream = statistics.median(rates['upstream'])
+        for name, program, extra_env in sides:
+          rates[name].append(run_once(program, batch, dtype, steps,
+                                      args.steps_per_loop,
+                                      extra_env=extra_env))
+      ours, upstream, onednn = (statistics.median(rates[name])
+                                for name, _, _ in sides)
       mfu = ours * flop / peaks[dtype]
       print(f'{batch:>5} {dtype:>5} {ours:>11.2f} {upstream:>9.2f} '
-            f'{ours / upstream:>6.2f} {mfu:>5.0%}   ours={rates["ours"]} '
-            f'upstream={rates["upstream"]}', flush=True)
+            f'{ours / upstream:>6.2f} {onednn:>8.2f} {ours / onednn:>6.2f} '
+            f'{mfu:>5.0%}   {rates}', flush=True)
 
 
 if __name__ == '__main__':

@@ -90,6 +90,8 @@ def main(argv):
       best[workers] = max(runs)
   num_images = FLAGS.num_classes * (FLAGS.images_per_class +
                                     max(1, FLAGS.images_per_class // 6))
+  from resnet_keras import hardware  # pylint: disable=import-outside-toplevel
+  print(f'CPU: {hardware.this_cpu().describe()}')
   print(f'{num_images} JPEGs of {IMAGE_SIZE}x{IMAGE_SIZE}, '
         f'{os.cpu_count()} CPUs, best of {FLAGS.repeats}')
   for workers, (rate, parent_cpu, workers_cpu) in best.items():

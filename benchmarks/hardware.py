@@ -6,9 +6,31 @@ peak is what TensorFlow's own matmul reaches on this machine (not a vendor
 sheet), measured in the same run as the training it is compared with.
 """
 
+import os
+import sys
 import time
 
-import tensorflow as tf
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from common import env  # pylint: disable=g-import-not-at-top
+
+# As in every entry point: oneDNN on, before TensorFlow loads. What that set
+# is kept, so that a benchmark can start a program in the user's own env.
+_BEFORE = dict(os.environ)
+env.prepare_tensorflow_environment()
+SET_BY_US = {k: v for k, v in os.environ.items() if _BEFORE.get(k) != v}
+
+import tensorflow as tf  # pylint: disable=g-import-not-at-top
+
+from resnet_keras import hardware as machine_lib  # pylint: disable=g-import-not-at-top
+
+
+def machine_line() -> str:
+  """The CPU and oneDNN state every benchmark prints with its numbers."""
+  status = env.onednn_status()
+  return (f'machine: {machine_lib.detect().describe()}; oneDNN '
+          f'{"on" if status["onednn"] else "off"} '
+          f'({status["onednn_reason"]})')
 
 # Multiply-accumulates of one ResNet-50 v1.5 forward pass at 224x224: 4.1 G
 # (8.2 GFLOP). Training costs about 3x the forward pass (forward, gradients

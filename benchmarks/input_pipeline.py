@@ -38,6 +38,8 @@ from resnet_keras.data import imagenet  # pylint: disable=g-import-not-at-top
 from resnet_keras.data.preprocessing import augmentation_seed  # pylint: disable=g-import-not-at-top
 from tests.imagenet_fixture import _example  # pylint: disable=g-import-not-at-top
 
+import hardware  # pylint: disable=g-import-not-at-top,wrong-import-order
+
 
 def write_shards(folder, num_shards, per_shard, seed=0):
   """JPEGs of ImageNet's typical size (~400x350) with real texture."""
@@ -137,6 +139,7 @@ def main():
   parser.add_argument('--repeats', type=int, default=3)
   args = parser.parse_args()
   args.image_size = 224
+  print(hardware.machine_line())
   with tempfile.TemporaryDirectory() as tmp:
     if args.data_dir:
       files = imagenet.find_shards(args.data_dir, 'train')

@@ -13,6 +13,7 @@ import argparse
 import glob
 import statistics
 
+import hardware
 from compare_upstream import run_once
 
 _ALLOCATOR_GLOBS = {
@@ -81,6 +82,7 @@ def main():
   parser.add_argument('--steps_per_loop', type=int, default=4)
   args = parser.parse_args()
   steps = args.loops * args.steps_per_loop
+  print(hardware.machine_line())
   print(f'ResNet-50 synthetic, batch {args.batch}, {args.dtype}, {steps} '
         f'steps per run, median of {args.repeats} alternating runs')
   print(f'{"lever":<28} {"before":<14} {"img/s":>7} {"after":<14} '

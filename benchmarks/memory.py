@@ -18,6 +18,8 @@ import tempfile
 
 import numpy as np
 
+import hardware
+
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP_LINE = re.compile(r'step (\d+)/\d+ \|')
 
@@ -39,6 +41,7 @@ def main():
   parser.add_argument('--resnet_depth', type=int, default=50)
   parser.add_argument('--log_steps', type=int, default=50)
   args = parser.parse_args()
+  print(hardware.machine_line())
   with tempfile.TemporaryDirectory() as model_dir:
     command = [
         sys.executable, os.path.join(REPO_ROOT, 'resnet_ctl_imagenet_main.py'),

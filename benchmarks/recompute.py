@@ -103,6 +103,9 @@ def main():
     return
   passed = [a for a in sys.argv[1:] if a not in ('--recompute', '--child')]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
+  sys.path.insert(0, REPO_ROOT)
+  from resnet_keras import hardware  # pylint: disable=g-import-not-at-top
+  print(f'CPU: {hardware.this_cpu().describe()}')
   print(f'ResNet-{args.resnet_depth} {args.dtype} batch {args.batch} at '
         f'{args.image_size} px, {args.steps} timed steps after '
         f'{args.warmup} warm-up')

@@ -145,6 +145,7 @@ def main():
                       help='Trainer loops (the first is dropped).')
   parser.add_argument('--steps_per_loop', type=int, default=4)
   args = parser.parse_args()
+  print(hardware.machine_line())
   peak = hardware.matmul_peak_gflops(args.dtype) * 1e9
   bandwidths = hardware.memory_bandwidth_gbs()
   bandwidth = max(bandwidths.values()) * 1e9

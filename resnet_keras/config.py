@@ -18,11 +18,12 @@ LOADER_IMAGE_TYPES = ('fp32', 'bf16', 'uint8')
 OPTIMIZERS = ('SGD', 'LARS', 'RMSProp')
 LR_SCHEDULES = ('piecewise', 'polynomial', 'constant', 'cosine', 'stepped',
                 'exponential')
-RESNET_DEPTHS = (18, 34, 50, 101, 152)
+RESNET_DEPTHS = (10, 18, 34, 50, 101, 152)
 NORMS = ('batch', 'group')
 # Output channels of the ResNet's stages; the stem has the first, bottleneck
-# blocks 4x. Every count a normalisation layer sees is a multiple of the first.
+# blocks 4x. --width_multiplier scales them to multiples of CHANNEL_MULTIPLE.
 STAGE_FILTERS = (64, 128, 256, 512)
+CHANNEL_MULTIPLE = 8
 CONV_IMPLS = ('auto', 'native', 'matmul')
 RELU_IMPLS = ('auto', 'native', 'bitwise', 'xla')
 # Stem -> how much it downsamples. The stages downsample 8x more, so an image
@@ -62,6 +63,7 @@ class RunConfig:
   resnet_depth: int = 50
   stem: str = 'imagenet'
   keras_applications_model: Optional[str] = None
+  width_multiplier: float = 1.0  # channels of every layer x this
   conv_impl: str = 'auto'  # auto: matmul for bf16 on CPUs.
   relu_impl: str = 'auto'  # auto: xla for bf16 on CPUs.
   norm: str = 'batch'
@@ -136,7 +138,15 @@ class RunConfig:
 
   @property
   def model_name(self) -> str:
-    return self.keras_applications_model or f'resnet{self.resnet_depth}'
+    if self.keras_applications_model:
+      return self.keras_applications_model
+    width = ('' if self.width_multiplier == 1 else
+             f'_w{self.width_multiplier:g}')
+    return f'resnet{self.resnet_depth}{width}'
+
+  @property
+  def stage_filters(self) -> Tuple[int, ...]:
+    return scaled_filters(STAGE_FILTERS, self.width_multiplier)
 
   def uses_matmul_convs(self, bf16_cpu: bool) -> bool:
     """Whether models.MatmulConv2D runs the convolutions. auto: for bf16 on
@@ -271,13 +281,22 @@ class RunConfig:
           raise UsageError(f'--{name} applies to this project\'s ResNets; '
                            '--keras_applications_model backbones have plain '
                            'batch norm (drop one of the two flags)')
+    if self.width_multiplier <= 0:
+      raise UsageError('--width_multiplier must be > 0, got '
+                       f'{self.width_multiplier}')
+    if self.keras_applications_model and self.width_multiplier != 1:
+      raise UsageError('--width_multiplier applies to this project\'s '
+                       'ResNets; --keras_applications_model backbones have '
+                       'fixed widths (drop one of the two flags)')
     if self.norm == 'group':
-      if self.groups <= 0 or STAGE_FILTERS[0] % self.groups:
-        divisors = [d for d in range(1, STAGE_FILTERS[0] + 1)
-                    if STAGE_FILTERS[0] % d == 0]
+      # Every channel count is a multiple of the smallest's divisors that
+      # divide them all: the stages' gcd.
+      common = math.gcd(*self.stage_filters)
+      if self.groups <= 0 or common % self.groups:
+        divisors = [d for d in range(1, common + 1) if common % d == 0]
         raise UsageError(
             f'--groups={self.groups} must divide every channel count of the '
-            f'ResNet (multiples of {STAGE_FILTERS[0]}); use one of: '
+            f'ResNet (multiples of {common}); use one of: '
             f'{", ".join(map(str, divisors))}')
       if self.sync_batch_norm:
         raise UsageError('--sync_batch_norm needs --norm=batch: group norm '
@@ -303,6 +322,15 @@ class RunConfig:
       raise UsageError(
           '--lr_decay_points must be increasing fractions of the run in '
           f'(0, 1), e.g. 0.3,0.6,0.8; got {",".join(map(str, points))}')
+
+
+def scaled_filters(filters: Tuple[int, ...],
+                   multiplier: float) -> Tuple[int, ...]:
+  """Each count x multiplier, to the nearest multiple of CHANNEL_MULTIPLE
+  (at least one): SIMD and matmul kernels run whole vectors."""
+  return tuple(max(CHANNEL_MULTIPLE,
+                   CHANNEL_MULTIPLE * round(f * multiplier / CHANNEL_MULTIPLE))
+               for f in filters)
 
 
 def _check_choice(name, value, allowed):

@@ -29,6 +29,7 @@ layers = tf_keras.layers
 
 # Blocks per stage, and whether the depth uses bottleneck blocks.
 _STAGES = {
+    10: ((1, 1, 1, 1), False),
     18: ((2, 2, 2, 2), False),
     34: ((3, 4, 6, 3), False),
     50: ((3, 4, 6, 3), True),
@@ -315,11 +316,12 @@ def resnet(depth: int, num_classes: int, image_size: int,
            weight_decay: float = 0.0, stem: str = 'imagenet',
            matmul_convs: bool = False, residual_relu: str = 'native',
            norm: Optional[NormFactory] = None,
-           recompute: bool = False) -> tf_keras.Model:
+           recompute: bool = False,
+           filters: Sequence[int] = STAGE_FILTERS) -> tf_keras.Model:
   """ResNet v1.5 of `depth` on normalised float images.
 
   Args:
-    depth: 18, 34, 50, 101 or 152.
+    depth: 10, 18, 34, 50, 101 or 152.
     num_classes: units of the output layer.
     image_size: height and width of the input.
     weight_decay: if > 0, per-layer L2 regularisers with the strength defined
@@ -333,6 +335,9 @@ def resnet(depth: int, num_classes: int, image_size: int,
       `norm_factory`).
     recompute: recompute each stage's activations in the backward pass (a
       `StagewiseRecompute`).
+    filters: output channels of the stem and of each stage's basic blocks (a
+      bottleneck's inner ones; 4x leave it): the standard widths, or
+      `RunConfig.stage_filters` scaled by --width_multiplier.
   """
   norm = norm or norm_factory()
   blocks, bottleneck = _STAGES[depth]
@@ -341,16 +346,16 @@ def resnet(depth: int, num_classes: int, image_size: int,
   conv = lambda f, k, s, name: _conv(f, k, s, name, regularizer,
                                      matmul_convs)
   inputs = layers.Input((image_size, image_size, 3), name='images')
-  x = conv(64, kernel, stride, 'stem_conv')(inputs)
+  x = conv(filters[0], kernel, stride, 'stem_conv')(inputs)
   x = norm('stem_bn')(x)
   x = layers.Activation('relu', name='stem_relu')(x)
   if pool:
     x = layers.MaxPooling2D(3, strides=2, padding='same', name='stem_pool')(x)
   boundaries = [x]
-  for stage, (num_blocks, filters) in enumerate(zip(blocks, STAGE_FILTERS)):
+  for stage, (num_blocks, stage_filters) in enumerate(zip(blocks, filters)):
     for b in range(num_blocks):
       strides = 2 if stage > 0 and b == 0 else 1
-      x = _block(x, filters, strides, bottleneck,
+      x = _block(x, stage_filters, strides, bottleneck,
                  f'stage{stage + 1}_block{b + 1}', conv, norm, residual_relu)
     boundaries.append(x)
   x = layers.GlobalAveragePooling2D(name='avg_pool')(x)
@@ -413,7 +418,8 @@ def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
                      stem=cfg.stem,
                      matmul_convs=cfg.uses_matmul_convs(bf16_cpu),
                      residual_relu=cfg.residual_relu(bf16_cpu), norm=norm,
-                     recompute=cfg.enable_recompute)
+                     recompute=cfg.enable_recompute,
+                     filters=cfg.stage_filters)
   # Also when validate or average rebuild the run: its checkpoints hold
   # optimizer slots for the trainable variables only.
   if cfg.freeze_backbone:

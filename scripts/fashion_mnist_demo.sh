@@ -21,10 +21,21 @@ python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt
 python3 preprocess_imagenet.py --raw_data_dir "$WORK/raw" \
   --local_scratch_dir "$WORK/tfrecords" --train_shards 16 --validation_shards 4
 
-# The recipe configs/fashion_mnist_resnet18.yaml: ResNet-18 at the native
-# 28x28 with the small-image stem, bf16, gentle crops, 6 epochs, one
-# evaluation at the end (its comments say why).
-python3 resnet_ctl_imagenet_main.py --config fashion_mnist_resnet18 \
+# The recipe fits the hardware (resnet_keras/hardware.py): where bf16 is
+# fast, configs/fashion_mnist_resnet18.yaml (ResNet-18 at the native 28x28
+# with the small-image stem, bf16); on other CPUs the same network at a
+# quarter of its width in fp32 (fashion_mnist_resnet18_w025.yaml). Both:
+# gentle crops, one evaluation at the end (their comments say why).
+# $FMNIST_RECIPE picks one yourself.
+recipe=${FMNIST_RECIPE:-$(python3 -c '
+import sys
+from common import env
+env.prepare_tensorflow_environment()
+from resnet_keras import hardware
+recipe, why = hardware.quick_start_recipe(hardware.detect())
+print(f"quick start recipe: {recipe} ({why})", file=sys.stderr)
+print(recipe)')}
+python3 resnet_ctl_imagenet_main.py --config "$recipe" \
   -dd "$WORK/tfrecords" -md "$WORK/model" --clean "$@"
 
 python3 - "$WORK/model/run_summary.json" "$start" <<'PY'
@@ -33,5 +44,6 @@ s = json.load(open(sys.argv[1]))
 minutes = (time.time() - int(sys.argv[2])) / 60
 print(f"Fashion-MNIST test accuracy: {100 * s['eval_accuracy']:.2f}% on "
       f"{s['eval_examples']} test images after {s['epochs_completed']:.0f} "
-      f"epochs ({minutes:.1f} min end to end)")
+      f"epochs of {s['model']} in {s['dtype']} ({minutes:.1f} min end to "
+      f"end on {s['runtime']['machine']})")
 PY

@@ -74,6 +74,25 @@ def test_group_counts_dividing_64_are_valid(groups):
   RunConfig(norm='batch', groups=48).validate()  # Unused without group norm.
 
 
+def test_width_multiplier_rounds_channels_to_multiples_of_8():
+  assert RunConfig().stage_filters == (64, 128, 256, 512)
+  assert RunConfig(width_multiplier=0.25).stage_filters == (16, 32, 64, 128)
+  assert RunConfig(width_multiplier=0.3).stage_filters == (16, 40, 80, 152)
+  assert RunConfig(width_multiplier=0.01).stage_filters == (8, 8, 8, 8)
+  assert RunConfig(width_multiplier=2).stage_filters == (128, 256, 512, 1024)
+  # Group norm's groups must divide every scaled count.
+  RunConfig(norm='group', groups=8, width_multiplier=0.3).validate()
+  with pytest.raises(UsageError, match='multiples of 8\\); use one of: 1, 2, '
+                     '4, 8'):
+    RunConfig(norm='group', groups=16, width_multiplier=0.3).validate()
+  for bad, message in ((dict(width_multiplier=0), 'must be > 0'),
+                       (dict(width_multiplier=0.5,
+                             keras_applications_model='ResNet50'),
+                        'fixed widths')):
+    with pytest.raises(UsageError, match=message):
+      RunConfig(**bad).validate()
+
+
 def test_smaller_stems_allow_smaller_images():
   RunConfig(stem='small', image_size=16).validate()
   RunConfig(stem='cifar', image_size=8).validate()
