@@ -7,6 +7,8 @@ img/s (first loop dropped) per side and the ratio.
 
   python benchmarks/levers.py                       # every lever
   python benchmarks/levers.py --levers conv_impl --batch 32 --dtype bf16
+  python benchmarks/levers.py --levers bf16 --batch 128 \
+      --model_flags='--resnet_depth=18 --stem=small --image_size=28'
 """
 
 import argparse
@@ -35,6 +37,10 @@ LEVERS = {
                   ('bitwise', ['--relu_impl=bitwise'], {})),
     'relu_impl_xla': (('bitwise', ['--relu_impl=bitwise'], {}),
                       ('xla', ['--relu_impl=xla'], {})),
+    'relu_native_xla': (('native', ['--relu_impl=native'], {}),
+                        ('xla', ['--relu_impl=xla'], {})),
+    # bf16 where the CPU has no bf16 hardware is emulated: how much slower.
+    'bf16': (('fp32', ['--dtype=fp32'], {}), ('bf16', ['--dtype=bf16'], {})),
     'inter_op_threads': (('default', [], {}),
                          ('1', ['--inter_op_parallelism_threads=1'], {})),
     'tcmalloc': (('glibc malloc', [], {}),
@@ -80,10 +86,14 @@ def main():
   parser.add_argument('--loops', type=int, default=4,
                       help='Loops per run (the first is dropped).')
   parser.add_argument('--steps_per_loop', type=int, default=4)
+  parser.add_argument('--model_flags', default='',
+                      help='Trainer flags for another model than ResNet-50 '
+                      'at 224 (space-separated).')
   args = parser.parse_args()
+  model_flags = args.model_flags.split()
   steps = args.loops * args.steps_per_loop
   print(hardware.machine_line())
-  print(f'ResNet-50 synthetic, batch {args.batch}, {args.dtype}, {steps} '
+  print(f'{args.model_flags or "ResNet-50"} synthetic, batch {args.batch}, {args.dtype}, {steps} '
         f'steps per run, median of {args.repeats} alternating runs')
   print(f'{"lever":<28} {"before":<14} {"img/s":>7} {"after":<14} '
         f'{"img/s":>7} {"ratio":>6}', flush=True)
@@ -96,7 +106,8 @@ def main():
     for _ in range(args.repeats):
       for i, (_, flags, env) in enumerate(sides):
         rates[i].append(run_once('ours', args.batch, args.dtype, steps,
-                                 args.steps_per_loop, flags, env))
+                                 args.steps_per_loop, model_flags + flags,
+                                 env))
     (before, _, _), (after, _, _) = sides
     a, b = statistics.median(rates[0]), statistics.median(rates[1])
     print(f'{name:<28} {before:<14} {a:>7.2f} {after:<14} {b:>7.2f} '

@@ -2,6 +2,7 @@
 
 import json
 import os
+import platform
 import shlex
 
 import pytest
@@ -79,6 +80,10 @@ def test_multi_worker_horovod_uses_mpirun_and_the_large_batch_lr():
   args = trainer_args(argv)
   assert values_of(args, 'base_learning_rate') == ['9.5']
   assert '--use_horovod' in args and '--num_workers_per_hls' not in out
+  # Every rank gets oneDNN as the launcher set it, and why (common/env.py).
+  forwarded = [argv[i + 1] for i, a in enumerate(argv) if a == '-x']
+  assert {'TF_ENABLE_ONEDNN_OPTS', 'RESNET_KERAS_ONEDNN_DEFAULTED'} <= set(
+      forwarded) or platform.machine().lower() not in ('x86_64', 'amd64')
 
 
 def test_multi_host_dry_run_contacts_nobody_and_prints_tf_configs():
