@@ -28,7 +28,7 @@ from resnet_keras.errors import UsageError
     ('lr_decay_points', (0.6, 0.3), '--lr_decay_points must be increasing '
      'fractions of the run in (0, 1), e.g. 0.3,0.6,0.8; got 0.6,0.3'),
     ('lr_decay_points', (0.5, 1.0), 'got 0.5,1.0'),
-    ('resnet_depth', 42, 'use one of: 18, 34, 50, 101, 152'),
+    ('resnet_depth', 42, 'use one of: 10, 18, 34, 50, 101, 152'),
     ('data_loader_image_type', 'int8', 'use one of: fp32, bf16, uint8'),
     ('batch_size', 0, '--batch_size must be > 0'),
     ('image_size', 16, '--image_size=16 is too small'),

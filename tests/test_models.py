@@ -120,11 +120,13 @@ def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
                     models.MatmulConv2D)
   matmul.set_weights(native.get_weights())  # Same variables, same order.
   # The same network in float64: what both float32 paths approximate.
-  tf_keras.backend.set_floatx('float64')
+  policy = tf_keras.mixed_precision.global_policy()
+  tf_keras.mixed_precision.set_global_policy('float64')
   try:
     exact = models.resnet(depth, 10, image_size, stem=stem)
   finally:
-    tf_keras.backend.set_floatx('float32')
+    tf_keras.mixed_precision.set_global_policy(policy)
+  assert exact.get_layer('stem_conv').kernel.dtype == tf.float64
   exact.set_weights([w.astype(np.float64) for w in native.get_weights()])
   images = tf.random.stateless_uniform([3, image_size, image_size, 3],
                                        seed=[1, 2])
