@@ -11,6 +11,7 @@ import math
 from typing import Any, Dict, Optional, Tuple, Type, TypeVar
 
 from resnet_keras.errors import UsageError
+from resnet_keras.hardware import Machine
 
 DATASETS = ('imagenet', 'cifar10', 'cifar100')
 DTYPES = ('fp32', 'bf16', 'fp16', 'auto')
@@ -148,22 +149,23 @@ class RunConfig:
   def stage_filters(self) -> Tuple[int, ...]:
     return scaled_filters(STAGE_FILTERS, self.width_multiplier)
 
-  def uses_matmul_convs(self, bf16_cpu: bool) -> bool:
-    """Whether models.MatmulConv2D runs the convolutions. auto: for bf16 on
-    a CPU with bf16 hardware (levers.py: faster there; no gain in fp32 or
-    where bf16 is emulated; GPUs keep cuDNN). `bf16_cpu`:
-    hardware.Machine.bf16_cpu."""
+  def uses_matmul_convs(self, machine: Machine) -> bool:
+    """Whether models.MatmulConv2D runs the convolutions. auto, by levers.py
+    (benchmarks/README.md): on CPUs for bf16 (AMX 1.13x, AVX2 1.22x), and
+    for fp32 on CPUs without AVX-512 (AVX2: 1.02-1.16x; no gain with
+    AVX-512); GPUs keep cuDNN."""
     if self.conv_impl == 'auto':
-      return self.dtype == 'bf16' and bf16_cpu
+      return not machine.has_gpu and (
+          self.dtype == 'bf16' or 'avx512f' not in machine.cpu.features)
     return self.conv_impl == 'matmul'
 
-  def residual_relu(self, bf16_cpu: bool) -> str:
+  def residual_relu(self, machine: Machine) -> str:
     """How the ReLUs after the residual adds train: native, bitwise or xla
-    (models.ResidualRelu). auto: xla for bf16 on a CPU with bf16 hardware
-    (levers.py: fastest there; no gain in fp32 or where bf16 is emulated;
-    GPUs keep tf.nn.relu)."""
+    (models.ResidualRelu). auto: xla for bf16 on CPUs (levers.py: AMX
+    1.07x, AVX2 1.05x; fp32 0.90x on AVX2), else tf.nn.relu."""
     if self.relu_impl == 'auto':
-      return 'xla' if self.dtype == 'bf16' and bf16_cpu else 'native'
+      return ('xla' if self.dtype == 'bf16' and not machine.has_gpu
+              else 'native')
     return self.relu_impl
 
   @property

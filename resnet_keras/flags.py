@@ -101,8 +101,8 @@ def define_flags() -> None:
                       '(1x1 convolutions as one matmul, and kernel gradients '
                       'of 3x3 convolutions on maps <= 7x7 with >= 256 '
                       'channels as patches x matmul: much faster in bf16 on '
-                      'CPUs with AMX), or auto (matmul for bf16 on CPUs with '
-                      'bf16 hardware). '
+                      'CPUs with AMX), or auto (matmul for bf16 on CPUs, and '
+                      'for fp32 on CPUs without AVX-512). '
                       'Same weights and results either way.')
   flags.DEFINE_string('relu_impl', _D.relu_impl,
                       'How the ReLU after each residual add runs in '
@@ -111,8 +111,7 @@ def define_flags() -> None:
                       'faster ResNet-50 training in bf16 on CPUs), bitwise (an '
                       'integer max on the floats\' bits, no XLA; same '
                       'results except that a negative NaN becomes 0), or '
-                      'auto (xla for bf16 on CPUs with bf16 hardware). '
-                      'Evaluation and export '
+                      'auto (xla for bf16 on CPUs). Evaluation and export '
                       'always run tf.nn.relu.')
   flags.DEFINE_string('norm', _D.norm,
                       'Normalisation after each convolution: batch, or group '

@@ -66,11 +66,6 @@ class Machine:
   def has_gpu(self) -> bool:
     return bool(self.gpus)
 
-  @property
-  def bf16_cpu(self) -> bool:
-    """Training runs on a CPU that multiplies in bf16 natively."""
-    return not self.gpus and self.cpu.has_bf16
-
   def describe(self) -> str:
     gpus = ', '.join(f'compute capability {_cc(g)}' for g in self.gpus)
     return f'{len(self.gpus)} GPU(s) ({gpus})' if gpus else self.cpu.describe()

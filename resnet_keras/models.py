@@ -407,7 +407,7 @@ def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
   horovod.tensorflow module under Horovod (its synchronised batch norm),
   else None.
   """
-  bf16_cpu = (machine or hardware.detect()).bf16_cpu
+  machine = machine or hardware.detect()
   if cfg.keras_applications_model:
     network = keras_application(cfg.keras_applications_model, num_classes,
                                 cfg.image_size)
@@ -416,8 +416,8 @@ def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
     network = resnet(cfg.resnet_depth, num_classes, cfg.image_size,
                      weight_decay=cfg.weight_decay if use_regularizers else 0.0,
                      stem=cfg.stem,
-                     matmul_convs=cfg.uses_matmul_convs(bf16_cpu),
-                     residual_relu=cfg.residual_relu(bf16_cpu), norm=norm,
+                     matmul_convs=cfg.uses_matmul_convs(machine),
+                     residual_relu=cfg.residual_relu(machine), norm=norm,
                      recompute=cfg.enable_recompute,
                      filters=cfg.stage_filters)
   # Also when validate or average rebuild the run: its checkpoints hold

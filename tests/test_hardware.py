@@ -75,12 +75,6 @@ def test_bf16_on_a_cpu_that_emulates_it_gets_one_warning():
     assert hardware.emulated_bf16_warning(dtype, machine) is None
 
 
-def test_bf16_cpu_means_training_on_a_bf16_cpu():
-  assert hardware.Machine(SAPPHIRE_RAPIDS).bf16_cpu
-  assert not hardware.Machine(EPYC_AVX2).bf16_cpu
-  assert not hardware.Machine(SAPPHIRE_RAPIDS, ((8, 0),)).bf16_cpu
-
-
 def test_this_cpu_reads_proc_cpuinfo(tmp_path):
   path = tmp_path / 'cpuinfo'
   path.write_text(_CPUINFO.format(model='Test CPU', flags='avx2',

@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from resnet_keras import hardware
 from resnet_keras import models
 from resnet_keras.config import RunConfig
 from resnet_keras.data.preprocessing import normalize_images
@@ -155,23 +156,31 @@ def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
         matmul_error, native_error, scale)
 
 
-@pytest.mark.parametrize('flag,uses,forced', [
-    ('conv_impl', lambda cfg, bf16_cpu: cfg.uses_matmul_convs(bf16_cpu),
-     'matmul'),
-    ('relu_impl', lambda cfg, bf16_cpu: cfg.residual_relu(bf16_cpu) == 'xla',
-     'xla')])
-@pytest.mark.parametrize('setting,dtype,bf16_cpu,expected', [
-    ('auto', 'bf16', True, True), ('auto', 'fp32', True, False),
-    # A GPU, or a CPU that emulates bf16.
-    ('auto', 'bf16', False, False), ('forced', 'fp32', False, True),
-    ('native', 'bf16', True, False)])
-def test_cpu_bf16_auto_settings(flag, uses, forced, setting, dtype, bf16_cpu,
-                                expected):
-  """auto picks the CPU-bf16 kernels only for bf16 on a CPU with bf16
-  hardware; the forced setting applies anywhere, native nowhere."""
-  cfg = RunConfig(**{flag: forced if setting == 'forced' else setting},
-                  dtype=dtype)
-  assert uses(cfg, bf16_cpu) is expected
+@pytest.mark.parametrize('setting,dtype,machine,conv,relu', [
+    # bf16 on any CPU: matmul convolutions and the XLA add + ReLU.
+    ('auto', 'bf16', 'amx', True, True), ('auto', 'bf16', 'avx2', True, True),
+    # fp32: matmul convolutions only where there is no AVX-512.
+    ('auto', 'fp32', 'amx', False, False), ('auto', 'fp32', 'avx2', True,
+                                             False),
+    # GPUs keep cuDNN and tf.nn.relu.
+    ('auto', 'bf16', 'gpu', False, False), ('auto', 'fp32', 'gpu', False,
+                                            False),
+    ('forced', 'fp32', 'gpu', True, True), ('native', 'bf16', 'avx2', False,
+                                            False)])
+def test_auto_kernels_follow_the_dtype_and_the_machine(setting, dtype, machine,
+                                                       conv, relu):
+  """auto picks by measurements on each kind (levers.py); the forced
+  setting applies anywhere, native nowhere."""
+  from tests.test_hardware import EPYC_AVX2, SAPPHIRE_RAPIDS  # pylint: disable=g-import-not-at-top
+  machine = {'amx': hardware.Machine(SAPPHIRE_RAPIDS),
+             'avx2': hardware.Machine(EPYC_AVX2),
+             'gpu': hardware.Machine(EPYC_AVX2, ((8, 0),))}[machine]
+  conv_cfg = RunConfig(conv_impl='matmul' if setting == 'forced' else setting,
+                       dtype=dtype)
+  relu_cfg = RunConfig(relu_impl='xla' if setting == 'forced' else setting,
+                       dtype=dtype)
+  assert conv_cfg.uses_matmul_convs(machine) is conv
+  assert (relu_cfg.residual_relu(machine) == 'xla') is relu
 
 
 _SPECIAL = [0.0, -0.0, 1.5, -1.5, 3e38, -3e38, 1e-40, -1e-40, 1e-6, -1e-6,
