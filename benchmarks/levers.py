@@ -93,8 +93,9 @@ def main():
   model_flags = args.model_flags.split()
   steps = args.loops * args.steps_per_loop
   print(hardware.machine_line())
-  print(f'{args.model_flags or "ResNet-50"} synthetic, batch {args.batch}, {args.dtype}, {steps} '
-        f'steps per run, median of {args.repeats} alternating runs')
+  print(f'{args.model_flags or "ResNet-50"} synthetic, batch {args.batch}, '
+        f'{args.dtype}, {steps} steps per run, median of {args.repeats} '
+        'alternating runs')
   print(f'{"lever":<28} {"before":<14} {"img/s":>7} {"after":<14} '
         f'{"img/s":>7} {"ratio":>6}', flush=True)
   for name in args.levers.split(','):

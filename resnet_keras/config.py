@@ -65,8 +65,8 @@ class RunConfig:
   stem: str = 'imagenet'
   keras_applications_model: Optional[str] = None
   width_multiplier: float = 1.0  # channels of every layer x this
-  conv_impl: str = 'auto'  # auto: matmul for bf16 on CPUs.
-  relu_impl: str = 'auto'  # auto: xla for bf16 on CPUs.
+  conv_impl: str = 'auto'  # auto: see uses_matmul_convs.
+  relu_impl: str = 'auto'  # auto: see residual_relu.
   norm: str = 'batch'
   groups: int = 32  # --norm=group only.
   sync_batch_norm: bool = False
@@ -291,8 +291,8 @@ class RunConfig:
                        'ResNets; --keras_applications_model backbones have '
                        'fixed widths (drop one of the two flags)')
     if self.norm == 'group':
-      # Every channel count is a multiple of the smallest's divisors that
-      # divide them all: the stages' gcd.
+      # Groups must divide every channel count; each one (bottlenecks' 4x
+      # included) is a multiple of the stages' gcd.
       common = math.gcd(*self.stage_filters)
       if self.groups <= 0 or common % self.groups:
         divisors = [d for d in range(1, common + 1) if common % d == 0]
