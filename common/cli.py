@@ -2,6 +2,7 @@
 
 import errno
 import logging as py_logging
+import os
 import sys
 
 from absl import flags
@@ -58,3 +59,14 @@ def configure_logging() -> None:
   handler = logging.get_absl_handler()
   handler.setFormatter(py_logging.Formatter(
       '%(asctime)s %(levelname).1s %(message)s', datefmt='%H:%M:%S'))
+
+
+def start_tool(argv, model_dir: str) -> str:
+  """The start of a model_dir tool's main (validate, average, export): checks
+  argv and model_dir, sets up logging; returns model_dir."""
+  if len(argv) > 1:
+    raise UsageError(f'unexpected arguments {argv[1:]}; see --help')
+  configure_logging()
+  if not os.path.isdir(model_dir):
+    raise UsageError(f'--model_dir={model_dir} is not a directory')
+  return model_dir

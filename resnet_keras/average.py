@@ -34,9 +34,9 @@ from absl import flags
 
 from common import cli
 from resnet_keras import checkpoints
+from resnet_keras import export
 from resnet_keras import metrics
 from resnet_keras import optimizers
-from resnet_keras import run
 from resnet_keras import validate
 from resnet_keras.errors import UsageError
 # pylint: enable=g-import-not-at-top
@@ -159,19 +159,20 @@ def write_averaged(evaluator: validate.CheckpointEvaluator,
 
 
 def main(argv):
-  model_dir = validate.start_tool(argv)
+  model_dir = cli.start_tool(argv, flags.FLAGS.model_dir)
   ema_decay = flags.FLAGS.ema
   check_ema_decay(ema_decay)
   output_dir = output_dir_for(model_dir, flags.FLAGS.output_dir)
   cfg, plan = checkpoints.read_config(model_dir)
   evaluator = validate.CheckpointEvaluator(cfg, plan)
   paths = select_last(
-      validate.checkpoint_paths(evaluator.manager, model_dir, 'all'),
+      checkpoints.checkpoint_paths(evaluator.manager, model_dir, 'all'),
       flags.FLAGS.last, model_dir)
   averaged = write_averaged(evaluator, paths, ema_decay, output_dir)
   print(f'wrote {averaged}: {describe_method(paths, ema_decay)}')
   if flags.FLAGS.export:  # The model holds the average until evaluated.
-    print(f'exported {run.export_run(evaluator.network, cfg, output_dir)}')
+    path, = export.export_run(evaluator.network, cfg, output_dir)
+    print(f'exported {path}')
   rows = [evaluator.evaluate(paths[-1]), evaluator.evaluate(averaged)]
   rows[1]['checkpoint'] = os.path.relpath(averaged, model_dir)
   print(validate.format_table(rows))

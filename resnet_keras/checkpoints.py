@@ -10,7 +10,7 @@ they are checkpoints of: a run refuses another model's checkpoints, and
 import dataclasses
 import json
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
@@ -125,3 +125,22 @@ def restore(checkpoint: tf.train.Checkpoint, path: str,
     raise UsageError(
         f'{path} is not a checkpoint of this run\'s model ({what}, from '
         f'{CONFIG_FILE}): {str(e).splitlines()[0][:200]}') from None
+
+
+def checkpoint_paths(manager: tf.train.CheckpointManager, model_dir: str,
+                     which: Optional[str]) -> List[str]:
+  """The checkpoints --checkpoint names: one, 'all', or (None) the latest."""
+  kept = list(manager.checkpoints)
+  if not kept and which in (None, 'all'):
+    raise UsageError(f'{model_dir} has no checkpoints; train with '
+                     '--enable_checkpoint_and_export')
+  if which is None:
+    return [manager.latest_checkpoint]
+  if which == 'all':
+    return kept
+  for path in (which, os.path.join(model_dir, which)):
+    if os.path.exists(path + '.index'):
+      return [path]
+  names = ', '.join(os.path.basename(p) for p in kept) or 'none'
+  raise UsageError(f'--checkpoint={which} is not a checkpoint (no '
+                   f'{which}.index); {model_dir} has: {names}')

@@ -1,80 +1,169 @@
-"""SavedModel export with preprocessing inside the serving signatures.
+"""SavedModel exports: a classifier and a feature vector other programs reuse.
 
-Clients send RGB pixels in 0-255, `[N, image_size, image_size, 3]`, as uint8
-(`serving_uint8`) or float32 (`serving_default`), or encoded JPEG/PNG files
-of any size (`serving_encoded`: the run's evaluation resize and central
-crop), and get class probabilities; they never need to know the mean the
-model was trained with. The data's labels.txt, when it has one, goes into the
-SavedModel's assets, so predictions can be named anywhere. The export is
-written to a temporary directory and swapped in, so an existing export is only
+  python -m resnet_keras.export --model_dir DIR                 # the latest
+  python -m resnet_keras.export --model_dir DIR --checkpoint ckpt-4
+
+Training with --enable_checkpoint_and_export writes DIR/saved_model, the
+classifier, at its end. This tool exports any checkpoint a run kept, without
+retraining, to DIR/exports/<checkpoint>/ (--output_dir): the classifier in
+saved_model/ and the pooled features without the head (2048 values per image
+for ResNet-50) in feature_vector/.
+
+Both follow the Reusable SavedModel API (what `hub.KerasLayer(path,
+trainable=True)` and TF Hub models use): the loaded object is called as
+`obj(images, training=False)` and has `variables`, `trainable_variables` (the
+whole network, to fine-tune or freeze) and `regularization_losses` (the run's
+weight decay as one L2 term, empty without it). Images are RGB pixels in
+0-255, `[N, image_size, image_size, 3]` float32, everywhere: the mean the
+model was trained with is subtracted inside, so no caller needs to know it.
+
+Serving signatures, the same pixels as uint8 (`serving_uint8`) or float32
+(`serving_default`), or encoded JPEG/PNG files of any size (`serving_encoded`:
+the run's evaluation resize and central crop), return `probabilities` from
+the classifier and `features` from the feature vector. The data's labels.txt,
+when it has one, goes into the assets, so predictions can be named anywhere.
+
+What is exported is the network rebuilt from standard layers with the trained
+weights: native convolutions and ReLUs, per-replica batch norm, no
+recomputation and nothing frozen, whatever kernels, distribution or
+--freeze_backbone trained it. So an export loads without Horovod, runs on
+any device, and its `training=True` path has no collective ops. Each export is
+written to a temporary directory and swapped in: an existing one is only
 replaced by a complete one.
 """
 
+from common import env
+
+env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
+
+# pylint: disable=g-import-not-at-top
+import dataclasses
 import os
 import shutil
-from typing import Optional
+from typing import List, Optional
 
 import tensorflow as tf
 import tf_keras
+from absl import app
+from absl import flags
+from absl import logging
 
+from common import cli
+from resnet_keras import checkpoints
+from resnet_keras import hardware
+from resnet_keras import models
+from resnet_keras import optimizers
+from resnet_keras import runtime
+from resnet_keras.config import RunConfig
+from resnet_keras.data import datasets
 from resnet_keras.data import imagenet
 from resnet_keras.data.preprocessing import normalize_images
+from resnet_keras.errors import UsageError
+# pylint: enable=g-import-not-at-top
 
+CLASSIFIER_DIR = 'saved_model'
+FEATURE_VECTOR_DIR = 'feature_vector'
+EXPORTS_DIR = 'exports'
 ENCODED_SIGNATURE = 'serving_encoded'
+CLASSIFIER_OUTPUT = 'probabilities'
+FEATURE_VECTOR_OUTPUT = 'features'
 
 
-class _Serving(tf.Module):
+class _Reusable(tf.train.Checkpoint):
+  """`network` on 0-255 pixels, as a Reusable SavedModel with signatures.
 
-  def __init__(self, network: tf_keras.Model, image_size: int,
-               eval_crop_fraction: float, labels_file: Optional[str]):
+  A tf.train.Checkpoint rather than a tf.Module: the Reusable SavedModel API
+  needs plain `variables` and `trainable_variables` attributes, which
+  tf.Module reserves for properties that are not saved.
+  """
+
+  def __init__(self, network: tf_keras.Model, output_name: str,
+               image_size: int, eval_crop_fraction: float,
+               labels_file: Optional[str], weight_decay: float):
     super().__init__()
     self.network = network
-    self._image_size = image_size
-    self._crop_fraction = eval_crop_fraction
+    self.variables = list(network.variables)
+    self.trainable_variables = list(network.trainable_variables)
+    self.regularization_losses = []
+    if weight_decay:
+      self.regularization_losses.append(tf.function(
+          lambda: optimizers.single_l2_loss(network.trainable_variables,
+                                            weight_decay),
+          input_signature=[]))
     if labels_file:
       self.labels = tf.saved_model.Asset(labels_file)
+    self._output_name = output_name
+    self._image_size = image_size
+    self._crop_fraction = eval_crop_fraction
 
-  def predict(self, images):
-    return {'probabilities': self.network(normalize_images(images),
-                                          training=False)}
+  @tf.function
+  def __call__(self, images, training=False):
+    # float32 out also where the network computes in bf16 or fp16.
+    return tf.cast(self.network(normalize_images(images), training=training),
+                   tf.float32)
 
-  def predict_encoded(self, image_bytes):
+  def serve(self, images):
+    return {self._output_name: self(tf.cast(images, tf.float32),
+                                    training=False)}
+
+  def serve_encoded(self, image_bytes):
     images = tf.map_fn(
         lambda b: imagenet.preprocess_eval(b, self._image_size, tf.float32,
                                            self._crop_fraction),
         image_bytes, fn_output_signature=tf.float32)
-    return {'probabilities': self.network(images, training=False)}
+    return {self._output_name: tf.cast(self.network(images, training=False),
+                                       tf.float32)}
 
-
-def export_saved_model(network: tf_keras.Model, image_size: int,
-                       export_dir: str, eval_crop_fraction: float,
-                       labels_file: Optional[str] = None) -> str:
-  """Writes `network` to `export_dir` with pixel and encoded-file signatures.
-
-  Args:
-    network: the classifier on normalised float images.
-    image_size: its input height and width.
-    export_dir: where the SavedModel goes (replaced if it exists).
-    eval_crop_fraction: the central crop `serving_encoded` applies, as the
-      run's evaluation did.
-    labels_file: class names (the converter's labels.txt) to keep as the
-      asset `labels.txt`; None: predictions are class indices.
-  """
-  module = _Serving(network, image_size, eval_crop_fraction, labels_file)
-  signatures = {}
-  for name, dtype in (('serving_default', tf.float32),
-                      ('serving_uint8', tf.uint8)):
-    spec = tf.TensorSpec([None, image_size, image_size, 3], dtype,
-                         name='images')
-    # A tf.function, not a concrete function: under a distribution strategy
+  def signatures(self):
+    spec = lambda dtype: tf.TensorSpec(
+        [None, self._image_size, self._image_size, 3], dtype, name='images')
+    # Both modes of __call__ are traced: loaders call the one they need.
+    for training in (False, True):
+      self.__call__.get_concrete_function(spec(tf.float32), training=training)
+    # tf.functions, not concrete functions: under a distribution strategy
     # only the former can be saved.
-    signatures[name] = tf.function(module.predict, input_signature=[spec])
-  signatures[ENCODED_SIGNATURE] = tf.function(
-      module.predict_encoded,
-      input_signature=[tf.TensorSpec([None], tf.string, name='image_bytes')])
+    return {
+        'serving_default': tf.function(
+            self.serve, input_signature=[spec(tf.float32)]),
+        'serving_uint8': tf.function(
+            self.serve, input_signature=[spec(tf.uint8)]),
+        ENCODED_SIGNATURE: tf.function(
+            self.serve_encoded, input_signature=[
+                tf.TensorSpec([None], tf.string, name='image_bytes')]),
+    }
+
+
+def feature_extractor(network: tf_keras.Model) -> tf_keras.Model:
+  """`network` without its head: the pooled features the head reads."""
+  return tf_keras.Model(network.inputs,
+                        network.get_layer(models.HEAD_LAYER).input,
+                        name=network.name + '_features')
+
+
+def portable_copy(network: tf_keras.Model, cfg: RunConfig) -> tf_keras.Model:
+  """`network` of a run with `cfg` rebuilt from standard layers, its weights
+  copied (see the module doc); built outside any distribution strategy."""
+  standard = dataclasses.replace(
+      cfg, conv_impl='native', relu_impl='native', sync_batch_norm=False,
+      enable_recompute=False, freeze_backbone=False)
+  copy = models.build_network(standard, network.output_shape[-1],
+                              use_regularizers=False)
+  copy.set_weights(network.get_weights())
+  return copy
+
+
+def export_saved_model(network: tf_keras.Model, export_dir: str,
+                       output_name: str, image_size: int,
+                       eval_crop_fraction: float,
+                       labels_file: Optional[str] = None,
+                       weight_decay: float = 0.0) -> str:
+  """Writes `network` (on normalised images) to `export_dir` as a Reusable
+  SavedModel whose signatures return `output_name`; replaces an old one."""
+  module = _Reusable(network, output_name, image_size, eval_crop_fraction,
+                     labels_file, weight_decay)
   staging = export_dir + '.partial'
   shutil.rmtree(staging, ignore_errors=True)
-  tf.saved_model.save(module, staging, signatures=signatures)
+  tf.saved_model.save(module, staging, signatures=module.signatures())
   previous = export_dir + '.previous'
   if os.path.exists(export_dir):
     shutil.rmtree(previous, ignore_errors=True)
@@ -82,3 +171,79 @@ def export_saved_model(network: tf_keras.Model, image_size: int,
   os.replace(staging, export_dir)
   shutil.rmtree(previous, ignore_errors=True)
   return export_dir
+
+
+def export_run(network: tf_keras.Model, cfg: RunConfig, output_dir: str,
+               feature_vector: bool = False) -> List[str]:
+  """Exports a run's trained `network` to output_dir/saved_model (and, with
+  `feature_vector`, output_dir/feature_vector); returns the paths."""
+  copy = portable_copy(network, cfg)
+  common = dict(image_size=cfg.image_size,
+                eval_crop_fraction=datasets.eval_crop_fraction(cfg),
+                labels_file=datasets.labels_file(cfg),
+                weight_decay=cfg.weight_decay)
+  paths = [export_saved_model(copy, os.path.join(output_dir, CLASSIFIER_DIR),
+                              CLASSIFIER_OUTPUT, **common)]
+  if feature_vector:
+    common['labels_file'] = None  # Features have no classes.
+    paths.append(export_saved_model(
+        feature_extractor(copy), os.path.join(output_dir, FEATURE_VECTOR_DIR),
+        FEATURE_VECTOR_OUTPUT, **common))
+  return paths
+
+
+def define_flags() -> None:
+  flags.DEFINE_string('model_dir', None,
+                      'Directory of a training run: its config.json and '
+                      'checkpoints.')
+  flags.DEFINE_string('checkpoint', None,
+                      'The checkpoint to export (a path, or a name in '
+                      '--model_dir such as ckpt-4), or "all" for every '
+                      'checkpoint kept; default: the latest.')
+  flags.DEFINE_string('output_dir', None,
+                      'Each checkpoint goes to OUTPUT_DIR/<checkpoint name>/'
+                      '{saved_model,feature_vector}; default: '
+                      'MODEL_DIR/exports.')
+  flags.mark_flag_as_required('model_dir')
+
+
+def export_checkpoints(cfg: RunConfig, which: Optional[str],
+                       output_dir: str) -> List[str]:
+  """Exports the checkpoints `which` names (see --checkpoint) of the run
+  `cfg` describes; returns the directories written."""
+  machine = hardware.detect()
+  cfg, _ = runtime.fit_to_hardware(cfg, machine)
+  runtime.configure_runtime(cfg, machine)
+  network, model = models.build_models(cfg, cfg.num_classes,
+                                       use_regularizers=False, machine=machine)
+  checkpoint = tf.train.Checkpoint(model=model)
+  manager = tf.train.CheckpointManager(checkpoint, cfg.model_dir,
+                                       max_to_keep=None)
+  written = []
+  for path in checkpoints.checkpoint_paths(manager, cfg.model_dir, which):
+    checkpoints.restore(checkpoint, path, cfg)
+    target = os.path.join(output_dir, os.path.basename(path))
+    for exported in export_run(network, cfg, target, feature_vector=True):
+      logging.info('exported %s to %s', os.path.basename(path), exported)
+    written.append(target)
+  return written
+
+
+def main(argv):
+  model_dir = cli.start_tool(argv, flags.FLAGS.model_dir)
+  cfg, _ = checkpoints.read_config(model_dir)
+  output_dir = flags.FLAGS.output_dir or os.path.join(model_dir, EXPORTS_DIR)
+  try:
+    os.makedirs(output_dir, exist_ok=True)
+  except OSError as e:
+    raise UsageError(f'--output_dir={output_dir} cannot be created '
+                     f'({e.strerror}); choose a writable directory') from None
+  for target in export_checkpoints(cfg, flags.FLAGS.checkpoint, output_dir):
+    print(f'exported {target}/{CLASSIFIER_DIR} and {target}/'
+          f'{FEATURE_VECTOR_DIR}')
+
+
+if __name__ == '__main__':
+  define_flags()
+  app.run(lambda argv: cli.run_main(main, argv),
+          flags_parser=cli.parse_flags_or_fail)

@@ -15,15 +15,13 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 import orbit
 import tensorflow as tf
-import tf_keras
 from absl import logging
 
 from common import distribution
-from common import env
 from resnet_keras import checkpoints
 from resnet_keras import export
 from resnet_keras import guards
@@ -32,6 +30,7 @@ from resnet_keras import metrics
 from resnet_keras import models
 from resnet_keras import optimizers
 from resnet_keras import plots
+from resnet_keras import runtime
 from resnet_keras import schedules
 from resnet_keras import trainer as trainer_lib
 from resnet_keras import tracking
@@ -45,9 +44,6 @@ from resnet_keras.errors import RunStopped, UsageError
 orbit.controller._log = logging.debug  # pylint: disable=protected-access
 
 SUMMARY_FILE = 'run_summary.json'
-SAVED_MODEL_DIR = 'saved_model'
-_POLICIES = {'fp32': 'float32', 'bf16': 'mixed_bfloat16',
-             'fp16': 'mixed_float16'}
 
 
 def prepare_model_dir(model_dir: str, clean: bool) -> None:
@@ -62,55 +58,6 @@ def prepare_model_dir(model_dir: str, clean: bool) -> None:
   except OSError as e:
     raise UsageError(f'--model_dir={model_dir} is not a writable directory '
                      f'({e.strerror}); choose another --model_dir') from None
-
-
-def fit_to_hardware(cfg: RunConfig, machine: hardware.Machine
-                    ) -> Tuple[RunConfig, Dict]:
-  """cfg with --dtype=auto decided, and what was decided and why.
-
-  The second value goes into config.json and run_summary.json as 'runtime'.
-  """
-  dtype, why = hardware.choose_dtype(cfg.dtype, machine)
-  if cfg.dtype == 'auto':
-    logging.info('dtype %s (%s)', dtype, why)
-  warning = hardware.emulated_bf16_warning(dtype, machine)
-  if warning:
-    logging.warning(warning)
-  runtime = {'machine': machine.describe(), 'dtype': dtype,
-             'dtype_reason': why, **env.onednn_status()}
-  return dataclasses.replace(cfg, dtype=dtype), runtime
-
-
-def configure_runtime(cfg: RunConfig, machine: hardware.Machine) -> None:
-  """Threads, XLA, seeds and precision policy (cfg.dtype is decided)."""
-  has_gpu = machine.has_gpu
-  # TensorFlow's Python INFO lines (collective setup, SavedModel internals)
-  # drown the step lines; its warnings still show.
-  tf.get_logger().setLevel('WARNING')
-  if cfg.inter_op_parallelism_threads:
-    tf.config.threading.set_inter_op_parallelism_threads(
-        cfg.inter_op_parallelism_threads)
-  if cfg.intra_op_parallelism_threads:
-    tf.config.threading.set_intra_op_parallelism_threads(
-        cfg.intra_op_parallelism_threads)
-  if cfg.enable_xla:
-    tf.config.optimizer.set_jit(True)
-    if not has_gpu:
-      logging.warning('--enable_xla on a CPU: XLA is typically 3-20x slower '
-                      'than oneDNN here; it is meant for GPUs')
-  if cfg.global_seed is not None:
-    tf_keras.utils.set_random_seed(cfg.global_seed)
-    # TensorFlow's op determinism forbids tf.timestamp (the input-wait
-    # timing); the CPU kernels are deterministic without it (tested), the
-    # GPU ones are not.
-    if has_gpu:
-      logging.info('--global_seed on a GPU: weights, data order and '
-                   'augmentation are seeded, but cuDNN and atomic GPU '
-                   'kernels may still make runs differ in the last bits')
-  if cfg.dtype == 'fp16' and not has_gpu:
-    logging.warning('--dtype=fp16 on a CPU has no hardware support and is '
-                    'very slow; use --dtype=bf16 on CPUs')
-  tf_keras.mixed_precision.set_global_policy(_POLICIES[cfg.dtype])
 
 
 def _log_flag_notes(cfg: RunConfig, weight_decay_path: str,
@@ -224,9 +171,9 @@ def run(cfg: RunConfig) -> Dict:
   started = time.time()
   info = datasets.describe(cfg)
   machine = hardware.detect()
-  cfg, runtime = fit_to_hardware(cfg, machine)
+  cfg, runtime_record = runtime.fit_to_hardware(cfg, machine)
   has_gpu = machine.has_gpu
-  configure_runtime(cfg, machine)
+  runtime.configure_runtime(cfg, machine)
   backend = distribution.build_backend(cfg.distribution_strategy,
                                        cfg.num_gpus, cfg.use_horovod)
   strategy = backend.strategy
@@ -363,7 +310,8 @@ def run(cfg: RunConfig) -> Dict:
   eval_results, target_reached, seconds_to_target = {}, False, None
   step = start_step
   if backend.is_chief:
-    checkpoints.record_config(cfg.model_dir, effective_cfg, plan, runtime)
+    checkpoints.record_config(cfg.model_dir, effective_cfg, plan,
+                              runtime_record)
     metrics_log.resume_at(start_step)
   guard.install()
   logging.info('training to step %d; SIGTERM or Ctrl-C: checkpoint after the '
@@ -414,12 +362,11 @@ def run(cfg: RunConfig) -> Dict:
     if backend.is_chief:
       _write_plots(cfg.model_dir)
       metrics_log.close()
-  if cfg.enable_checkpoint_and_export and saves:
-    path = export_run(network, cfg, write_dir)
-    if backend.is_chief:
-      logging.info('exported SavedModel to %s', path)
-    else:  # Only written because saving is collective; the chief's counts.
-      shutil.rmtree(path)
+  # The export is of a copy outside the strategy (export.portable_copy), so
+  # unlike checkpoints it is no collective: the chief writes it alone.
+  if cfg.enable_checkpoint_and_export and backend.is_chief:
+    path, = export.export_run(network, cfg, cfg.model_dir)
+    logging.info('exported SavedModel to %s', path)
   skipped_count = skipped.count if skipped else 0
   if skipped:
     _report_skipped(skipped_count, eval_results, info.num_eval_examples)
@@ -457,21 +404,13 @@ def run(cfg: RunConfig) -> Dict:
       # ru_maxrss is in KiB on Linux.
       'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       'weights_sha256': weights_digest(model),
-      'runtime': runtime,
+      'runtime': runtime_record,
   }
   os.makedirs(write_dir, exist_ok=True)
   metrics.write_json_atomically(os.path.join(write_dir, SUMMARY_FILE),
                                 summary)
   logging.info('run summary: %s', summary)
   return summary
-
-
-def export_run(network, cfg: RunConfig, output_dir: str) -> str:
-  """Exports `network` of a run with cfg to output_dir/saved_model."""
-  return export.export_saved_model(
-      network, cfg.image_size, os.path.join(output_dir, SAVED_MODEL_DIR),
-      eval_crop_fraction=datasets.eval_crop_fraction(cfg),
-      labels_file=datasets.labels_file(cfg))
 
 
 def _evaluate(controller: orbit.Controller, plan: TrainingPlan, step: int,

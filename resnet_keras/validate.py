@@ -35,12 +35,11 @@ from resnet_keras import hardware
 from resnet_keras import metrics
 from resnet_keras import models
 from resnet_keras import optimizers
-from resnet_keras import run
+from resnet_keras import runtime
 from resnet_keras import schedules
 from resnet_keras import trainer as trainer_lib
 from resnet_keras.config import RunConfig, TrainingPlan
 from resnet_keras.data import datasets
-from resnet_keras.errors import UsageError
 # pylint: enable=g-import-not-at-top
 
 RESULTS_FILE = 'validation.csv'
@@ -62,25 +61,6 @@ def define_flags() -> None:
   flags.mark_flag_as_required('model_dir')
 
 
-def checkpoint_paths(manager: tf.train.CheckpointManager, model_dir: str,
-                     which: Optional[str]) -> List[str]:
-  """The checkpoints --checkpoint names: one, 'all', or (None) the latest."""
-  kept = list(manager.checkpoints)
-  if not kept and which in (None, 'all'):
-    raise UsageError(f'{model_dir} has no checkpoints; train with '
-                     '--enable_checkpoint_and_export')
-  if which is None:
-    return [manager.latest_checkpoint]
-  if which == 'all':
-    return kept
-  for path in (which, os.path.join(model_dir, which)):
-    if os.path.exists(path + '.index'):
-      return [path]
-  names = ', '.join(os.path.basename(p) for p in kept) or 'none'
-  raise UsageError(f'--checkpoint={which} is not a checkpoint (no '
-                   f'{which}.index); {model_dir} has: {names}')
-
-
 class CheckpointEvaluator:
   """A run's model, optimizer and validation data, to score its checkpoints.
 
@@ -94,9 +74,9 @@ class CheckpointEvaluator:
     machine = hardware.detect()
     # The run's dtype as config.json records it (decided); warns, as training
     # does, where this machine only emulates it.
-    cfg, _ = run.fit_to_hardware(cfg, machine)
+    cfg, _ = runtime.fit_to_hardware(cfg, machine)
     self.cfg, self.plan = cfg, plan
-    run.configure_runtime(cfg, machine)
+    runtime.configure_runtime(cfg, machine)
     self.network, self.model = models.build_models(
         cfg, info.num_classes, use_regularizers=False, machine=machine)
     self.optimizer = optimizers.build_optimizer(
@@ -139,7 +119,7 @@ def evaluate_checkpoints(cfg: RunConfig, plan: TrainingPlan,
   """Evaluates each checkpoint `which` names; one row per checkpoint."""
   evaluator = CheckpointEvaluator(cfg, plan)
   return [evaluator.evaluate(path) for path in
-          checkpoint_paths(evaluator.manager, cfg.model_dir, which)]
+          checkpoints.checkpoint_paths(evaluator.manager, cfg.model_dir, which)]
 
 
 def format_table(rows: List[Dict]) -> str:
@@ -161,20 +141,8 @@ def write_csv(path: str, rows: List[Dict]) -> None:
   metrics.write_text_atomically(path, text.getvalue())
 
 
-def start_tool(argv) -> str:
-  """The start of a model_dir tool's main: checks argv and --model_dir, sets
-  up logging; returns --model_dir."""
-  if len(argv) > 1:
-    raise UsageError(f'unexpected arguments {argv[1:]}; see --help')
-  cli.configure_logging()
-  model_dir = flags.FLAGS.model_dir
-  if not os.path.isdir(model_dir):
-    raise UsageError(f'--model_dir={model_dir} is not a directory')
-  return model_dir
-
-
 def main(argv):
-  model_dir = start_tool(argv)
+  model_dir = cli.start_tool(argv, flags.FLAGS.model_dir)
   cfg, plan = checkpoints.read_config(model_dir)
   if flags.FLAGS.data_dir:
     cfg = dataclasses.replace(cfg, data_dir=flags.FLAGS.data_dir,

@@ -1,0 +1,69 @@
+"""What a process sets up before it builds a run's model: the dtype decided
+for this machine, threads, XLA, seeds and the precision policy.
+
+Training and every tool that rebuilds a run's model (validate, average,
+export) go through here, so they compute as the run did.
+"""
+
+import dataclasses
+from typing import Dict, Tuple
+
+import tensorflow as tf
+import tf_keras
+from absl import logging
+
+from common import env
+from resnet_keras import hardware
+from resnet_keras.config import RunConfig
+
+_POLICIES = {'fp32': 'float32', 'bf16': 'mixed_bfloat16',
+             'fp16': 'mixed_float16'}
+
+
+def fit_to_hardware(cfg: RunConfig, machine: hardware.Machine
+                    ) -> Tuple[RunConfig, Dict]:
+  """cfg with --dtype=auto decided, and what was decided and why.
+
+  The second value goes into config.json and run_summary.json as 'runtime'.
+  """
+  dtype, why = hardware.choose_dtype(cfg.dtype, machine)
+  if cfg.dtype == 'auto':
+    logging.info('dtype %s (%s)', dtype, why)
+  warning = hardware.emulated_bf16_warning(dtype, machine)
+  if warning:
+    logging.warning(warning)
+  runtime = {'machine': machine.describe(), 'dtype': dtype,
+             'dtype_reason': why, **env.onednn_status()}
+  return dataclasses.replace(cfg, dtype=dtype), runtime
+
+
+def configure_runtime(cfg: RunConfig, machine: hardware.Machine) -> None:
+  """Threads, XLA, seeds and precision policy (cfg.dtype is decided)."""
+  has_gpu = machine.has_gpu
+  # TensorFlow's Python INFO lines (collective setup, SavedModel internals)
+  # drown the step lines; its warnings still show.
+  tf.get_logger().setLevel('WARNING')
+  if cfg.inter_op_parallelism_threads:
+    tf.config.threading.set_inter_op_parallelism_threads(
+        cfg.inter_op_parallelism_threads)
+  if cfg.intra_op_parallelism_threads:
+    tf.config.threading.set_intra_op_parallelism_threads(
+        cfg.intra_op_parallelism_threads)
+  if cfg.enable_xla:
+    tf.config.optimizer.set_jit(True)
+    if not has_gpu:
+      logging.warning('--enable_xla on a CPU: XLA is typically 3-20x slower '
+                      'than oneDNN here; it is meant for GPUs')
+  if cfg.global_seed is not None:
+    tf_keras.utils.set_random_seed(cfg.global_seed)
+    # TensorFlow's op determinism forbids tf.timestamp (the input-wait
+    # timing); the CPU kernels are deterministic without it (tested), the
+    # GPU ones are not.
+    if has_gpu:
+      logging.info('--global_seed on a GPU: weights, data order and '
+                   'augmentation are seeded, but cuDNN and atomic GPU '
+                   'kernels may still make runs differ in the last bits')
+  if cfg.dtype == 'fp16' and not has_gpu:
+    logging.warning('--dtype=fp16 on a CPU has no hardware support and is '
+                    'very slow; use --dtype=bf16 on CPUs')
+  tf_keras.mixed_precision.set_global_policy(_POLICIES[cfg.dtype])

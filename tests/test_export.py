@@ -1,0 +1,205 @@
+"""Exports: serving signatures plus the Reusable SavedModel API, a feature
+vector, fine-tuning in another program, and python -m resnet_keras.export."""
+
+import dataclasses
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from resnet_keras import export
+from resnet_keras import models
+from resnet_keras import optimizers
+from resnet_keras.config import RunConfig
+from resnet_keras.data.preprocessing import normalize_images
+from tests import e2e
+
+IMAGE_SIZE = 32
+# Small enough to build, save and load in seconds; every kind of layer.
+TINY = RunConfig(resnet_depth=18, image_size=IMAGE_SIZE, stem='cifar',
+                 width_multiplier=0.25, dtype='fp32', weight_decay=1e-4)
+
+
+@pytest.fixture(autouse=True)
+def _float32_policy():
+  tf_keras.mixed_precision.set_global_policy('float32')
+
+
+def _pixels(n=3, seed=0):
+  rng = np.random.RandomState(seed)
+  return rng.uniform(0, 255, (n, IMAGE_SIZE, IMAGE_SIZE, 3)).astype(np.float32)
+
+
+def _network(cfg=TINY, num_classes=5):
+  tf_keras.utils.set_random_seed(1)
+  return models.build_network(cfg, num_classes, use_regularizers=False)
+
+
+def _count(variables):
+  return int(sum(np.prod(v.shape) for v in variables))
+
+
+@pytest.fixture(scope='module')
+def exported(tmp_path_factory):
+  """(network, classifier dir, feature vector dir) of a tiny model."""
+  tf_keras.mixed_precision.set_global_policy('float32')
+  network = _network()
+  out = str(tmp_path_factory.mktemp('export'))
+  classifier, features = export.export_run(network, TINY, out,
+                                           feature_vector=True)
+  return network, classifier, features
+
+
+def test_classifier_call_equals_its_serving_signatures(exported):
+  network, classifier, _ = exported
+  loaded = tf.saved_model.load(classifier)
+  pixels = _pixels()
+  called = loaded(tf.constant(pixels), training=False).numpy()
+  np.testing.assert_allclose(called, network(normalize_images(pixels)),
+                             rtol=1e-5, atol=1e-6)
+  served = loaded.signatures['serving_default'](images=tf.constant(pixels))
+  np.testing.assert_allclose(called, served['probabilities'], rtol=1e-6)
+  as_uint8 = np.round(pixels).astype(np.uint8)
+  np.testing.assert_allclose(
+      loaded(tf.constant(as_uint8, tf.float32), training=False),
+      loaded.signatures['serving_uint8'](images=as_uint8)['probabilities'],
+      rtol=1e-6)
+  np.testing.assert_allclose(called.sum(axis=1), 1, rtol=1e-5)
+
+
+def test_reusable_attributes_are_the_whole_network(exported):
+  network, classifier, features = exported
+  loaded = tf.saved_model.load(classifier)
+  assert len(loaded.variables) == len(network.variables)
+  assert (_count(loaded.trainable_variables) ==
+          _count(network.trainable_variables))
+  # One L2 term of the run's weight decay, as training applied it.
+  losses = loaded.regularization_losses
+  assert len(losses) == 1
+  expected = optimizers.single_l2_loss(network.trainable_variables, 1e-4)
+  assert float(losses[0]()) == pytest.approx(float(expected), rel=1e-6)
+  head = network.get_layer(models.HEAD_LAYER)
+  backbone = tf.saved_model.load(features)
+  assert (_count(backbone.trainable_variables) ==
+          _count(network.trainable_variables) - head.count_params())
+
+
+def test_feature_vector_is_what_the_head_reads(exported):
+  network, _, features = exported
+  loaded = tf.saved_model.load(features)
+  pixels = _pixels()
+  got = loaded(tf.constant(pixels), training=False).numpy()
+  head = network.get_layer(models.HEAD_LAYER)
+  assert got.shape == (3, head.kernel.shape[0])
+  logits = got @ head.kernel.numpy() + head.bias.numpy()
+  np.testing.assert_allclose(tf.nn.softmax(logits),
+                             network(normalize_images(pixels)),
+                             rtol=1e-4, atol=1e-6)
+  served = loaded.signatures['serving_default'](images=tf.constant(pixels))
+  np.testing.assert_allclose(got, served['features'], rtol=1e-6)
+
+
+@pytest.mark.parametrize('trainable', [True, False])
+def test_feature_vector_fine_tunes_in_a_new_keras_model(exported, trainable):
+  import tensorflow_hub as hub  # pylint: disable=g-import-not-at-top
+  _, _, features = exported
+  tf_keras.utils.set_random_seed(2)
+  backbone = hub.KerasLayer(features, trainable=trainable)
+  inputs = tf_keras.Input((IMAGE_SIZE, IMAGE_SIZE, 3))
+  head = tf_keras.layers.Dense(3, name='new_head')
+  model = tf_keras.Model(inputs, head(backbone(inputs)))
+  # The export's weight decay joins the loss only where it is trained.
+  assert (sum(float(l) for l in model.losses) > 0) == trainable
+  before = [v.numpy() for v in backbone.variables]
+  head_before = head.kernel.numpy()
+  model.compile(optimizer=tf_keras.optimizers.SGD(0.1),
+                loss=tf_keras.losses.SparseCategoricalCrossentropy(
+                    from_logits=True))
+  model.fit(_pixels(8, seed=3), np.arange(8) % 3, batch_size=8, epochs=1,
+            verbose=0)
+  assert not np.allclose(head.kernel.numpy(), head_before)
+  moved = [not np.array_equal(b, v.numpy())
+           for b, v in zip(before, backbone.variables)]
+  if trainable:
+    # Kernels move with their gradient, batch-norm statistics with the batch.
+    assert sum(moved) > len(moved) // 2
+  else:
+    assert not any(moved)
+
+
+def test_resnet50_export_has_the_published_parameter_count(tmp_path):
+  cfg = dataclasses.replace(TINY, resnet_depth=50, stem='imagenet',
+                            width_multiplier=1.0)
+  network = models.build_network(cfg, 1000, use_regularizers=False)
+  path = export.export_saved_model(network, str(tmp_path / 'r50'),
+                                   export.CLASSIFIER_OUTPUT, IMAGE_SIZE, 0.875)
+  loaded = tf.saved_model.load(path)
+  assert _count(loaded.trainable_variables) == 25_557_032
+  assert loaded.regularization_losses == []  # No weight decay given.
+
+
+def _kernels(network):
+  """(conv classes, batch norms synchronised?, ReLU impls, all trainable?)"""
+  kinds = lambda f, cls: {f(l) for l in network.layers if isinstance(l, cls)}
+  return (kinds(lambda l: type(l).__name__, tf_keras.layers.Conv2D),
+          kinds(lambda l: l.synchronized,
+                tf_keras.layers.BatchNormalization),
+          kinds(lambda l: l.impl, (models.ResidualAdd, models.ResidualRelu)),
+          all(l.trainable for l in network.layers))
+
+
+def test_portable_copy_is_standard_layers_with_the_same_outputs():
+  """Kernels, distribution and freezing of training stay out of exports."""
+  cfg = dataclasses.replace(TINY, conv_impl='matmul', relu_impl='xla',
+                            sync_batch_norm=True, freeze_backbone=True)
+  network = _network(cfg)
+  copy = export.portable_copy(network, cfg)
+  assert _kernels(network) == ({'MatmulConv2D'}, {True}, {'xla'}, False)
+  assert _kernels(copy) == ({'Conv2D'}, {False}, {'native'}, True)
+  pixels = normalize_images(_pixels())
+  np.testing.assert_allclose(copy(pixels), network(pixels), rtol=1e-4,
+                             atol=1e-6)
+
+
+def _export_tool(model_dir, *args, **kwargs):
+  return e2e.run_tool('resnet_keras.export',
+                      ['--model_dir', model_dir] + list(args), **kwargs)
+
+
+def test_old_checkpoints_export_like_the_run_did(synthetic_run):
+  result = _export_tool(synthetic_run, '--checkpoint', 'all')
+  assert result.returncode == 0, result.stderr[-3000:]
+  exports = os.path.join(synthetic_run, export.EXPORTS_DIR)
+  assert sorted(os.listdir(exports)) == ['ckpt-4', 'ckpt-8']
+  pixels = tf.constant(_pixels())
+
+  def predict(path):
+    return tf.saved_model.load(path).signatures['serving_default'](
+        images=pixels)['probabilities'].numpy()
+
+  at_end = predict(os.path.join(synthetic_run, export.CLASSIFIER_DIR))
+  last = predict(os.path.join(exports, 'ckpt-8', export.CLASSIFIER_DIR))
+  np.testing.assert_allclose(last, at_end, rtol=1e-6, atol=1e-7)
+  earlier = predict(os.path.join(exports, 'ckpt-4', export.CLASSIFIER_DIR))
+  assert not np.allclose(earlier, at_end, rtol=1e-3)
+  features = tf.saved_model.load(
+      os.path.join(exports, 'ckpt-8', export.FEATURE_VECTOR_DIR))
+  assert features(pixels, training=False).shape == (3, 512)
+
+
+def test_bad_inputs_fail_in_one_line(synthetic_run, tmp_path):
+  (tmp_path / 'file').write_text('')
+  for args, fragments in [
+      (['--checkpoint', 'ckpt-5'], ['--checkpoint=ckpt-5 is not a checkpoint',
+                                    'ckpt-4, ckpt-8']),
+      (['--output_dir', str(tmp_path / 'file' / 'sub')],
+       ['--output_dir=', 'cannot be created']),
+  ]:
+    e2e.assert_one_line_error(
+        _export_tool(synthetic_run, *args, timeout=120), *fragments)
+  e2e.assert_one_line_error(
+      _export_tool(str(tmp_path / 'nowhere'), timeout=120), 'is not a directory')
+  e2e.assert_one_line_error(_export_tool(str(tmp_path), timeout=120),
+                            'config.json does not exist')
