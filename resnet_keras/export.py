@@ -175,8 +175,9 @@ def export_saved_model(network: tf_keras.Model, export_dir: str,
 
 def export_run(network: tf_keras.Model, cfg: RunConfig, output_dir: str,
                feature_vector: bool = False) -> List[str]:
-  """Exports a run's trained `network` to output_dir/saved_model (and, with
-  `feature_vector`, output_dir/feature_vector); returns the paths."""
+  """Exports a run's trained `network` (or its portable_copy) to
+  output_dir/saved_model (and, with `feature_vector`,
+  output_dir/feature_vector); returns the paths."""
   copy = portable_copy(network, cfg)
   common = dict(image_size=cfg.image_size,
                 eval_crop_fraction=datasets.eval_crop_fraction(cfg),

@@ -362,11 +362,14 @@ def run(cfg: RunConfig) -> Dict:
     if backend.is_chief:
       _write_plots(cfg.model_dir)
       metrics_log.close()
-  # The export is of a copy outside the strategy (export.portable_copy), so
-  # unlike checkpoints it is no collective: the chief writes it alone.
-  if cfg.enable_checkpoint_and_export and backend.is_chief:
-    path, = export.export_run(network, cfg, cfg.model_dir)
-    logging.info('exported SavedModel to %s', path)
+  if cfg.enable_checkpoint_and_export and saves:
+    # Under multi_worker_mirrored reading the weights is a collective (batch
+    # norm statistics are averaged when read), so every worker that saves
+    # copies them; the copy is the chief's alone to export.
+    portable = export.portable_copy(network, cfg)
+    if backend.is_chief:
+      path, = export.export_run(portable, cfg, cfg.model_dir)
+      logging.info('exported SavedModel to %s', path)
   skipped_count = skipped.count if skipped else 0
   if skipped:
     _report_skipped(skipped_count, eval_results, info.num_eval_examples)

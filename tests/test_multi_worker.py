@@ -14,6 +14,7 @@ import sys
 import time
 
 import pytest
+import tensorflow as tf
 
 from tests import e2e
 
@@ -27,7 +28,8 @@ def _summaries(model_dir):
 
 
 @pytest.mark.parametrize('backend_args,batch_flag,global_batch', [
-    (['--use_horovod'], '--batch_size=8', 16),  # -bs per worker
+    # -bs per worker; Horovod's batch norm synchronises over the workers.
+    (['--use_horovod', '--sync_batch_norm'], '--batch_size=8', 16),
     (['-ds', 'multi_worker_mirrored'], '--batch_size=16', 16),  # -bs global
     # Accumulated gradients take Horovod's explicit all-reduce: without it
     # the workers' weights would drift apart.
@@ -38,9 +40,16 @@ def test_two_workers_train_in_lockstep(tmp_path, backend_args, batch_flag,
   model_dir = str(tmp_path / 'model')
   result = e2e.run_script(
       DEMO, backend_args + ['--num_workers_per_hls=2', batch_flag,
-                            f'--model_dir={model_dir}'] + TINY, timeout=300)
+                            f'--model_dir={model_dir}',
+                            '--enable_checkpoint_and_export'] + TINY,
+      timeout=300)
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   chief, worker = _summaries(model_dir)
+  # The chief alone exports, and the export needs no Horovod (not imported
+  # here) nor any collective to load and run in training mode.
+  assert not os.path.exists(os.path.join(model_dir, 'worker_1', 'saved_model'))
+  loaded = tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
+  assert loaded(tf.zeros([2, 32, 32, 3]), training=True).shape == (2, 10)
   assert chief['num_workers'] == worker['num_workers'] == 2
   assert (chief['worker_index'], worker['worker_index']) == (0, 1)
   assert chief['global_batch_size'] == global_batch
