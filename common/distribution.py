@@ -13,7 +13,7 @@ import dataclasses
 import json
 import os
 import socket
-from typing import Any, Tuple
+from typing import Any, Optional, Sequence, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -138,9 +138,17 @@ class Backend:
 
 def build_backend(name: str, num_gpus: int = -1,
                   use_horovod: bool = False) -> Backend:
-  """The backend `--distribution_strategy`/`--use_horovod` ask for."""
+  """The backend `--distribution_strategy`/`--use_horovod` ask for.
+
+  `mirrored` on a machine without GPUs whose CPU was split into logical
+  devices (--num_cpu_replicas) replicates over those.
+  """
   if use_horovod:
     return _horovod_backend()
+  cpus = tf.config.list_logical_devices('CPU')
+  if name == 'mirrored' and len(cpus) > 1:
+    return Backend(tf.distribute.MirroredStrategy(
+        devices=[cpu.name for cpu in cpus]))
   if name == 'multi_worker_mirrored':
     _ensure_tf_config()
     _check_own_port_is_free(os.environ.get('TF_CONFIG', ''))
@@ -205,9 +213,35 @@ def _horovod_backend() -> Backend:
     raise UsageError(f'--use_horovod needs Horovod ({e}); install it with '
                      'scripts/install_horovod.sh') from None
   hvd.init()
-  gpus = tf.config.list_physical_devices('GPU')
-  if gpus:
-    # One GPU per process: the local rank picks it.
-    tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], 'GPU')
+  gpu = gpu_for_local_rank(tf.config.list_physical_devices('GPU'),
+                           hvd.local_rank(), hvd.local_size())
+  if gpu is not None:
+    # As the reference programs do: memory as needed, not all of it at once.
+    tf.config.experimental.set_memory_growth(gpu, True)
+    tf.config.set_visible_devices(gpu, 'GPU')
   return Backend(tf.distribute.get_strategy(), hvd.rank(), hvd.size(), hvd)
+
+
+def gpu_for_local_rank(gpus: Sequence[Any], local_rank: int,
+                       local_size: int) -> Optional[Any]:
+  """The GPU of the Horovod process with this rank on its host (None on a
+  host without GPUs): one GPU per process, never shared."""
+  if not gpus:
+    return None
+  if local_size > len(gpus):
+    raise UsageError(f'{local_size} Horovod processes on this host but '
+                     f'{len(gpus)} GPU(s): each process needs a GPU of its '
+                     f'own; start at most {len(gpus)} workers per host '
+                     '(--num_workers_per_hls)')
+  return gpus[local_rank]
+
+
+def input_options(preloading: bool, has_gpu: bool
+                  ) -> tf.distribute.InputOptions:
+  """What distribute_datasets_from_function is asked for: with
+  --experimental_preloading on an accelerator, each replica's next batches
+  are fetched into device memory while the current step runs."""
+  return tf.distribute.InputOptions(
+      experimental_fetch_to_device=preloading and has_gpu,
+      experimental_per_replica_buffer_size=2)
 

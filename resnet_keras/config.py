@@ -127,6 +127,8 @@ class RunConfig:
   distribution_strategy: str = 'off'
   use_horovod: bool = False
   num_gpus: int = -1  # -1: every visible GPU.
+  # > 1: -ds mirrored over this many logical devices of the CPU.
+  num_cpu_replicas: int = 1
   inter_op_parallelism_threads: int = 0  # 0: chosen from the machine.
   intra_op_parallelism_threads: int = 0
 
@@ -203,6 +205,12 @@ class RunConfig:
           f'--use_horovod and --distribution_strategy='
           f'{self.distribution_strategy} both distribute training; use one '
           '(Horovod needs --distribution_strategy=off)')
+    _check_positive('num_cpu_replicas', self.num_cpu_replicas)
+    if self.num_cpu_replicas > 1 and self.distribution_strategy != 'mirrored':
+      raise UsageError(
+          f'--num_cpu_replicas={self.num_cpu_replicas} splits the CPU into '
+          'replicas of -ds mirrored; add --distribution_strategy=mirrored '
+          f'(not {self.distribution_strategy})')
     if self.keras_applications_model is not None:
       _check_choice('keras_applications_model', self.keras_applications_model,
                     KERAS_APPLICATIONS_MODELS)

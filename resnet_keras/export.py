@@ -96,15 +96,17 @@ class _Reusable(tf.train.Checkpoint):
     self._image_size = image_size
     self._crop_fraction = eval_crop_fraction
 
-  @tf.function
-  def __call__(self, images, training=False):
+  def _outputs(self, images, training):
     # float32 out also where the network computes in bf16 or fp16.
     return tf.cast(self.network(normalize_images(images), training=training),
                    tf.float32)
 
+  @tf.function
+  def __call__(self, images, training=False):
+    return self._outputs(images, training)
+
   def serve(self, images):
-    return {self._output_name: self(tf.cast(images, tf.float32),
-                                    training=False)}
+    return {self._output_name: self._outputs(images, training=False)}
 
   def serve_encoded(self, image_bytes):
     images = tf.map_fn(

@@ -169,11 +169,11 @@ def run(cfg: RunConfig) -> Dict:
   if cfg.wandb:
     tracking.import_wandb()  # Its absence is a usage error; say so first.
   started = time.time()
-  info = datasets.describe(cfg)
   machine = hardware.detect()
   cfg, runtime_record = runtime.fit_to_hardware(cfg, machine)
   has_gpu = machine.has_gpu
-  runtime.configure_runtime(cfg, machine)
+  runtime.configure_runtime(cfg, machine)  # Before any op runs.
+  info = datasets.describe(cfg)
   backend = distribution.build_backend(cfg.distribution_strategy,
                                        cfg.num_gpus, cfg.use_horovod)
   strategy = backend.strategy
@@ -225,11 +225,8 @@ def run(cfg: RunConfig) -> Dict:
   train_fn, eval_fn = datasets.make_input_fns(
       cfg, info, program_batch, skipped,
       start_step=warm_start.steps_of_data_read(cfg.model_dir))
-  # Preloading: tf.distribute prefetches each replica's next batches into
-  # device memory while the current step runs.
-  input_options = tf.distribute.InputOptions(
-      experimental_fetch_to_device=cfg.experimental_preloading and has_gpu,
-      experimental_per_replica_buffer_size=2)
+  input_options = distribution.input_options(cfg.experimental_preloading,
+                                             has_gpu)
   train_ds = strategy.distribute_datasets_from_function(
       lambda ctx: train_fn(backend.input_context(ctx)), input_options)
   eval_ds = (None if cfg.skip_eval else

@@ -15,6 +15,7 @@ from absl import logging
 from common import env
 from resnet_keras import hardware
 from resnet_keras.config import RunConfig
+from resnet_keras.errors import UsageError
 
 _POLICIES = {'fp32': 'float32', 'bf16': 'mixed_bfloat16',
              'fp16': 'mixed_float16'}
@@ -38,8 +39,11 @@ def fit_to_hardware(cfg: RunConfig, machine: hardware.Machine
 
 
 def configure_runtime(cfg: RunConfig, machine: hardware.Machine) -> None:
-  """Threads, XLA, seeds and precision policy (cfg.dtype is decided)."""
+  """Logical CPUs, threads, XLA, seeds and precision policy (cfg.dtype is
+  decided). Before TensorFlow's runtime starts: it fixes all of these."""
   has_gpu = machine.has_gpu
+  if cfg.num_cpu_replicas > 1:
+    split_cpu(cfg.num_cpu_replicas, has_gpu)
   # TensorFlow's Python INFO lines (collective setup, SavedModel internals)
   # drown the step lines; its warnings still show.
   tf.get_logger().setLevel('WARNING')
@@ -67,3 +71,18 @@ def configure_runtime(cfg: RunConfig, machine: hardware.Machine) -> None:
     logging.warning('--dtype=fp16 on a CPU has no hardware support and is '
                     'very slow; use --dtype=bf16 on CPUs')
   tf_keras.mixed_precision.set_global_policy(_POLICIES[cfg.dtype])
+
+
+def split_cpu(num_devices: int, has_gpu: bool) -> None:
+  """The CPU as `num_devices` logical devices (--num_cpu_replicas).
+
+  They share the CPU's cores and threads: a way to run every multi-replica
+  code path of -ds mirrored on a machine without GPUs, not a speed-up.
+  """
+  if has_gpu:
+    raise UsageError(f'--num_cpu_replicas={num_devices} is for machines '
+                     'without GPUs; here -ds mirrored replicates over the '
+                     'GPUs (--num_gpus)')
+  cpu, = tf.config.list_physical_devices('CPU')
+  tf.config.set_logical_device_configuration(
+      cpu, [tf.config.LogicalDeviceConfiguration()] * num_devices)

@@ -287,7 +287,12 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
     def step_fn(inputs):
       images, labels = inputs
-      probs = self.model(images, training=False)
+      # A replica's share of the last, partial batch can be empty, and
+      # TensorFlow 2.20's oneDNN Conv2D returns an empty batch unchanged (its
+      # input's shape, not the convolution's), which the next layer rejects.
+      probs = tf.cond(tf.shape(images)[0] > 0,
+                      lambda: self.model(images, training=False),
+                      lambda: tf.zeros([0, self.num_classes]))
       self.eval_loss.update_state(self.per_example_loss(labels, probs, 0.0))
       self.eval_accuracy.update_state(labels, probs)
       self.eval_top5.update_state(labels, probs)

@@ -70,13 +70,13 @@ class CheckpointEvaluator:
   """
 
   def __init__(self, cfg: RunConfig, plan: TrainingPlan):
-    info = datasets.describe(cfg)
     machine = hardware.detect()
     # The run's dtype as config.json records it (decided); warns, as training
     # does, where this machine only emulates it.
     cfg, _ = runtime.fit_to_hardware(cfg, machine)
     self.cfg, self.plan = cfg, plan
-    runtime.configure_runtime(cfg, machine)
+    runtime.configure_runtime(cfg, machine)  # Before any op runs.
+    info = datasets.describe(cfg)
     self.network, self.model = models.build_models(
         cfg, info.num_classes, use_regularizers=False, machine=machine)
     self.optimizer = optimizers.build_optimizer(

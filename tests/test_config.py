@@ -60,6 +60,11 @@ def test_bad_values_name_the_flag_and_the_choices(field, value, expected):
      '--enable_recompute applies'),
     (dict(optimizer='RMSProp', nesterov=True), '--nesterov applies to SGD and '
      'LARS'),
+    (dict(num_cpu_replicas=2), '--num_cpu_replicas=2 splits the CPU into '
+     'replicas of -ds mirrored; add --distribution_strategy=mirrored (not '
+     'off)'),
+    (dict(num_cpu_replicas=0, distribution_strategy='mirrored'),
+     '--num_cpu_replicas must be > 0'),
 ])
 def test_bad_combinations_are_one_line(kwargs, expected):
   with pytest.raises(UsageError) as e:
