@@ -36,9 +36,11 @@ INPUT_BOUND_ADVICE = ('try --training_dataset_cache (if the data fits in RAM), '
 
 def format_step_line(step: int, total_steps: int, epoch: float, loss: float,
                      accuracy: float, learning_rate: float,
-                     examples_per_second: float) -> str:
+                     examples_per_second: float,
+                     loss_scale: Optional[float] = None) -> str:
+  scale = '' if loss_scale is None else f'loss scale {loss_scale:g} | '
   return (f'step {step}/{total_steps} | epoch {epoch:.2f} | loss {loss:.4f} | '
-          f'accuracy {accuracy:.4f} | lr {learning_rate:.6g} | '
+          f'accuracy {accuracy:.4f} | lr {learning_rate:.6g} | {scale}'
           f'{examples_per_second:.1f} examples/sec')
 
 
@@ -98,9 +100,12 @@ class StepLogger:
                   'train_accuracy': float(np.mean(accuracies)),
                   'learning_rate': self._lr_at(step),
                   'examples_per_second': rate}
+        if loop.loss_scales is not None:  # fp16: the scale after this step.
+          record['loss_scale'] = float(loop.loss_scales[i])
         line = format_step_line(
             step, self._total_steps, record['epoch'], record['train_loss'],
-            record['train_accuracy'], record['learning_rate'], rate)
+            record['train_accuracy'], record['learning_rate'], rate,
+            record.get('loss_scale'))
         if self._bar is not None:
           self._bar.write(line)
         logging.info(line)

@@ -39,6 +39,9 @@ class LoopRecord:
   input_wait_seconds: float = 0.0  # spent blocked on the input iterator
   weights_finite: bool = True  # every model variable, at the loop's end
   stopped_early: bool = False  # a stop request ended it before its last step
+  # fp16's dynamic loss scale after each step (halved on a step whose
+  # gradients overflowed, which was skipped); None without loss scaling.
+  loss_scales: Optional[np.ndarray] = None
 
 
 class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
@@ -86,6 +89,8 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                                  trainable=False)
       self._correct = tf.Variable(tf.zeros([max_steps_per_loop]),
                                   trainable=False)
+      self._loss_scales = tf.Variable(tf.zeros([max_steps_per_loop]),
+                                      trainable=False)
       self._input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False)
       self._stopped_early = tf.Variable(False, trainable=False)
     with strategy.scope():
@@ -183,6 +188,9 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     reduce = lambda t: self.strategy.reduce('SUM', t, axis=None)
     self._losses.scatter_nd_update([[index]], [reduce(cross_entropy)])
     self._correct.scatter_nd_update([[index]], [reduce(correct)])
+    if self.uses_loss_scale:
+      self._loss_scales.scatter_nd_update(
+          [[index]], [tf.cast(self.optimizer.loss_scale, tf.float32)])
 
   def _forward(self, images, labels):
     """Cross-entropy (a share of the global batch mean) and correct count."""
@@ -260,7 +268,9 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         accuracies=accuracies, seconds=seconds,
         input_wait_seconds=float(self._input_wait.numpy()),
         weights_finite=bool(self._weights_finite()),
-        stopped_early=bool(self._stopped_early.numpy()))
+        stopped_early=bool(self._stopped_early.numpy()),
+        loss_scales=(self._loss_scales[:num_steps].numpy()
+                     if self.uses_loss_scale else None))
     if not num_steps:  # A stop before the loop's first step: no summaries.
       return {}
     return {

@@ -97,6 +97,31 @@ def test_bf16_lars_reference_preset(tmp_path):
   assert '| lr 2.5 |' in result.stderr
 
 
+def test_fp16_logs_and_records_its_loss_scale(tmp_path):
+  """The GPU precision end to end (slow but exact on a CPU): dynamic loss
+  scaling, its scale on every log line and in metrics.jsonl, a checkpoint
+  and an export in float32 out."""
+  model_dir = str(tmp_path / 'fp16')
+  result = e2e.run_main(e2e.TINY + ['-md', model_dir, '-dt', 'fp16',
+                                    '--enable_checkpoint_and_export'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = _steps_logged(result.stderr)
+  assert len(lines) == 2 and all('| loss scale ' in l for l in lines)
+  records = [r for r in metrics.read_metrics_log(model_dir)
+             if 'train_loss' in r]
+  assert [r['step'] for r in records] == [2, 4]
+  # 2^15 to start, halved on overflows, doubled after 2000 good steps only.
+  assert all(0 < r['loss_scale'] <= 2 ** 15 for r in records)
+  assert f'loss scale {records[-1]["loss_scale"]:g} |' in lines[-1]
+  summary = e2e.read_summary(model_dir)
+  assert summary['dtype'] == 'fp16' and np.isfinite(summary['train_loss'])
+  assert summary['eval_examples'] == 13
+  loaded = tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
+  probs = loaded(tf.zeros([1, 32, 32, 3]), training=False)
+  assert probs.dtype == tf.float32
+  np.testing.assert_allclose(np.sum(probs), 1.0, rtol=1e-3)
+
+
 def test_group_norm_rmsprop_stepped_bf16_and_norm_in_checkpoint_identity(
     tmp_path):
   model_dir = str(tmp_path / 'group')

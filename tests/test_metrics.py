@@ -102,3 +102,23 @@ def test_a_torn_line_in_the_middle_is_an_error(tmp_path):
   (tmp_path / 'metrics.jsonl').write_text('{"step": 2}\n{"st\n{"step": 4}\n')
   with pytest.raises(UsageError, match='line 2 is not JSON'):
     metrics.read_metrics_log(str(tmp_path))
+
+
+def test_fp16_log_lines_and_records_carry_the_loss_scale(monkeypatch,
+                                                          tmp_path):
+  lines = []
+  monkeypatch.setattr(logging, 'info', lambda msg, *a: lines.append(msg % a
+                                                                    if a else msg))
+  log = metrics.MetricsLog(str(tmp_path))
+  loop = LoopRecord(1, np.ones(2), np.ones(2), 4.0,
+                    loss_scales=np.array([32768.0, 16384.0]))
+  logger = metrics.StepLogger(
+      get_loop=lambda: loop, log_steps=1, total_steps=2, steps_per_epoch=2,
+      global_batch_size=8, learning_rate_at=lambda step: 0.1,
+      progress_bar=False, metrics_log=log)
+  logger({})
+  records = metrics.read_metrics_log(str(tmp_path))
+  assert [r['loss_scale'] for r in records] == [32768.0, 16384.0]
+  assert '| lr 0.1 | loss scale 16384 | 4.0 examples/sec' in lines[-1]
+  assert 'loss scale' not in metrics.format_step_line(1, 2, 0.5, 1.0, 1.0,
+                                                      0.1, 10.0)

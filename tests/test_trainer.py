@@ -7,6 +7,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from resnet_keras import guards
 from resnet_keras import models
 from resnet_keras import trainer as trainer_lib
 from resnet_keras.data import synthetic
@@ -169,3 +170,40 @@ def test_accumulated_micro_batches_make_the_same_update_as_one_batch():
     np.testing.assert_array_equal(whole_loop.accuracies,
                                   split_loop.accuracies)
   assert not np.allclose(whole[0], _no_bn_model(seed=3).get_weights()[0])
+
+
+def test_fp16_overflow_halves_the_scale_skips_the_update_and_goes_on():
+  """Dynamic loss scaling through the device loop, with a scale too big for
+  fp16 to start with: every overflowing step halves it and leaves the
+  weights alone, then training resumes with finite weights."""
+  tf_keras.mixed_precision.set_global_policy('mixed_float16')
+  try:
+    tf_keras.utils.set_random_seed(4)
+    net = models.resnet(10, 5, 32, stem='cifar', filters=(8, 16, 16, 16))
+    optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
+        tf_keras.optimizers.legacy.SGD(0.05), initial_scale=2.0 ** 40)
+    trainer = trainer_lib.ResnetTrainer(
+        strategy=tf.distribute.get_strategy(), model=net, optimizer=optimizer,
+        train_dataset=synthetic.train_dataset(4, 32, 5, tf.float32),
+        eval_dataset=None, global_batch_size=4, num_classes=5,
+        max_steps_per_loop=40)
+    before = [v.numpy() for v in net.trainable_variables]
+    trainer.train(tf.constant(3))
+    loop = trainer.last_loop
+    # 2^40 times any gradient overflows fp16 (max 65504): halved, skipped.
+    np.testing.assert_array_equal(loop.loss_scales, [2.0 ** 39, 2.0 ** 38,
+                                                     2.0 ** 37])
+    assert all(np.array_equal(b, v.numpy())
+               for b, v in zip(before, net.trainable_variables))
+    assert np.isfinite(loop.losses).all() and loop.weights_finite
+    # Skipped steps are no divergence: the guard lets the run go on.
+    guards.LoopGuard(get_loop=lambda: loop, any_worker=lambda *f: f,
+                     last_checkpoint=lambda: None, dtype='fp16')(None)
+    trainer.train(tf.constant(40))
+    scales = trainer.last_loop.loss_scales
+    assert scales[-1] < 2.0 ** 24 and (np.diff(scales) <= 0).all()
+    assert trainer.last_loop.weights_finite
+    assert any(not np.array_equal(b, v.numpy())
+               for b, v in zip(before, net.trainable_variables))
+  finally:
+    tf_keras.mixed_precision.set_global_policy('float32')
