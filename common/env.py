@@ -19,7 +19,8 @@ def prepare_tensorflow_environment() -> None:
   and Horovod are built on it. TensorFlow 2.20 turns its oneDNN CPU kernels on
   by default only on CPUs with AVX512_VNNI, AVX512_BF16 or AMX; everywhere
   else its Eigen kernels train ResNets about 4x slower (benchmarks/README.md),
-  so this turns oneDNN on for every x86-64 CPU. TensorFlow's CUDA build logs a
+  so this turns oneDNN on for every x86-64 CPU. --enable_xla gets to compile
+  on CPUs too (allow_xla_on_cpu). TensorFlow's CUDA build logs a
   cuInit *error* on every start on a machine without an NVIDIA driver; there
   it is noise, so C++ logs are silenced (errors still surface as Python
   exceptions). Values the user already set win.
@@ -29,6 +30,7 @@ def prepare_tensorflow_environment() -> None:
       platform.machine().lower() in _X86_64):
     os.environ[ONEDNN_VAR] = '1'
     os.environ[ONEDNN_DEFAULTED_VAR] = '1'
+  allow_xla_on_cpu(os.environ)
   has_nvidia_driver = os.path.exists('/proc/driver/nvidia/version')
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL',
                         '2' if has_nvidia_driver else '3')
@@ -56,3 +58,20 @@ def onednn_status() -> Dict[str, object]:
   from tensorflow.python.util import _pywrap_util_port  # pylint: disable=g-import-not-at-top
   return {'onednn': bool(_pywrap_util_port.IsMklEnabled()),
           'onednn_reason': onednn_reason(os.environ)}
+
+
+XLA_FLAGS_VAR = 'TF_XLA_FLAGS'
+CPU_AUTOCLUSTERING_FLAG = '--tf_xla_cpu_global_jit'
+
+
+def allow_xla_on_cpu(environ) -> None:
+  """Lets --enable_xla compile on CPUs too.
+
+  TensorFlow auto-clusters for XLA only on GPUs unless TF_XLA_FLAGS has
+  --tf_xla_cpu_global_jit: without it --enable_xla compiles nothing on a CPU.
+  The flag does nothing while auto-clustering is off (no --enable_xla), so it
+  is set for every process, before TensorFlow reads it.
+  """
+  flags = environ.get(XLA_FLAGS_VAR, '')
+  if CPU_AUTOCLUSTERING_FLAG not in flags.split():
+    environ[XLA_FLAGS_VAR] = f'{flags} {CPU_AUTOCLUSTERING_FLAG}'.strip()

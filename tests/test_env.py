@@ -65,3 +65,15 @@ def test_runs_record_whether_onednn_was_on_and_why(tmp_path, value, on):
   # auto was decided: the config holds what ran, the log line says why.
   assert recorded['config']['dtype'] == runtime['dtype'] != 'auto'
   assert f'dtype {runtime["dtype"]} (auto: ' in result.stderr
+
+
+def test_xla_on_cpu_adds_its_flag_once_and_keeps_the_users():
+  """(test_main's XLA run shows that the flag makes --enable_xla compile.)"""
+  environ = {}
+  env.allow_xla_on_cpu(environ)
+  assert environ == {'TF_XLA_FLAGS': '--tf_xla_cpu_global_jit'}
+  environ = {'TF_XLA_FLAGS': '--tf_xla_auto_jit=2'}
+  env.allow_xla_on_cpu(environ)
+  env.allow_xla_on_cpu(environ)
+  assert environ['TF_XLA_FLAGS'] == ('--tf_xla_auto_jit=2 '
+                                     '--tf_xla_cpu_global_jit')

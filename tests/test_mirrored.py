@@ -1,6 +1,7 @@
-"""-ds mirrored with 1, 2 and 4 replicas (--num_cpu_replicas: logical CPUs)
-through resnet_ctl_imagenet_main.py: the multi-replica paths a GPU user
-takes, trained, evaluated, checkpointed, exported and resumed on a CPU."""
+"""-ds mirrored with 1, 2 and 4 replicas (--num_cpu_replicas: logical CPUs),
+and -ds one_device, through resnet_ctl_imagenet_main.py: the paths a GPU
+user takes, trained, evaluated, checkpointed, exported and resumed on a
+CPU."""
 
 import os
 import shutil
@@ -20,9 +21,10 @@ ARGS = ['--resnet_depth=18', '--image_size=32', '--batch_size=8',
         '--enable_checkpoint_and_export', '--dtype=fp32']
 
 
-def _train(data_dir, model_dir, replicas, *extra, epochs=2):
+def _train(data_dir, model_dir, replicas, *extra, epochs=2,
+           strategy='mirrored'):
   args = ARGS + [f'--data_dir={data_dir}', f'--model_dir={model_dir}',
-                 f'--train_epochs={epochs}', '-ds', 'mirrored'] + list(extra)
+                 f'--train_epochs={epochs}', '-ds', strategy] + list(extra)
   if replicas > 1:
     args.append(f'--num_cpu_replicas={replicas}')
   result = e2e.run_main(args)
@@ -80,6 +82,15 @@ def test_replicas_with_sync_batch_norm_train_the_same_math(runs, name):
   _assert_same_math(runs[name], runs['1_sync'])
   # Every validation example once, though 9 splits evenly over no replicas.
   assert [n for _, _, n in _evals(runs[name])] == [9, 9]
+
+
+def test_one_device_trains_what_one_mirrored_replica_does(runs, tmp_path):
+  model_dir = str(tmp_path / 'one_device')
+  summary = _train(runs['data'], model_dir, 1, '--sync_batch_norm',
+                   strategy='one_device')
+  assert summary['num_replicas'] == 1
+  _assert_same_math(model_dir, runs['1_sync'])
+  assert os.path.exists(os.path.join(model_dir, 'saved_model'))
 
 
 def test_without_sync_each_replica_normalises_by_its_own_batch(runs):
