@@ -145,8 +145,10 @@ def build_backend(name: str, num_gpus: int = -1,
   """
   if use_horovod:
     return _horovod_backend()
-  cpus = tf.config.list_logical_devices('CPU')
-  if name == 'mirrored' and len(cpus) > 1:
+  # Only here: listing devices starts TensorFlow's runtime, and
+  # multi_worker_mirrored must configure its collectives before that.
+  cpus = tf.config.list_logical_devices('CPU') if name == 'mirrored' else ()
+  if len(cpus) > 1:
     return Backend(tf.distribute.MirroredStrategy(
         devices=[cpu.name for cpu in cpus]))
   if name == 'multi_worker_mirrored':
