@@ -113,21 +113,28 @@ def test_replicated_export_serves_the_same_model(runs):
                              atol=1e-5)
 
 
+@pytest.fixture(scope='module')
+def continued(runs, tmp_path_factory):
+  """The one-replica run, trained on for a third epoch."""
+  model_dir = str(tmp_path_factory.mktemp('continued') / 'run')
+  shutil.copytree(runs['1_sync'], model_dir)
+  _train(runs['data'], model_dir, 1, '--sync_batch_norm', epochs=3)
+  return model_dir
+
+
 @pytest.mark.parametrize('replicas', [1, 4])
-def test_a_two_replica_checkpoint_resumes_with_other_counts(runs, tmp_path,
+def test_a_two_replica_checkpoint_resumes_with_other_counts(runs, continued,
+                                                            tmp_path,
                                                             replicas):
   model_dir = str(tmp_path / 'resumed')
   shutil.copytree(runs['2_sync'], model_dir)
-  reference = str(tmp_path / 'reference')
-  shutil.copytree(runs['1_sync'], reference)
   summary = _train(runs['data'], model_dir, replicas, '--sync_batch_norm',
                    epochs=3)
   assert summary['resumed_from_step'] == 4 and summary['train_steps'] == 6
   assert summary['num_replicas'] == replicas
-  # The one-replica run, continued the same way, computes the same.
-  _train(runs['data'], reference, 1, '--sync_batch_norm', epochs=3)
+  # It computes what the one-replica run, continued the same way, does.
   resumed = np.array(_losses(model_dir))
-  expected = np.array(_losses(reference))
+  expected = np.array(_losses(continued))
   assert list(resumed[:, 0]) == list(expected[:, 0]) == [1, 2, 3, 4, 5, 6]
   # Float rounding of the other replica count grows step by step (2e-4 after
   # 4 steps, 1e-3 after 6; larger learning rates amplify it faster).
