@@ -61,6 +61,14 @@ def configure_logging() -> None:
       '%(asctime)s %(levelname).1s %(message)s', datefmt='%H:%M:%S'))
 
 
+def define_model_dir_flag() -> None:
+  """--model_dir, required, of the tools that read a training run."""
+  flags.DEFINE_string('model_dir', None,
+                      'Directory of a training run: its config.json and '
+                      'checkpoints.')
+  flags.mark_flag_as_required('model_dir')
+
+
 def start_tool(argv, model_dir: str) -> str:
   """The start of a model_dir tool's main (validate, average, export): checks
   argv and model_dir, sets up logging; returns model_dir."""

@@ -46,9 +46,7 @@ RECORD_FILE = 'averaging.json'
 
 
 def define_flags() -> None:
-  flags.DEFINE_string('model_dir', None,
-                      'Directory of a training run: its config.json and '
-                      'checkpoints.')
+  cli.define_model_dir_flag()
   flags.DEFINE_integer('last', None,
                        'Average the last N checkpoints kept; default: all.')
   flags.DEFINE_float('ema', None,
@@ -61,7 +59,6 @@ def define_flags() -> None:
   flags.DEFINE_boolean('export', False,
                        'Also export it as a SavedModel to '
                        'OUTPUT_DIR/saved_model.')
-  flags.mark_flag_as_required('model_dir')
 
 
 def check_ema_decay(decay: Optional[float]) -> None:

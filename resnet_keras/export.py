@@ -50,7 +50,6 @@ from absl import logging
 
 from common import cli
 from resnet_keras import checkpoints
-from resnet_keras import hardware
 from resnet_keras import models
 from resnet_keras import optimizers
 from resnet_keras import runtime
@@ -96,25 +95,24 @@ class _Reusable(tf.train.Checkpoint):
     self._image_size = image_size
     self._crop_fraction = eval_crop_fraction
 
-  def _outputs(self, images, training):
+  def _outputs(self, normalised, training):
     # float32 out also where the network computes in bf16 or fp16.
-    return tf.cast(self.network(normalize_images(images), training=training),
-                   tf.float32)
+    return tf.cast(self.network(normalised, training=training), tf.float32)
 
   @tf.function
   def __call__(self, images, training=False):
-    return self._outputs(images, training)
+    return self._outputs(normalize_images(images), training)
 
   def serve(self, images):
-    return {self._output_name: self._outputs(images, training=False)}
+    return {self._output_name: self._outputs(normalize_images(images),
+                                             training=False)}
 
   def serve_encoded(self, image_bytes):
-    images = tf.map_fn(
+    normalised = tf.map_fn(
         lambda b: imagenet.preprocess_eval(b, self._image_size, tf.float32,
                                            self._crop_fraction),
         image_bytes, fn_output_signature=tf.float32)
-    return {self._output_name: tf.cast(self.network(images, training=False),
-                                       tf.float32)}
+    return {self._output_name: self._outputs(normalised, training=False)}
 
   def signatures(self):
     spec = lambda dtype: tf.TensorSpec(
@@ -177,7 +175,7 @@ def export_saved_model(network: tf_keras.Model, export_dir: str,
 
 def export_run(network: tf_keras.Model, cfg: RunConfig, output_dir: str,
                feature_vector: bool = False) -> List[str]:
-  """Exports a run's trained `network` (or its portable_copy) to
+  """Exports a run's trained `network`, through one portable_copy, to
   output_dir/saved_model (and, with `feature_vector`,
   output_dir/feature_vector); returns the paths."""
   copy = portable_copy(network, cfg)
@@ -196,9 +194,7 @@ def export_run(network: tf_keras.Model, cfg: RunConfig, output_dir: str,
 
 
 def define_flags() -> None:
-  flags.DEFINE_string('model_dir', None,
-                      'Directory of a training run: its config.json and '
-                      'checkpoints.')
+  cli.define_model_dir_flag()
   flags.DEFINE_string('checkpoint', None,
                       'The checkpoint to export (a path, or a name in '
                       '--model_dir such as ckpt-4), or "all" for every '
@@ -207,16 +203,13 @@ def define_flags() -> None:
                       'Each checkpoint goes to OUTPUT_DIR/<checkpoint name>/'
                       '{saved_model,feature_vector}; default: '
                       'MODEL_DIR/exports.')
-  flags.mark_flag_as_required('model_dir')
 
 
 def export_checkpoints(cfg: RunConfig, which: Optional[str],
                        output_dir: str) -> List[str]:
   """Exports the checkpoints `which` names (see --checkpoint) of the run
   `cfg` describes; returns the directories written."""
-  machine = hardware.detect()
-  cfg, _ = runtime.fit_to_hardware(cfg, machine)
-  runtime.configure_runtime(cfg, machine)
+  cfg, machine, _ = runtime.set_up(cfg)
   network, model = models.build_models(cfg, cfg.num_classes,
                                        use_regularizers=False, machine=machine)
   checkpoint = tf.train.Checkpoint(model=model)

@@ -25,7 +25,6 @@ from common import distribution
 from resnet_keras import checkpoints
 from resnet_keras import export
 from resnet_keras import guards
-from resnet_keras import hardware
 from resnet_keras import metrics
 from resnet_keras import models
 from resnet_keras import optimizers
@@ -169,10 +168,8 @@ def run(cfg: RunConfig) -> Dict:
   if cfg.wandb:
     tracking.import_wandb()  # Its absence is a usage error; say so first.
   started = time.time()
-  machine = hardware.detect()
-  cfg, runtime_record = runtime.fit_to_hardware(cfg, machine)
+  cfg, machine, runtime_record = runtime.set_up(cfg)
   has_gpu = machine.has_gpu
-  runtime.configure_runtime(cfg, machine)  # Before any op runs.
   info = datasets.describe(cfg)
   backend = distribution.build_backend(cfg.distribution_strategy,
                                        cfg.num_gpus, cfg.use_horovod)
@@ -359,14 +356,14 @@ def run(cfg: RunConfig) -> Dict:
     if backend.is_chief:
       _write_plots(cfg.model_dir)
       metrics_log.close()
-  if cfg.enable_checkpoint_and_export and saves:
+  if cfg.enable_checkpoint_and_export and backend.is_chief:
+    path, = export.export_run(network, cfg, cfg.model_dir)
+    logging.info('exported SavedModel to %s', path)
+  elif cfg.enable_checkpoint_and_export and saves:
     # Under multi_worker_mirrored reading the weights is a collective (batch
-    # norm statistics are averaged when read), so every worker that saves
-    # copies them; the copy is the chief's alone to export.
-    portable = export.portable_copy(network, cfg)
-    if backend.is_chief:
-      path, = export.export_run(portable, cfg, cfg.model_dir)
-      logging.info('exported SavedModel to %s', path)
+    # norm statistics are averaged when read): the other workers join the
+    # chief's read, once, as its export copies them.
+    network.get_weights()
   skipped_count = skipped.count if skipped else 0
   if skipped:
     _report_skipped(skipped_count, eval_results, info.num_eval_examples)

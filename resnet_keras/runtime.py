@@ -21,6 +21,18 @@ _POLICIES = {'fp32': 'float32', 'bf16': 'mixed_bfloat16',
              'fp16': 'mixed_float16'}
 
 
+def set_up(cfg: RunConfig) -> Tuple[RunConfig, hardware.Machine, Dict]:
+  """This machine, `cfg` fitted to it (fit_to_hardware) and the runtime
+  configured for it (configure_runtime), before any TensorFlow op runs.
+
+  Returns cfg with its dtype decided, the machine and the runtime record.
+  """
+  machine = hardware.detect()
+  cfg, record = fit_to_hardware(cfg, machine)
+  configure_runtime(cfg, machine)
+  return cfg, machine, record
+
+
 def fit_to_hardware(cfg: RunConfig, machine: hardware.Machine
                     ) -> Tuple[RunConfig, Dict]:
   """cfg with --dtype=auto decided, and what was decided and why.

@@ -31,7 +31,6 @@ from absl import logging
 
 from common import cli
 from resnet_keras import checkpoints
-from resnet_keras import hardware
 from resnet_keras import metrics
 from resnet_keras import models
 from resnet_keras import optimizers
@@ -47,9 +46,7 @@ COLUMNS = ('checkpoint', 'step', 'epoch', 'top1', 'top5', 'loss', 'examples')
 
 
 def define_flags() -> None:
-  flags.DEFINE_string('model_dir', None,
-                      'Directory of a training run: its config.json and '
-                      'checkpoints.')
+  cli.define_model_dir_flag()
   flags.DEFINE_string('checkpoint', None,
                       'A checkpoint (a path, or a name in --model_dir such as '
                       'ckpt-4), or "all" for every checkpoint kept; default: '
@@ -58,7 +55,6 @@ def define_flags() -> None:
                       'Read the validation data here instead of the run\'s '
                       'data_dir (same --dataset format; real data even for a '
                       'synthetic-data run).')
-  flags.mark_flag_as_required('model_dir')
 
 
 class CheckpointEvaluator:
@@ -70,12 +66,10 @@ class CheckpointEvaluator:
   """
 
   def __init__(self, cfg: RunConfig, plan: TrainingPlan):
-    machine = hardware.detect()
     # The run's dtype as config.json records it (decided); warns, as training
     # does, where this machine only emulates it.
-    cfg, _ = runtime.fit_to_hardware(cfg, machine)
+    cfg, machine, _ = runtime.set_up(cfg)
     self.cfg, self.plan = cfg, plan
-    runtime.configure_runtime(cfg, machine)  # Before any op runs.
     info = datasets.describe(cfg)
     self.network, self.model = models.build_models(
         cfg, info.num_classes, use_regularizers=False, machine=machine)
