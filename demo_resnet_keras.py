@@ -42,7 +42,7 @@ from common import cli  # pylint: disable=g-import-not-at-top
 from common import launch  # pylint: disable=g-import-not-at-top
 from resnet_keras import flags as flags_lib  # pylint: disable=g-import-not-at-top
 from resnet_keras import recipes  # pylint: disable=g-import-not-at-top
-from resnet_keras.errors import UsageError  # pylint: disable=g-import-not-at-top
+from common.errors import UsageError  # pylint: disable=g-import-not-at-top
 
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        'resnet_ctl_imagenet_main.py')

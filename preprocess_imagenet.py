@@ -47,7 +47,7 @@ from PIL import Image
 
 from common import cli
 from common import env
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 # TensorFlow is imported only where shards are written: it takes seconds, and
 # bad input should be reported at once. Its C++ start-up notices (no GPU,

@@ -8,7 +8,7 @@ import sys
 from absl import flags
 from absl import logging
 
-from resnet_keras.errors import RunStopped, UsageError
+from common.errors import RunStopped, UsageError
 
 
 def fail(message: str, exit_code: int = UsageError.exit_code) -> None:

@@ -20,7 +20,7 @@ import tensorflow as tf
 from official.common import distribute_utils
 
 from common import launch
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 
 @dataclasses.dataclass
@@ -176,10 +176,7 @@ def _ensure_tf_config() -> None:
   mpirun and none is set; a TF_CONFIG the user set is used as is."""
   if os.environ.get('TF_CONFIG'):
     return
-  try:
-    tf_config = launch.tf_config_from_mpi(os.environ)
-  except launch.LaunchError as e:
-    raise UsageError(str(e)) from None
+  tf_config = launch.tf_config_from_mpi(os.environ)
   if tf_config:
     os.environ['TF_CONFIG'] = tf_config
     logging.info('TF_CONFIG from the MPI rank: %s', tf_config)

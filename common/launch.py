@@ -13,7 +13,7 @@ import os
 import shlex
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 # demo_resnet_keras.py's own flags: consumed there, never forwarded to the
 # trainer (which gets the recipe's and presets' values as flags instead).

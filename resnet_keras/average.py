@@ -38,7 +38,7 @@ from resnet_keras import export
 from resnet_keras import metrics
 from resnet_keras import optimizers
 from resnet_keras import validate
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 # pylint: enable=g-import-not-at-top
 
 OUTPUT_DIR = 'averaged'

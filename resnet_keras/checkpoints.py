@@ -16,7 +16,7 @@ import tensorflow as tf
 
 from resnet_keras import config as config_lib
 from resnet_keras.config import RunConfig, TrainingPlan
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 from resnet_keras.metrics import write_json_atomically
 
 MAX_TO_KEEP = 5

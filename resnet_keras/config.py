@@ -10,7 +10,7 @@ import dataclasses
 import math
 from typing import Any, Dict, Optional, Tuple, Type, TypeVar
 
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 from resnet_keras.hardware import Machine
 
 DATASETS = ('imagenet', 'cifar10', 'cifar100')

@@ -57,7 +57,7 @@ from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data import imagenet
 from resnet_keras.data.preprocessing import normalize_images
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 # pylint: enable=g-import-not-at-top
 
 CLASSIFIER_DIR = 'saved_model'

@@ -13,7 +13,7 @@ from absl import flags
 
 from resnet_keras import recipes
 from resnet_keras.config import RunConfig
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 _D = RunConfig()  # Defaults live in one place: the dataclass.
 

@@ -22,7 +22,7 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 from absl import logging
 
-from resnet_keras.errors import RunStopped
+from common.errors import RunStopped
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 NON_FINITE_EXIT_CODE = 3

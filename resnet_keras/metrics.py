@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol
 import numpy as np
 from absl import logging
 
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 if TYPE_CHECKING:
   from resnet_keras.trainer import LoopRecord

@@ -22,7 +22,7 @@ from resnet_keras import hardware
 from resnet_keras.config import STAGE_FILTERS, RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data.preprocessing import normalize_images
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 from resnet_keras.optimizers import l2_regularizer
 
 layers = tf_keras.layers

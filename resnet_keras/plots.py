@@ -16,7 +16,7 @@ from absl import app
 
 from common import cli
 from resnet_keras import metrics
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 PLOTS_DIR = 'plots'
 # File name -> (title, y label, [(record key, legend label)]).

@@ -29,7 +29,7 @@ from absl import flags
 from common import cli
 from resnet_keras import export
 from resnet_keras.data import imagenet
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 # pylint: enable=g-import-not-at-top
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png')

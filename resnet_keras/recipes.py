@@ -15,7 +15,7 @@ from typing import Any, Collection, Dict, List
 import yaml
 
 from resnet_keras.config import RunConfig
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 RECIPES_DIR = os.path.join(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))), 'configs')

@@ -36,7 +36,7 @@ from resnet_keras import tracking
 from resnet_keras import warm_start
 from resnet_keras.config import RunConfig, TrainingPlan, make_training_plan
 from resnet_keras.data import datasets
-from resnet_keras.errors import RunStopped, UsageError
+from common.errors import RunStopped, UsageError
 
 # orbit's Controller logs every status twice (log and stdout) as multi-line
 # dicts; StepLogger and _evaluate print one line each instead.

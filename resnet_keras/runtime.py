@@ -15,7 +15,7 @@ from absl import logging
 from common import env
 from resnet_keras import hardware
 from resnet_keras.config import RunConfig
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 _POLICIES = {'fp32': 'float32', 'bf16': 'mixed_bfloat16',
              'fp16': 'mixed_float16'}

@@ -21,7 +21,7 @@ from typing import Callable, Dict, Mapping, Optional
 from absl import logging
 
 from resnet_keras.config import RunConfig, TrainingPlan
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 DEFAULT_BASE_URL = 'https://api.wandb.ai'
 WANDB_DIR = 'wandb'

@@ -33,7 +33,7 @@ from absl import logging
 from resnet_keras import checkpoints
 from resnet_keras import models
 from resnet_keras.config import RunConfig
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 from resnet_keras.metrics import write_json_atomically
 
 RESTORE_FLAG = '--restore_from'

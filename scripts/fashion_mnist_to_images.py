@@ -35,7 +35,7 @@ from PIL import Image
 sys.path.insert(
     0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import cli  # pylint: disable=wrong-import-position
-from resnet_keras.errors import UsageError  # pylint: disable=wrong-import-position
+from common.errors import UsageError  # pylint: disable=wrong-import-position
 
 FLAGS = flags.FLAGS
 

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from resnet_keras import average
 from resnet_keras import checkpoints
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 from tests import e2e
 
 

@@ -5,7 +5,7 @@ import pytest
 import tensorflow as tf
 
 from resnet_keras.data import cifar
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 from tests import e2e
 
 

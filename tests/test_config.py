@@ -8,7 +8,7 @@ import pytest
 
 from resnet_keras import config as config_lib
 from resnet_keras.config import RunConfig, make_training_plan
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 
 @pytest.mark.parametrize('field,value,expected', [

@@ -3,7 +3,7 @@
 import pytest
 
 from common import distribution
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 GPUS = ['/physical_device:GPU:0', '/physical_device:GPU:1',
         '/physical_device:GPU:2', '/physical_device:GPU:3']

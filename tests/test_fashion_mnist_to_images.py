@@ -15,7 +15,7 @@ SCRIPT = os.path.join(REPO_ROOT, 'scripts', 'fashion_mnist_to_images.py')
 sys.path.insert(0, os.path.dirname(SCRIPT))
 
 import fashion_mnist_to_images as fm  # pylint: disable=g-import-not-at-top
-from resnet_keras.errors import UsageError  # pylint: disable=g-import-not-at-top
+from common.errors import UsageError  # pylint: disable=g-import-not-at-top
 
 NUM_TRAIN = 20
 NUM_TEST = 12

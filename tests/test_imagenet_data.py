@@ -9,7 +9,7 @@ import tensorflow as tf
 
 from resnet_keras.data import imagenet
 from resnet_keras.data.preprocessing import normalize_images
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 from tests import e2e
 from tests.imagenet_fixture import _example
 from tests.imagenet_fixture import write_dataset

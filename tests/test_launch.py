@@ -5,7 +5,7 @@ import json
 import pytest
 
 from common import launch
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 PROGRAM = ['python', 'resnet_ctl_imagenet_main.py', '-bs', '8']
 

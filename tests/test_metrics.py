@@ -7,7 +7,7 @@ import pytest
 from absl import logging
 
 from resnet_keras import metrics
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 from resnet_keras.trainer import LoopRecord
 
 

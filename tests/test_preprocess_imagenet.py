@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 import preprocess_imagenet as pi
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

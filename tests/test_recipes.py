@@ -8,7 +8,7 @@ import yaml
 from absl import flags
 
 from resnet_keras import recipes
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 from tests import e2e
 from tests import imagenet_fixture
 

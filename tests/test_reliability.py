@@ -13,7 +13,7 @@ import pytest
 
 from resnet_keras import guards
 from resnet_keras import trainer as trainer_lib
-from resnet_keras.errors import RunStopped
+from common.errors import RunStopped
 from tests import e2e
 
 LONG = [a for a in e2e.TINY if not a.startswith('--train_steps')] + [

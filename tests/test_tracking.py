@@ -9,7 +9,7 @@ import pytest
 
 from resnet_keras import metrics
 from resnet_keras import tracking
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 from tests import e2e
 
 

@@ -15,7 +15,7 @@ from resnet_keras import optimizers
 from resnet_keras import schedules
 from resnet_keras import warm_start
 from resnet_keras.config import RunConfig
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 from tests import e2e
 
 

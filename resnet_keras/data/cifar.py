@@ -16,7 +16,7 @@ from resnet_keras.data.preprocessing import augmentation_seed
 from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.data.preprocessing import training_order
 from resnet_keras.data.preprocessing import with_private_threads
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 IMAGE_BYTES = 32 * 32 * 3
 SPECS = {

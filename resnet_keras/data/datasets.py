@@ -17,7 +17,7 @@ from resnet_keras.config import RunConfig
 from resnet_keras.data import cifar
 from resnet_keras.data import imagenet
 from resnet_keras.data import synthetic
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 LOADER_DTYPES = {'fp32': tf.float32, 'bf16': tf.bfloat16, 'uint8': tf.uint8}
 

@@ -30,7 +30,7 @@ from resnet_keras.data.preprocessing import augmentation_seed
 from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.data.preprocessing import training_order
 from resnet_keras.data.preprocessing import with_private_threads
-from resnet_keras.errors import UsageError
+from common.errors import UsageError
 
 SPLIT_PATTERNS = {
     'train': ('train/train-*-of-*', 'train-*-of-*',
