@@ -22,7 +22,10 @@ they train with Horovod (--use_horovod; -bs per worker) or tf.distribute
 (--distribution_strategy=multi_worker_mirrored; -bs global, each rank's
 TF_CONFIG derived from its MPI rank). Environment: MULTI_HLS_IPS,
 MPI_TCP_INCLUDE, DOCKER_SSHD_PORT (3022), MPI_ROOT, TF_BASE_PORT (2410).
-The exit code is the training job's.
+Several hosts are checked (ssh, Python, TensorFlow, Horovod, the project,
+ports) before anything starts. A failed job ends with one line naming the
+lost rank or host; --max_restarts starts it again from the last checkpoint.
+The exit code is the training job's (its last attempt's).
 """
 
 import json
@@ -37,9 +40,12 @@ env.prepare_tensorflow_environment()
 
 from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
+from absl import logging  # pylint: disable=g-import-not-at-top
 
 from common import cli  # pylint: disable=g-import-not-at-top
 from common import launch  # pylint: disable=g-import-not-at-top
+from common import preflight  # pylint: disable=g-import-not-at-top
+from common import supervisor  # pylint: disable=g-import-not-at-top
 from resnet_keras import flags as flags_lib  # pylint: disable=g-import-not-at-top
 from resnet_keras import recipes  # pylint: disable=g-import-not-at-top
 from common.errors import UsageError  # pylint: disable=g-import-not-at-top
@@ -63,8 +69,23 @@ def define_launcher_flags() -> None:
                        'Set HOROVOD_HIERARCHICAL_ALLREDUCE=1 (allreduce '
                        'within each host first; for multi-host Horovod).')
   flags.DEFINE_boolean('dry_run', False,
-                       'Print the command(s), environment and per-worker '
-                       'TF_CONFIG, then exit without running anything.')
+                       'Print the command(s), environment, per-worker '
+                       'TF_CONFIG and pre-flight checks, then exit without '
+                       'running anything.')
+  flags.DEFINE_integer('max_restarts', 0,
+                       'Start the whole job again, up to this many times, '
+                       'when it fails for a reason a rerun can fix (a lost '
+                       'worker or host, a network failure, a signal to one '
+                       'rank); the workers resume from the last checkpoint '
+                       '(--checkpoint_interval_steps bounds what is lost). '
+                       'Usage errors, a non-finite loss and a signal to the '
+                       'launcher are never retried.')
+  flags.DEFINE_integer('failure_timeout', launch.DEFAULT_FAILURE_TIMEOUT,
+                       'Seconds within which a lost host or rank ends a '
+                       'multi-worker job (mpirun\'s keepalive probes; '
+                       'Horovod\'s stall check and multi_worker_mirrored\'s '
+                       'collective timeout get 10x this, for a rank alive '
+                       'but stuck).')
 
 
 def preset(optimizer: str, total_workers: int) -> dict:
@@ -104,10 +125,11 @@ def _total_workers(hosts) -> int:
   return FLAGS.num_workers_per_hls * max(1, len(hosts))
 
 
-def build_launch(argv, environ, hosts, total_workers: int,
-                 filled: dict) -> launch.Launch:
+def build_launch(argv, environ, hosts, total_workers: int, filled: dict,
+                 hosts_per_machine: int = 1) -> launch.Launch:
   """The command this invocation runs, from parsed FLAGS, the settings
-  filled in from a recipe or preset, and `environ`."""
+  filled in from a recipe or preset, `environ`, and how many of the hosts
+  the pre-flight check found on one machine."""
   multi_worker = (FLAGS.use_horovod or
                   FLAGS.distribution_strategy == 'multi_worker_mirrored')
   if total_workers > 1 and not multi_worker:
@@ -124,6 +146,9 @@ def build_launch(argv, environ, hosts, total_workers: int,
   forwarded += recipes.as_args(filled)
   program = [sys.executable, TRAINER] + forwarded
   extra_env = {}
+  if total_workers > 1:
+    extra_env.update(launch.failure_env(FLAGS.failure_timeout,
+                                        FLAGS.use_horovod))
   if FLAGS.horovod_hierarchical_allreduce:
     extra_env['HOROVOD_HIERARCHICAL_ALLREDUCE'] = '1'
   if FLAGS.kubernetes_run or total_workers == 1:
@@ -133,7 +158,9 @@ def build_launch(argv, environ, hosts, total_workers: int,
   return launch.mpirun_command(
       program, workers_per_host=FLAGS.num_workers_per_hls, hosts=hosts,
       physical_cores=launch.physical_core_count(), environ=environ,
-      hostfile_path=hostfile, extra_env=extra_env)
+      hostfile_path=hostfile, extra_env=extra_env,
+      failure_timeout=FLAGS.failure_timeout,
+      hosts_per_machine=hosts_per_machine)
 
 
 def _check_tools(plan: launch.Launch) -> None:
@@ -157,6 +184,31 @@ def _print_tf_configs(environ, total_workers: int) -> None:
     print(f'TF_CONFIG rank {rank}: {json.dumps(config)}')
 
 
+def _preflight(environ, hosts, dry_run: bool) -> int:
+  """Several hosts: each must be ready before anything starts. Returns how
+  many of them share one machine (1 when unchecked)."""
+  if not hosts or FLAGS.kubernetes_run:
+    return 1
+  port = environ.get('DOCKER_SSHD_PORT', str(launch.DEFAULT_SSH_PORT))
+  ssh = preflight.ssh_command(environ, port)
+  want = preflight.expected(TRAINER, FLAGS.use_horovod)
+  ports = {}
+  if FLAGS.distribution_strategy == 'multi_worker_mirrored':
+    ports = preflight.tf_config_ports(
+        hosts, FLAGS.num_workers_per_hls,
+        int(environ.get('TF_BASE_PORT', launch.DEFAULT_TF_BASE_PORT)))
+  if dry_run:
+    print('\n'.join(preflight.describe(hosts, ssh, want, ports)))
+    return 1
+  report = preflight.check(hosts, ssh, want, ports, port)
+  for problem in report.problems:
+    print(f'error: {problem}', file=sys.stderr)
+  if report.problems:
+    cli.fail(f'pre-flight check failed on {len(hosts)} host(s) '
+             f'({", ".join(hosts)}): nothing was started')
+  return report.hosts_per_machine
+
+
 def main(argv):
   cli.configure_logging()
   environ = dict(os.environ)
@@ -169,18 +221,28 @@ def main(argv):
                              for name in launch.LAUNCHER_RECIPE_KEYS}), end='')
     return 0
   plan = build_launch(sys.argv, environ, hosts, total_workers, filled)
-  for note in plan.notes:
-    print(f'note: {note}', flush=True)
   if FLAGS.dry_run:
+    for note in plan.notes:
+      print(f'note: {note}')
     print(plan.describe())
     _print_tf_configs(environ, total_workers)
+    _preflight(environ, hosts, dry_run=True)
     return 0
   _check_tools(plan)
+  hosts_per_machine = _preflight(environ, hosts, dry_run=False)
+  if hosts_per_machine > 1:
+    plan = build_launch(sys.argv, environ, hosts, total_workers, filled,
+                        hosts_per_machine)
+  for note in plan.notes:
+    print(f'note: {note}')
   for path, content in plan.files.items():
     with open(path, 'w') as f:
       f.write(content)
   sys.stdout.flush()
-  os.execvpe(plan.argv[0], plan.argv, {**environ, **plan.env})
+  return supervisor.Supervisor(
+      plan.argv, {**environ, **plan.env}, max_restarts=FLAGS.max_restarts,
+      hosts=hosts, workers_per_host=FLAGS.num_workers_per_hls,
+      parse_output=plan.argv[0] == 'mpirun', log=logging.error).run()
 
 
 if __name__ == '__main__':

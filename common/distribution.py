@@ -160,8 +160,15 @@ def build_backend(name: str, num_gpus: int = -1,
   if num_gpus > gpus:
     raise UsageError(f'--num_gpus={num_gpus} but only {gpus} GPU(s) are '
                      'visible; lower --num_gpus')
-  strategy = distribute_utils.get_distribution_strategy(
-      distribution_strategy=name, num_gpus=num_gpus)
+  if name == 'multi_worker_mirrored':
+    # A collective that never completes (a worker alive but stuck) fails
+    # after the launcher's timeout instead of waiting forever.
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        communication_options=tf.distribute.experimental.CommunicationOptions(
+            timeout_seconds=launch.collective_timeout(os.environ)))
+  else:
+    strategy = distribute_utils.get_distribution_strategy(
+        distribution_strategy=name, num_gpus=num_gpus)
   strategy = strategy or tf.distribute.get_strategy()
   worker_index, num_workers = 0, 1
   resolver = getattr(strategy, 'cluster_resolver', None)

@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import shlex
+import socket
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from common.errors import UsageError
@@ -19,13 +20,21 @@ from common.errors import UsageError
 # trainer (which gets the recipe's and presets' values as flags instead).
 LAUNCHER_BOOLEANS = ('kubernetes_run', 'horovod_hierarchical_allreduce',
                      'dry_run', 'print_config')
-LAUNCHER_VALUED = ('num_workers_per_hls', 'config')
+LAUNCHER_VALUED = ('num_workers_per_hls', 'config', 'max_restarts',
+                   'failure_timeout')
 # The launcher settings a recipe may hold.
 LAUNCHER_RECIPE_KEYS = ('num_workers_per_hls', 'horovod_hierarchical_allreduce',
                         'kubernetes_run')
 
 DEFAULT_SSH_PORT = 3022
 DEFAULT_TF_BASE_PORT = 2410
+DEFAULT_FAILURE_TIMEOUT = 60
+# multi_worker_mirrored's collective timeout (seconds), read by the trainer.
+COLLECTIVE_TIMEOUT_VAR = 'RESNET_KERAS_COLLECTIVE_TIMEOUT'
+# A rank alive but stuck (not a lost one) ends the job after this many
+# failure timeouts: long enough for the chief's pauses (checkpoint, export)
+# that the other workers wait through.
+_STALL_SHUTDOWN_FACTOR = 10
 # Variables every rank needs from the launching shell (exported with -x when
 # set). Prefixes cover whole families.
 FORWARDED_ENV = ('PATH', 'PYTHONPATH', 'LD_LIBRARY_PATH', 'LD_PRELOAD',
@@ -74,7 +83,9 @@ def cores_per_worker(physical_cores: int, workers_per_host: int) -> int:
 def mpirun_command(program: Sequence[str], *, workers_per_host: int,
                    hosts: Sequence[str], physical_cores: int,
                    environ: Mapping[str, str], hostfile_path: str,
-                   extra_env: Optional[Dict[str, str]] = None) -> Launch:
+                   extra_env: Optional[Dict[str, str]] = None,
+                   failure_timeout: int = DEFAULT_FAILURE_TIMEOUT,
+                   hosts_per_machine: int = 1) -> Launch:
   """The mpirun invocation that starts `program` on every worker.
 
   Args:
@@ -87,6 +98,10 @@ def mpirun_command(program: Sequence[str], *, workers_per_host: int,
       MPI_TCP_INCLUDE, DOCKER_SSHD_PORT).
     hostfile_path: where the multi-host hostfile is written.
     extra_env: variables the launcher adds for the job (forwarded too).
+    failure_timeout: seconds within which a lost host or rank ends the job.
+    hosts_per_machine: how many of `hosts` are one machine (containers or
+      namespaces of one server, as the pre-flight check finds them): their
+      workers share its cores.
   """
   extra_env = dict(extra_env or {})
   environ = {**environ, **extra_env}
@@ -94,8 +109,18 @@ def mpirun_command(program: Sequence[str], *, workers_per_host: int,
   argv = ['mpirun', '--allow-run-as-root', '-np',
           str(workers_per_host * num_hosts)]
   notes = []
-  pe = cores_per_worker(physical_cores, workers_per_host)
-  if pe >= 1:
+  pe = cores_per_worker(physical_cores, workers_per_host * hosts_per_machine)
+  if hosts_per_machine > 1:
+    # Each host's daemon binds its own ranks from core 0 up, unaware of the
+    # other hosts on the machine: binding would stack them on the same cores.
+    argv += ['--bind-to', 'none']
+    notes.append(f'{hosts_per_machine} hosts share one machine: not binding '
+                 'workers to cores')
+    if pe < 1:
+      # mpirun cannot see this oversubscription, and its ranks would
+      # busy-poll the shared cores away from the ones doing the work.
+      argv += ['--mca', 'mpi_yield_when_idle', '1']
+  elif pe >= 1:
     argv += ['--bind-to', 'core', '--map-by', f'socket:PE={pe}']
   else:
     # More workers than cores is deliberate (e.g. tests on a small box):
@@ -117,10 +142,73 @@ def mpirun_command(program: Sequence[str], *, workers_per_host: int,
              '--mca', 'oob_tcp_if_include', interfaces]
   if environ.get('MPI_ROOT'):
     argv += ['--prefix', environ['MPI_ROOT']]
+  argv += keepalive_args(failure_timeout)
   for name in forwarded_env_names(environ):
     argv += ['-x', name]
   return Launch(argv=argv + list(program), env=extra_env, files=files,
                 notes=notes)
+
+
+def keepalive_args(failure_timeout: int) -> List[str]:
+  """mpirun's out-of-band TCP keepalive, so a host that stops answering
+  ends the job within about `failure_timeout` seconds.
+
+  mpirun learns of a lost host only from its connection to that host's
+  daemon; the training ranks' own connections just wait. OpenMPI's defaults
+  (300 s idle, then 9 probes 20 s apart) take 8 minutes; here probing starts
+  after a quarter of the timeout and 3 unanswered probes, a twelfth of it
+  apart, end it, leaving the rest for the job to come down. An outage shorter
+  than the probes is survived.
+  """
+  if failure_timeout < 12:
+    raise UsageError(f'--failure_timeout={failure_timeout} is too short to '
+                     'tell a lost host from a busy one; use at least 12 '
+                     'seconds')
+  return ['--mca', 'oob_tcp_keepalive_time', str(failure_timeout // 4),
+          '--mca', 'oob_tcp_keepalive_intvl', str(failure_timeout // 12),
+          '--mca', 'oob_tcp_keepalive_probes', '3']
+
+
+def failure_env(failure_timeout: int, use_horovod: bool) -> Dict[str, str]:
+  """What the workers need to end a stuck job themselves.
+
+  Horovod: its stall check names the ranks that have not joined a collective
+  after `failure_timeout` seconds, and shuts the job down after
+  _STALL_SHUTDOWN_FACTOR times that. multi_worker_mirrored: the same
+  shutdown time as the collectives' timeout.
+  """
+  shutdown = str(failure_timeout * _STALL_SHUTDOWN_FACTOR)
+  if use_horovod:
+    return {'HOROVOD_STALL_CHECK_TIME_SECONDS': str(failure_timeout),
+            'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS': shutdown}
+  return {COLLECTIVE_TIMEOUT_VAR: shutdown}
+
+
+def collective_timeout(environ: Mapping[str, str]) -> Optional[float]:
+  """multi_worker_mirrored's collective timeout in seconds (None: none)."""
+  value = environ.get(COLLECTIVE_TIMEOUT_VAR)
+  try:
+    return float(value) if value else None
+  except ValueError:
+    raise UsageError(f'{COLLECTIVE_TIMEOUT_VAR}={value} is not a number of '
+                     'seconds') from None
+
+
+def this_host(environ: Mapping[str, str]) -> Dict[str, str]:
+  """This process's hostname and the address it reaches the job's first
+  host from (MULTI_HLS_IPS; its own address on that network), for the run's
+  record of where each worker ran."""
+  hosts = parse_hosts(environ.get('MULTI_HLS_IPS'))
+  address = ''
+  if hosts:
+    # Connecting a UDP socket only picks the route; it sends nothing.
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+      try:
+        probe.connect((hosts[0], 9))
+        address = probe.getsockname()[0]
+      except OSError:
+        pass
+  return {'hostname': socket.gethostname(), 'address': address}
 
 
 def strip_flags(args: Sequence[str], boolean: Sequence[str],

@@ -22,6 +22,8 @@ import tensorflow as tf
 from absl import logging
 
 from common import distribution
+from common import launch
+from common import supervisor
 from resnet_keras import checkpoints
 from resnet_keras import export
 from resnet_keras import guards
@@ -402,6 +404,8 @@ def run(cfg: RunConfig) -> Dict:
       'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       'weights_sha256': weights_digest(model),
       'runtime': runtime_record,
+      'host': launch.this_host(os.environ),
+      'restarts': supervisor.restart_count(os.environ),
   }
   os.makedirs(write_dir, exist_ok=True)
   metrics.write_json_atomically(os.path.join(write_dir, SUMMARY_FILE),

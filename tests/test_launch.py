@@ -107,3 +107,50 @@ def test_strip_flags_in_every_spelling():
 
 def test_physical_cores_is_positive():
   assert launch.physical_core_count() >= 1
+
+
+def test_keepalive_ends_a_lost_hosts_job_within_the_failure_timeout():
+  args = launch.keepalive_args(60)
+  values = dict(zip(args[1::3], map(int, args[2::3])))
+  assert values == {'oob_tcp_keepalive_time': 15,
+                    'oob_tcp_keepalive_intvl': 5,
+                    'oob_tcp_keepalive_probes': 3}
+  # Idle time plus every probe, with time to spare for the shutdown.
+  assert (values['oob_tcp_keepalive_time'] + values['oob_tcp_keepalive_intvl']
+          * values['oob_tcp_keepalive_probes']) <= 60 // 2
+  assert ' '.join(args) in ' '.join(_mpirun(failure_timeout=60).argv)
+  with pytest.raises(UsageError, match='at least 12 seconds'):
+    launch.keepalive_args(5)
+
+
+def test_failure_env_per_backend():
+  assert launch.failure_env(60, use_horovod=True) == {
+      'HOROVOD_STALL_CHECK_TIME_SECONDS': '60',
+      'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS': '600'}
+  environ = launch.failure_env(60, use_horovod=False)
+  assert launch.collective_timeout(environ) == 600.0
+  assert launch.collective_timeout({}) is None
+  with pytest.raises(UsageError, match='not a number of seconds'):
+    launch.collective_timeout({launch.COLLECTIVE_TIMEOUT_VAR: 'soon'})
+
+
+def test_this_host_names_the_address_on_the_jobs_network():
+  record = launch.this_host({'MULTI_HLS_IPS': '127.0.0.1,127.0.0.2'})
+  assert record['address'] == '127.0.0.1' and record['hostname']
+  assert launch.this_host({})['address'] == ''
+
+
+def test_hosts_on_one_machine_are_not_bound_to_the_same_cores():
+  # Two namespace hosts or containers of one 2-core machine: each host's
+  # daemon would bind its first rank to core 0.
+  plan = _mpirun(hosts=['a', 'b'], workers_per_host=1, physical_cores=2,
+                 hosts_per_machine=2)
+  argv = ' '.join(plan.argv)
+  assert '--bind-to none' in argv and '--bind-to core' not in argv
+  assert 'mpi_yield_when_idle' not in argv  # 2 workers, 2 cores.
+  assert plan.notes == ['2 hosts share one machine: not binding workers to '
+                        'cores']
+  # 4 workers on 2 cores: ranks waiting in a collective must yield the CPU.
+  argv = ' '.join(_mpirun(hosts=['a', 'b'], workers_per_host=2,
+                          physical_cores=2, hosts_per_machine=2).argv)
+  assert '--mca mpi_yield_when_idle 1' in argv

@@ -1,0 +1,172 @@
+"""Checks the hosts of a multi-host launch before anything starts on them.
+
+mpirun reports an unreachable host, a missing script or a different Python
+only after it started the others, often as a hang or a traceback on one
+rank. Here each host is asked, over the ssh mpirun will use, for what the
+job needs: the same Python interpreter, the same TensorFlow (and Horovod)
+version, the project's files, and the TF_CONFIG ports free. Every problem is
+one line naming the host and what to fix.
+"""
+
+import collections
+import concurrent.futures
+import dataclasses
+import json
+import shlex
+import subprocess
+import sys
+from importlib import metadata
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+_SSH_TIMEOUT = 20
+# Runs on each host with the launcher's Python: prints what the host has.
+_PROBE = '''
+import json, os, socket, sys
+from importlib import metadata
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+busy = []
+for port in json.loads(sys.argv[2]):
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            busy.append(port)
+def boot_id():
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+print(json.dumps({"python": sys.version.split()[0],
+                  "machine": boot_id(),
+                  "tensorflow": version("tensorflow"),
+                  "horovod": version("horovod"),
+                  "project": os.path.isfile(sys.argv[1]),
+                  "busy_ports": busy}))
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class Expected:
+  """What every host must have: this host's values."""
+  python: str  # Interpreter path (the ranks are started with it).
+  python_version: str
+  tensorflow: Optional[str]
+  horovod: Optional[str]  # None: the job does not use Horovod.
+  script: str  # The trainer, at the same path on every host.
+
+
+def expected(script: str, use_horovod: bool) -> Expected:
+  return Expected(python=sys.executable,
+                  python_version=sys.version.split()[0],
+                  tensorflow=_version('tensorflow'),
+                  horovod=_version('horovod') if use_horovod else None,
+                  script=script)
+
+
+def _version(name: str) -> Optional[str]:
+  try:
+    return metadata.version(name)
+  except metadata.PackageNotFoundError:
+    return None
+
+
+def ssh_command(environ: Mapping[str, str], port: str) -> List[str]:
+  """ssh as mpirun runs it: OpenMPI's rsh agent when one is set."""
+  agent = environ.get('OMPI_MCA_plm_rsh_agent', '')
+  argv = shlex.split(agent.split(':')[0]) if agent else ['ssh']
+  return argv + ['-p', port, '-o', 'BatchMode=yes', '-o',
+                 f'ConnectTimeout={_SSH_TIMEOUT // 2}']
+
+
+def describe(hosts: Sequence[str], ssh: Sequence[str], want: Expected,
+             ports: Mapping[str, Sequence[int]]) -> List[str]:
+  """The checks, as --dry_run prints them."""
+  lines = [f'pre-flight on each of {", ".join(hosts)}: {shlex.join(ssh)} '
+           f'HOST answers; {want.python} runs Python {want.python_version} '
+           f'with TensorFlow {want.tensorflow}' +
+           (f' and Horovod {want.horovod}' if want.horovod else '') +
+           f'; {want.script} exists']
+  for host, host_ports in ports.items():
+    if host_ports:
+      lines.append(f'pre-flight on {host}: ports '
+                   f'{", ".join(map(str, host_ports))} free')
+  return lines
+
+
+def problems_of(host: str, answer: Dict, want: Expected,
+                port: str) -> List[str]:
+  """What `host`'s `answer` lacks, each as what to fix."""
+  found = []
+  if answer['python'] != want.python_version:
+    found.append(f'{want.python} is Python {answer["python"]}, not '
+                 f'{want.python_version} as here')
+  if answer['tensorflow'] != want.tensorflow:
+    found.append(f'TensorFlow {answer["tensorflow"] or "is not installed"}'
+                 f', not {want.tensorflow} as here')
+  if want.horovod and answer['horovod'] != want.horovod:
+    found.append(f'Horovod {answer["horovod"] or "is not installed"}, not '
+                 f'{want.horovod} as here (scripts/install_horovod.sh)')
+  if not answer['project']:
+    found.append(f'{want.script} is missing: the project must be at the '
+                 'same path on every host')
+  if answer['busy_ports']:
+    found.append(f'port(s) {", ".join(map(str, answer["busy_ports"]))} in '
+                 'use: stop what holds them or set TF_BASE_PORT')
+  return [f'host {host}: {problem}' for problem in found]
+
+
+def _check_host(host: str, ssh: Sequence[str], want: Expected,
+                ports: Sequence[int], port: str) -> Tuple[List[str], Dict]:
+  """(problems, what the host answered)."""
+  remote = shlex.join([want.python, '-c', _PROBE, want.script,
+                       json.dumps(list(ports))])
+  try:
+    result = subprocess.run(list(ssh) + [host, remote], capture_output=True,
+                            text=True, timeout=_SSH_TIMEOUT,
+                            stdin=subprocess.DEVNULL)
+  except subprocess.TimeoutExpired:
+    return [f'host {host}: no answer over ssh on port {port} within '
+            f'{_SSH_TIMEOUT} s: check the host is up and reachable'], {}
+  if result.returncode == 255:  # ssh's own failure.
+    reason = (result.stderr.strip().splitlines() or ['no reason given'])[-1]
+    return [f'host {host}: ssh on port {port} failed ({reason}): start sshd '
+            'there on DOCKER_SSHD_PORT and authorise this host\'s key'], {}
+  if result.returncode == 127 or result.returncode != 0 and \
+      not result.stdout.strip():
+    return [f'host {host}: cannot run {want.python} there: install the same '
+            'Python at the same path on every host'], {}
+  answer = json.loads(result.stdout.strip().splitlines()[-1])
+  return problems_of(host, answer, want, port), answer
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+  problems: List[str]  # One line per problem; none: every host is ready.
+  hosts_per_machine: int  # Most hosts found on one machine (same boot id).
+
+
+def check(hosts: Sequence[str], ssh: Sequence[str], want: Expected,
+          ports: Mapping[str, Sequence[int]], port: str) -> Report:
+  """Asks every host at once."""
+  with concurrent.futures.ThreadPoolExecutor(len(hosts)) as pool:
+    results = list(pool.map(
+        lambda host: _check_host(host, ssh, want, ports.get(host, ()), port),
+        hosts))
+  machines = collections.Counter(answer.get('machine') for _, answer in results
+                                 if answer and answer.get('machine'))
+  return Report(problems=[line for lines, _ in results for line in lines],
+                hosts_per_machine=max(machines.values(), default=1))
+
+
+def tf_config_ports(hosts: Sequence[str], workers_per_host: int,
+                    base_port: int) -> Dict[str, List[int]]:
+  """The ports multi_worker_mirrored's workers listen on, by host."""
+  return {host: [base_port + local for local in range(workers_per_host)]
+          for host in hosts}
+

@@ -1,0 +1,192 @@
+"""Runs a training job to its end: output passed through, the cause of a
+failure named in one line, and (--max_restarts) the whole job started again.
+
+mpirun's own account of a failure is several lines of boilerplate far from
+the end of the log, and when a host is lost it names only a daemon. The
+supervisor reads mpirun's output as it passes through, and when the job fails
+prints one line of ours last: which rank or host was lost and what to do.
+Restarting relaunches the same command; the workers resume from the chief's
+last checkpoint like any rerun.
+"""
+
+import collections
+import dataclasses
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Deque, Mapping, Optional, Sequence
+
+from common.errors import UsageError
+
+RESTARTS_VAR = 'RESNET_KERAS_RESTARTS'
+# Exit codes of failures a rerun cannot fix: bad input (UsageError) and a
+# non-finite loss (guards.NON_FINITE_EXIT_CODE).
+NOT_RETRIED_EXIT_CODES = (UsageError.exit_code, 3)
+_TAIL_LINES = 400
+
+_RANK_SIGNAL = re.compile(
+    r'process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)')
+_RANK_EXIT = re.compile(r'Process name:\s+\[\[\d+,\d+\],(\d+)\]')
+_EXIT_CODE = re.compile(r'Exit code:\s+(\d+)')
+_LOST_DAEMON = re.compile(r'Remote daemon:\s+\[\[\d+,\d+\],\d+\] on node (\S+)')
+_HOST_OF_RANK = re.compile(r'on node (\S+)')
+
+
+@dataclasses.dataclass(frozen=True)
+class Failure:
+  """Why a job ended badly, as far as its output tells."""
+  exit_code: int
+  cause: str  # One phrase: what was lost.
+  retry: bool  # Whether starting the job again can help.
+
+
+def describe_failure(exit_code: int, output: Sequence[str],
+                     hosts: Sequence[str], workers_per_host: int
+                     ) -> Failure:
+  """The cause of a failed job from its exit code and last output lines.
+
+  `hosts` and `workers_per_host` give the layout mpirun used (empty hosts:
+  this host only), to name the ranks on a lost host.
+  """
+  text = '\n'.join(output)
+  lost = _LOST_DAEMON.search(text)
+  if lost:
+    host = lost.group(1)
+    ranks = _ranks_on(host, hosts, workers_per_host)
+    return Failure(exit_code, f'lost contact with host {host}{ranks}: it '
+                   'went down, its network failed, or its processes were '
+                   'killed', retry=True)
+  by_signal = _RANK_SIGNAL.search(text)
+  if by_signal:
+    rank, host, signum = by_signal.groups()
+    return Failure(exit_code, f'rank {rank} on host {host} was killed by '
+                   f'{_signal_name(int(signum))}', retry=True)
+  first = _RANK_EXIT.search(text)
+  code = _EXIT_CODE.search(text)
+  if first and code:
+    rank, rank_code = int(first.group(1)), int(code.group(1))
+    host = _HOST_OF_RANK.search(text[first.end():])
+    where = f' on host {host.group(1)}' if host else ''
+    return Failure(exit_code, f'rank {rank}{where} exited with code '
+                   f'{rank_code}{_meaning(rank_code)}',
+                   retry=rank_code not in NOT_RETRIED_EXIT_CODES)
+  return Failure(exit_code, f'the job exited with code {exit_code}'
+                 f'{_meaning(exit_code)}',
+                 retry=exit_code not in NOT_RETRIED_EXIT_CODES)
+
+
+def _ranks_on(host: str, hosts: Sequence[str], workers_per_host: int) -> str:
+  if host not in hosts:
+    return ''
+  first = list(hosts).index(host) * workers_per_host
+  ranks = range(first, first + workers_per_host)
+  return f' (rank{"s" if len(ranks) > 1 else ""} ' + \
+      ', '.join(map(str, ranks)) + ')'
+
+
+def _signal_name(signum: int) -> str:
+  try:
+    return f'{signal.Signals(signum).name} ({signum})'
+  except ValueError:
+    return f'signal {signum}'
+
+
+def _meaning(exit_code: int) -> str:
+  if exit_code == UsageError.exit_code:
+    return ' (a usage error: see its error line above)'
+  if exit_code == 3:
+    return ' (a non-finite loss: see its line above)'
+  if exit_code > 128:
+    return f' ({_signal_name(exit_code - 128)})'
+  return ''
+
+
+def advice(failure: Failure, restarts_left: int) -> str:
+  if not failure.retry:
+    return 'fix the cause and rerun'
+  if restarts_left:
+    return 'restarting from the last checkpoint'
+  return ('check that host and rerun the same command: training resumes from '
+          'the last checkpoint (--max_restarts N restarts by itself)')
+
+
+class Supervisor:
+  """Runs `argv` up to 1 + max_restarts times; see the module docstring."""
+
+  def __init__(self, argv: Sequence[str], env: Mapping[str, str], *,
+               max_restarts: int, hosts: Sequence[str],
+               workers_per_host: int, parse_output: bool,
+               log: Callable[[str], None]):
+    if max_restarts < 0:
+      raise UsageError(f'--max_restarts must be >= 0, got {max_restarts}')
+    self._argv = list(argv)
+    self._env = dict(env)
+    self._max_restarts = max_restarts
+    self._hosts = list(hosts)
+    self._workers_per_host = workers_per_host
+    self._parse_output = parse_output
+    self._log = log
+    self._job: Optional[subprocess.Popen] = None
+    self._stopped_by: Optional[int] = None
+
+  def run(self) -> int:
+    """The job's exit code (that of its last attempt)."""
+    previous = {sig: signal.signal(sig, self._forward)
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+      return self._attempts()
+    finally:
+      for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+  def _attempts(self) -> int:
+    restarts = 0
+    while True:
+      started = time.monotonic()
+      exit_code, tail = self._run_once(restarts)
+      if exit_code == 0:
+        return 0
+      if self._stopped_by is not None:  # The user stopped us: never retried.
+        self._log(f'job stopped by {_signal_name(self._stopped_by)} to the '
+                  f'launcher (exit {exit_code})')
+        return exit_code
+      failure = describe_failure(exit_code, tail, self._hosts,
+                                 self._workers_per_host)
+      left = self._max_restarts - restarts if failure.retry else 0
+      self._log(f'job failed after {time.monotonic() - started:.0f} s (exit '
+                f'{exit_code}): {failure.cause}; {advice(failure, left)}')
+      if not left:
+        return exit_code
+      restarts += 1
+      self._log(f'restart {restarts} of {self._max_restarts}: '
+                f'{failure.cause}')
+
+  def _run_once(self, restarts: int):
+    env = {**self._env, RESTARTS_VAR: str(restarts)}
+    tail: Deque[str] = collections.deque(maxlen=_TAIL_LINES)
+    if not self._parse_output:
+      self._job = subprocess.Popen(self._argv, env=env)
+    else:
+      self._job = subprocess.Popen(self._argv, env=env,
+                                   stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT)
+      for raw in self._job.stdout:
+        sys.stdout.buffer.write(raw)
+        sys.stdout.flush()
+        tail.append(raw.decode(errors='replace').rstrip('\n'))
+    exit_code = self._job.wait()
+    # A job killed by a signal exits as a shell reports it: 128 + signal.
+    return (128 - exit_code if exit_code < 0 else exit_code), list(tail)
+
+  def _forward(self, signum, frame):  # pylint: disable=unused-argument
+    self._stopped_by = signum
+    if self._job is not None and self._job.poll() is None:
+      self._job.send_signal(signum)
+
+
+def restart_count(environ: Mapping[str, str]) -> int:
+  """How many times the launcher restarted this job before this attempt."""
+  return int(environ.get(RESTARTS_VAR, '0') or 0)
+

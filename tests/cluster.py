@@ -1,0 +1,251 @@
+"""A cluster of hosts on this machine, for the multi-host tests.
+
+Each host is a Linux network namespace with its own address on a private
+bridge, its own hostname (a UTS namespace) and an sshd on port 3022 that
+takes one key, generated for the test session, for root. The bridge lives
+in a namespace of its own (the "switch"), so the machine's own network
+namespace holds nothing of the cluster but an `unreachable` route for its
+subnet, added before anything else: no packet for a cluster address can
+leave the machine through the default route. Nothing is written to the
+user's ~/.ssh or /etc/ssh: ssh options come from a config file in the
+cluster's state directory, given to OpenMPI as its rsh agent.
+
+Failures are made as they happen on real networks: a link cut
+(`cut_link`: the switch's end of the host's cable down), a black hole
+(`black_hole`: link up, every packet dropped by iptables in the host), a
+host whose processes all die (`kill_host_processes`). This kernel has no
+`tc netem`.
+
+Tear-down kills every process in the hosts' namespaces (all were started
+through the fixture's sshds or `run`) and removes namespaces, bridge and
+route, also when a test fails.
+"""
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import time
+from typing import Dict, List, Optional, Sequence
+
+SSH_PORT = 3022
+_NAMESPACE_TOOLS = ('ip', 'sshd', 'ssh', 'ssh-keygen', 'nsenter', 'iptables')
+
+
+@dataclasses.dataclass
+class Host:
+  name: str  # Network namespace and hostname.
+  address: str
+  bridge_port: str  # The switch's end of this host's veth pair.
+  sshd: Optional[subprocess.Popen] = None
+
+
+def missing_requirements() -> Optional[str]:
+  """Why this machine cannot build a cluster, or None."""
+  if os.geteuid() != 0:
+    return 'network namespaces need root'
+  missing = [tool for tool in _NAMESPACE_TOOLS
+             if not shutil.which(tool) and
+             not os.path.exists(f'/usr/sbin/{tool}')]
+  if missing:
+    return ('missing ' + ', '.join(missing) + ' (scripts/test.sh installs '
+            'iproute2, openssh-server, openssh-client and iptables)')
+  return None
+
+
+def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
+  return subprocess.run(argv, check=check, capture_output=True, text=True)
+
+
+class Cluster:
+  """`num_hosts` hosts h1..hN at 10.77.S.1..N (S from `subnet_index`)."""
+
+  def __init__(self, num_hosts: int, state_dir: str, subnet_index: int):
+    self.prefix = f'rk{subnet_index}'
+    self.subnet = f'10.77.{subnet_index}.0/24'
+    self.switch = f'{self.prefix}sw'
+    self.bridge = f'{self.prefix}br'
+    self.state_dir = state_dir
+    self.hosts = [Host(name=f'{self.prefix}h{i}',
+                       address=f'10.77.{subnet_index}.{i}',
+                       bridge_port=f'{self.prefix}h{i}b')
+                  for i in range(1, num_hosts + 1)]
+    self.ssh_config = os.path.join(state_dir, 'ssh_config')
+    self._route_added = False
+
+  # --- building and tearing down -------------------------------------------
+
+  def start(self) -> 'Cluster':
+    try:
+      self._build()
+    except BaseException:
+      self.stop()
+      raise
+    return self
+
+  def _build(self) -> None:
+    self.stop()  # Leftovers of an earlier session killed mid-way.
+    _sh('ip', 'route', 'add', 'unreachable', self.subnet)
+    self._route_added = True
+    os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
+    os.makedirs('/run/sshd', mode=0o755, exist_ok=True)  # sshd's privsep dir.
+    self._write_keys()
+    _sh('ip', 'netns', 'add', self.switch)
+    _sh('ip', '-n', self.switch, 'link', 'add', self.bridge, 'type', 'bridge')
+    _sh('ip', '-n', self.switch, 'link', 'set', self.bridge, 'up')
+    for host in self.hosts:
+      _sh('ip', 'netns', 'add', host.name)
+      _sh('ip', '-n', host.name, 'link', 'add', 'eth0', 'type', 'veth',
+          'peer', 'name', host.bridge_port, 'netns', self.switch)
+      _sh('ip', '-n', self.switch, 'link', 'set', host.bridge_port,
+          'master', self.bridge, 'up')
+      _sh('ip', '-n', host.name, 'addr', 'add', f'{host.address}/24',
+          'dev', 'eth0')
+      _sh('ip', '-n', host.name, 'link', 'set', 'eth0', 'up')
+      _sh('ip', '-n', host.name, 'link', 'set', 'lo', 'up')
+      self._start_sshd(host)
+    for host in self.hosts:
+      self.wait_for_ssh(host)
+
+  def _write_keys(self) -> None:
+    key = os.path.join(self.state_dir, 'id_ed25519')
+    host_key = os.path.join(self.state_dir, 'ssh_host_ed25519_key')
+    for path in (key, host_key):
+      if not os.path.exists(path):
+        _sh('ssh-keygen', '-q', '-t', 'ed25519', '-N', '', '-f', path)
+    shutil.copy(key + '.pub', os.path.join(self.state_dir, 'authorized_keys'))
+    with open(self.ssh_config, 'w') as f:
+      f.write(f'Host *\n  IdentityFile {key}\n  IdentitiesOnly yes\n'
+              '  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n'
+              '  LogLevel ERROR\n  BatchMode yes\n  ConnectTimeout 5\n'
+              f'  Port {SSH_PORT}\n')
+
+  def _start_sshd(self, host: Host) -> None:
+    config = os.path.join(self.state_dir, f'sshd_{host.name}')
+    with open(config, 'w') as f:
+      f.write(f'Port {SSH_PORT}\nListenAddress {host.address}\n'
+              f'HostKey {self.state_dir}/ssh_host_ed25519_key\n'
+              f'PidFile {self.state_dir}/sshd_{host.name}.pid\n'
+              f'AuthorizedKeysFile {self.state_dir}/authorized_keys\n'
+              'PermitRootLogin prohibit-password\nPasswordAuthentication no\n'
+              'KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n'
+              'MaxStartups 100\nMaxSessions 100\n')
+    # The hostname is set in a UTS namespace of the host's own, which every
+    # process sshd starts (orted, the ranks) inherits.
+    script = (f'hostname {host.name} && exec {shutil.which("sshd") or "/usr/sbin/sshd"} '
+              f'-D -e -f {config}')
+    host.sshd = subprocess.Popen(
+        ['ip', 'netns', 'exec', host.name, 'unshare', '--uts', 'sh', '-c',
+         script], stdout=subprocess.DEVNULL,
+        stderr=open(os.path.join(self.state_dir, f'sshd_{host.name}.log'),
+                    'w'))
+
+  def wait_for_ssh(self, host: Host, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+      result = self.ssh(self.hosts[0], host, 'hostname', check=False)
+      if result.returncode == 0 and result.stdout.strip() == host.name:
+        return
+      if time.monotonic() > deadline:
+        raise RuntimeError(f'sshd of {host.name} did not answer: '
+                           f'{result.stderr.strip()}')
+      time.sleep(0.2)
+
+  def stop(self) -> None:
+    for name in [h.name for h in self.hosts] + [self.switch]:
+      self._kill_namespace_processes(name)
+      _sh('ip', 'netns', 'del', name, check=False)
+    for host in self.hosts:
+      if host.sshd is not None:
+        host.sshd.wait(timeout=10)
+        host.sshd = None
+    # Deleting the switch namespace removed the bridge and every veth.
+    if self._route_added or _sh('ip', 'route', 'show', 'type', 'unreachable',
+                                self.subnet).stdout.strip():
+      _sh('ip', 'route', 'del', 'unreachable', self.subnet, check=False)
+      self._route_added = False
+
+  @staticmethod
+  def _kill_namespace_processes(name: str) -> None:
+    pids = _sh('ip', 'netns', 'pids', name, check=False).stdout.split()
+    for pid in pids:
+      try:
+        os.kill(int(pid), signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+
+  # --- using the hosts -----------------------------------------------------
+
+  def enter(self, host: Host) -> List[str]:
+    """argv prefix that runs a command on `host` (network, hostname)."""
+    return ['nsenter', '-t', str(self._sshd_pid(host)), '--net', '--uts']
+
+  def _sshd_pid(self, host: Host) -> int:
+    with open(os.path.join(self.state_dir, f'sshd_{host.name}.pid')) as f:
+      return int(f.read())
+
+  def ssh_argv(self, target: Host) -> List[str]:
+    return ['ssh', '-F', self.ssh_config, target.address]
+
+  def ssh(self, source: Host, target: Host, command: str,
+          check: bool = True, timeout: float = 30
+          ) -> subprocess.CompletedProcess:
+    return subprocess.run(self.enter(source) + self.ssh_argv(target) +
+                          [command], check=check, capture_output=True,
+                          text=True, timeout=timeout)
+
+  def launcher_env(self, environ: Dict[str, str]) -> Dict[str, str]:
+    """What a user sets to launch on these hosts (README), plus this
+    cluster's ssh options for OpenMPI."""
+    return {**environ,
+            'MULTI_HLS_IPS': ','.join(h.address for h in self.hosts),
+            'MPI_TCP_INCLUDE': 'eth0', 'DOCKER_SSHD_PORT': str(SSH_PORT),
+            'OMPI_MCA_plm_rsh_agent': f'ssh -F {self.ssh_config}'}
+
+  def popen(self, host: Host, argv: Sequence[str], env: Dict[str, str],
+            **kwargs) -> subprocess.Popen:
+    """Starts `argv` on `host` (as a user logged in there would)."""
+    return subprocess.Popen(self.enter(host) + list(argv), env=env, **kwargs)
+
+  def processes(self, host: Host, pattern: str) -> List[int]:
+    """PIDs of processes on `host` whose command line contains `pattern`."""
+    found = []
+    for pid in _sh('ip', 'netns', 'pids', host.name,
+                   check=False).stdout.split():
+      try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+          if pattern.encode() in f.read():
+            found.append(int(pid))
+      except OSError:
+        pass
+    return found
+
+  # --- failures ------------------------------------------------------------
+
+  def cut_link(self, host: Host) -> None:
+    _sh('ip', '-n', self.switch, 'link', 'set', host.bridge_port, 'down')
+
+  def restore_link(self, host: Host) -> None:
+    _sh('ip', '-n', self.switch, 'link', 'set', host.bridge_port, 'up')
+
+  def black_hole(self, host: Host) -> None:
+    for chain in ('INPUT', 'OUTPUT'):
+      _sh('ip', 'netns', 'exec', host.name, 'iptables', '-A', chain,
+          '-o' if chain == 'OUTPUT' else '-i', 'eth0', '-j', 'DROP')
+
+  def clear_firewall(self, host: Host) -> None:
+    _sh('ip', 'netns', 'exec', host.name, 'iptables', '-F')
+
+  def kill_host_processes(self, host: Host, keep_sshd: bool = True) -> None:
+    """Every process on `host` killed (sshd kept, to let a restart in)."""
+    sshd = self._sshd_pid(host)
+    for pid in _sh('ip', 'netns', 'pids', host.name,
+                   check=False).stdout.split():
+      if keep_sshd and int(pid) in (sshd, host.sshd.pid):
+        continue
+      try:
+        os.kill(int(pid), signal.SIGKILL)
+      except ProcessLookupError:
+        pass
+

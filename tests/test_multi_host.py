@@ -1,0 +1,305 @@
+"""Jobs across hosts: the launcher, exactly as the README runs it, on a
+cluster of network-namespace hosts (tests/cluster.py).
+
+Training with Horovod and multi_worker_mirrored, failures that must end the
+job in bounded time with the lost host named, an outage that must not, the
+pre-flight check, and a restart that must end with an uninterrupted run's
+weights.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests import cluster as cluster_lib
+from tests import e2e
+
+DEMO = os.path.join(e2e.REPO_ROOT, 'demo_resnet_keras.py')
+# ResNet-10: every rank of a job shares this machine's 2 cores.
+TINY = ['--resnet_depth=10' if a.startswith('--resnet_depth') else a
+        for a in e2e.TINY if not a.startswith(('--batch_size',
+                                               '--train_steps'))]
+TRAINER = 'resnet_ctl_imagenet_main.py'
+FAILURE_TIMEOUT = 60  # The launcher's default --failure_timeout.
+
+_missing = cluster_lib.missing_requirements()
+pytestmark = pytest.mark.skipif(_missing is not None,
+                                reason=f'no test cluster: {_missing}')
+
+
+@pytest.fixture(scope='module')
+def cluster():
+  hosts = cluster_lib.Cluster(
+      2, state_dir=f'/run/resnet_keras_cluster_{os.getpid()}',
+      subnet_index=100 + os.getpid() % 150).start()
+  try:
+    yield hosts
+  finally:
+    hosts.stop()
+
+
+@pytest.fixture
+def healthy(cluster):
+  """The cluster, healed after the test: links up, no firewall, no job."""
+  yield cluster
+  for host in cluster.hosts:
+    cluster.restore_link(host)
+    cluster.clear_firewall(host)
+    cluster.kill_host_processes(host)
+
+
+def _start(cluster, args, log_path, env=None):
+  """The launcher on the first host; its output to `log_path`."""
+  environ = {**cluster.launcher_env(dict(os.environ)), **(env or {})}
+  log = open(log_path, 'w')
+  job = cluster.popen(cluster.hosts[0], [sys.executable, DEMO] + args,
+                      env=environ, cwd=e2e.REPO_ROOT, stdout=log,
+                      stderr=subprocess.STDOUT)
+  log.close()
+  return job
+
+
+def _run(cluster, args, log_path, timeout=400):
+  job = _start(cluster, args, log_path)
+  try:
+    returncode = job.wait(timeout=timeout)
+  finally:
+    if job.poll() is None:
+      job.kill()
+  return returncode, open(log_path).read()
+
+
+def _wait_for_line(job, log_path, text, timeout=300):
+  deadline = time.monotonic() + timeout
+  while text not in open(log_path).read():
+    assert job.poll() is None, open(log_path).read()[-3000:]
+    assert time.monotonic() < deadline, f'no "{text}" in the log'
+    time.sleep(0.5)  # Polls a log file for a line; not a guessed wait.
+
+
+def _job_processes(cluster):
+  """host name -> PIDs of the job's processes (ranks, MPI daemons)."""
+  found = {}
+  for host in cluster.hosts:
+    pids = cluster.processes(host, TRAINER) + cluster.processes(host, 'orted')
+    if pids:
+      found[host.name] = pids
+  return found
+
+
+def _summaries(model_dir, num_workers):
+  return [e2e.read_summary(os.path.join(model_dir, *(
+      [] if worker == 0 else [f'worker_{worker}'])))
+          for worker in range(num_workers)]
+
+
+def _no_error_lines(output):
+  """Lines a user would read as a failure."""
+  return [line for line in output.splitlines()
+          if re.search(r'\berror\b|UNAVAILABLE|cuInit|Traceback', line,
+                       re.IGNORECASE)]
+
+
+# One run shared by the Horovod test and the restart test, which must end
+# with its weights.
+SEEDED = ['--global_seed=7', '--checkpoint_interval_steps=4',
+          '--enable_checkpoint_and_export',
+          '--batch_size=8', '--train_steps=12', '--train_epochs=1']
+
+
+@pytest.fixture(scope='module')
+def horovod_run(cluster, tmp_path_factory):
+  model_dir = tmp_path_factory.mktemp('horovod') / 'model'
+  started = time.monotonic()
+  returncode, output = _run(
+      cluster, ['--use_horovod', '--num_workers_per_hls=1',
+                f'--model_dir={model_dir}'] + SEEDED + TINY,
+      model_dir.parent / 'log.txt')
+  print(f'Horovod 2 hosts x 1 worker: {time.monotonic() - started:.0f} s')
+  assert returncode == 0, output[-4000:]
+  return str(model_dir), output
+
+
+def _assert_ran_across_hosts(cluster, summaries, global_batch, train_steps):
+  hosts = {(s['host']['hostname'], s['host']['address']) for s in summaries}
+  expected = {(h.name, h.address) for h in cluster.hosts}
+  assert hosts == expected, hosts  # Every host ran a worker, and only they.
+  assert len({s['weights_sha256'] for s in summaries}) == 1
+  for summary in summaries:
+    assert summary['num_workers'] == len(summaries)
+    assert summary['global_batch_size'] == global_batch
+    assert summary['train_steps'] == train_steps
+  assert summaries[0]['eval_examples'] == 13
+
+
+def test_horovod_one_worker_per_host(cluster, horovod_run):
+  model_dir, output = horovod_run
+  summaries = _summaries(model_dir, 2)
+  _assert_ran_across_hosts(cluster, summaries, global_batch=16,
+                           train_steps=12)
+  assert summaries[0]['restarts'] == 0
+  # Only the chief wrote checkpoints and the export.
+  assert os.path.exists(os.path.join(model_dir, 'saved_model'))
+  assert os.path.exists(os.path.join(model_dir, 'ckpt-12.index'))
+  worker_dir = os.path.join(model_dir, 'worker_1')
+  assert sorted(os.listdir(worker_dir)) == ['run_summary.json']
+  assert not _no_error_lines(output), _no_error_lines(output)
+
+
+@pytest.mark.parametrize('backend_args,batch,workers_per_host', [
+    # Two workers per host on 2 CPUs: oversubscribed, -np 4.
+    (['--use_horovod'], '--batch_size=4', 2),
+    # -bs is the global batch; each rank's TF_CONFIG names the hosts.
+    (['-ds', 'multi_worker_mirrored'], '--batch_size=16', 1),
+])
+def test_training_across_hosts(cluster, tmp_path, backend_args, batch,
+                               workers_per_host):
+  model_dir = tmp_path / 'model'
+  started = time.monotonic()
+  returncode, output = _run(
+      cluster, backend_args + [f'--num_workers_per_hls={workers_per_host}',
+                               batch, '--train_steps=4',
+                               f'--model_dir={model_dir}',
+                               '--enable_checkpoint_and_export'] + TINY,
+      tmp_path / 'log.txt')
+  print(f'{backend_args} 2 hosts x {workers_per_host}: '
+        f'{time.monotonic() - started:.0f} s')
+  assert returncode == 0, output[-4000:]
+  num_workers = 2 * workers_per_host
+  summaries = _summaries(str(model_dir), num_workers)
+  _assert_ran_across_hosts(cluster, summaries, global_batch=16,
+                           train_steps=4)
+  if 'multi_worker_mirrored' in backend_args:
+    addresses = [h.address for h in cluster.hosts]
+    for rank, address in enumerate(addresses):
+      assert (f'"worker": ["{addresses[0]}:2410", "{addresses[1]}:2410"]'
+              f'}}, "task": {{"type": "worker", "index": {rank}}}') in output
+  assert os.path.exists(model_dir / 'saved_model')
+  for worker in range(1, num_workers):
+    assert not os.path.exists(model_dir / f'worker_{worker}' / 'saved_model')
+  assert not _no_error_lines(output), _no_error_lines(output)
+
+
+def _start_long_job(cluster, tmp_path, extra=()):
+  log_path = tmp_path / 'log.txt'
+  job = _start(cluster, ['--use_horovod', '--num_workers_per_hls=1',
+                         '--batch_size=8', '--train_steps=100000',
+                         '--train_epochs=1', f'--model_dir={tmp_path / "m"}']
+               + list(extra) + TINY, log_path)
+  _wait_for_line(job, log_path, 'step 2/')
+  return job, log_path
+
+
+def _kill_rank(cluster, host):
+  for pid in cluster.processes(host, TRAINER):
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize('failure,expected', [
+    (_kill_rank, 'rank 1 on host {address} was killed by SIGKILL'),
+    (lambda cluster, host: cluster.kill_host_processes(host),
+     'host {address}'),
+    (lambda cluster, host: cluster.cut_link(host),
+     'lost contact with host {address} (rank 1)'),
+    (lambda cluster, host: cluster.black_hole(host),
+     'lost contact with host {address} (rank 1)'),
+], ids=['kill_rank', 'kill_host_processes', 'cut_link', 'black_hole'])
+def test_a_failure_ends_the_job_in_bounded_time(healthy, tmp_path, failure,
+                                                expected):
+  cluster = healthy
+  job, log_path = _start_long_job(cluster, tmp_path)
+  remote = cluster.hosts[1]
+  try:
+    failed_at = time.monotonic()
+    failure(cluster, remote)
+    returncode = job.wait(timeout=FAILURE_TIMEOUT + 30)
+    took = time.monotonic() - failed_at
+  finally:
+    if job.poll() is None:
+      job.kill()
+  print(f'time to exit: {took:.1f} s')
+  assert returncode != 0
+  assert took < FAILURE_TIMEOUT
+  last_line = open(log_path).read().strip().splitlines()[-1]
+  assert 'job failed' in last_line, last_line
+  assert expected.format(address=remote.address) in last_line, last_line
+  deadline = time.monotonic() + 10
+  while _job_processes(cluster) and time.monotonic() < deadline:
+    time.sleep(0.5)  # Processes being reaped; polled, not a guessed wait.
+  assert not _job_processes(cluster), 'a process of the job outlived it'
+
+
+def test_a_short_outage_does_not_end_the_job(healthy, tmp_path):
+  cluster = healthy
+  job, log_path = _start_long_job(cluster, tmp_path)
+  cluster.cut_link(cluster.hosts[1])
+  time.sleep(5)  # The outage itself.
+  cluster.restore_link(cluster.hosts[1])
+  try:
+    _wait_for_line(job, log_path, 'step 8/', timeout=FAILURE_TIMEOUT * 3)
+  finally:
+    job.send_signal(signal.SIGTERM)
+    job.wait(timeout=120)
+  output = open(log_path).read()
+  assert 'job failed' not in output
+  assert 'job stopped by SIGTERM' in output  # Ours, not a lost host.
+
+
+def test_preflight_names_each_host_and_starts_nothing(healthy, tmp_path):
+  cluster = healthy
+  log_path = tmp_path / 'log.txt'
+  job = _start(cluster, ['--use_horovod', f'--model_dir={tmp_path / "m"}',
+                         '--batch_size=8'] + TINY, log_path,
+               env={'DOCKER_SSHD_PORT': '3023'})
+  assert job.wait(timeout=60) == 2
+  lines = open(log_path).read().strip().splitlines()
+  for host in cluster.hosts:
+    assert any(line.startswith(f'error: host {host.address}: ssh on port '
+                               '3023 failed') for line in lines), lines
+  assert lines[-1].startswith('error: pre-flight check failed on 2 host(s)')
+  assert not (tmp_path / 'm').exists()
+  assert not _job_processes(cluster)
+
+
+def test_dry_run_shows_the_preflight_checks(cluster, tmp_path):
+  returncode, output = _run(
+      cluster, ['-ds', 'multi_worker_mirrored', '--dry_run',
+                f'--model_dir={tmp_path}', '--batch_size=8'] + TINY,
+      tmp_path / 'log.txt', timeout=60)
+  assert returncode == 0, output
+  address = cluster.hosts[1].address
+  assert f'pre-flight on {address}: ports 2410 free' in output
+  assert f'pre-flight on each of {cluster.hosts[0].address}, {address}' in \
+      output
+
+
+def test_a_restarted_job_ends_with_an_uninterrupted_runs_weights(
+    healthy, tmp_path, horovod_run):
+  cluster = healthy
+  model_dir = tmp_path / 'model'
+  log_path = tmp_path / 'log.txt'
+  job = _start(cluster, ['--use_horovod', '--num_workers_per_hls=1',
+                         '--max_restarts=1', f'--model_dir={model_dir}']
+               + SEEDED + TINY, log_path)
+  try:
+    _wait_for_line(job, log_path, 'ckpt-4')
+    _kill_rank(cluster, cluster.hosts[1])
+    assert job.wait(timeout=400) == 0, open(log_path).read()[-4000:]
+  finally:
+    if job.poll() is None:
+      job.kill()
+  output = open(log_path).read()
+  restarts = [l for l in output.splitlines() if 'restart 1 of 1' in l]
+  assert len(restarts) == 1 and 'killed by SIGKILL' in restarts[0], output
+  resumed = re.search(r'restored from \S+ at step (\d+)', output)
+  print(f'restart: resumed at step {resumed.group(1) if resumed else "?"}')
+  summary = e2e.read_summary(str(model_dir))
+  assert summary['restarts'] == 1
+  assert summary['train_steps'] == 12
+  uninterrupted = e2e.read_summary(horovod_run[0])
+  assert summary['weights_sha256'] == uninterrupted['weights_sha256']

@@ -1,0 +1,131 @@
+"""The launcher's supervisor: failure causes from mpirun's output, restarts."""
+
+import signal
+import sys
+
+import pytest
+
+from common import supervisor
+from common.errors import UsageError
+
+HOSTS = ['10.0.0.1', '10.0.0.2']
+
+LOST_DAEMON = '''\
+--------------------------------------------------------------------------
+ORTE has lost communication with a remote daemon.
+
+  HNP daemon   : [[36023,0],0] on node h1
+  Remote daemon: [[36023,0],1] on node 10.0.0.2
+
+This is usually due to either a failure of the TCP network
+--------------------------------------------------------------------------'''
+
+KILLED_RANK = '''\
+--------------------------------------------------------------------------
+mpirun noticed that process rank 3 with PID 0 on node 10.0.0.2 exited on signal 9 (Killed).
+--------------------------------------------------------------------------'''
+
+EXITED_RANK = '''\
+[1,1]<stderr>:error: --data_dir=/x does not exist
+--------------------------------------------------------------------------
+mpirun detected that one or more processes exited with non-zero status, thus causing
+the job to be terminated. The first process to do so was:
+
+  Process name: [[63015,1],1]
+  Exit code:    {code}
+--------------------------------------------------------------------------'''
+
+
+def test_a_lost_daemon_names_the_host_and_its_ranks():
+  failure = supervisor.describe_failure(205, LOST_DAEMON.splitlines(), HOSTS,
+                                        workers_per_host=2)
+  assert failure.cause.startswith(
+      'lost contact with host 10.0.0.2 (ranks 2, 3): it went down')
+  assert failure.retry and failure.exit_code == 205
+
+
+def test_a_killed_rank_names_rank_host_and_signal():
+  failure = supervisor.describe_failure(137, KILLED_RANK.splitlines(), HOSTS,
+                                        workers_per_host=2)
+  assert failure.cause == 'rank 3 on host 10.0.0.2 was killed by SIGKILL (9)'
+  assert failure.retry
+
+
+@pytest.mark.parametrize('code,retry,meaning', [
+    (2, False, 'a usage error'), (3, False, 'a non-finite loss'),
+    (143, True, 'SIGTERM (15)'), (1, True, None)])
+def test_a_rank_exit_code_decides_whether_to_retry(code, retry, meaning):
+  failure = supervisor.describe_failure(
+      code, EXITED_RANK.format(code=code).splitlines(), HOSTS, 1)
+  assert failure.cause.startswith(f'rank 1 exited with code {code}')
+  assert failure.retry is retry
+  if meaning:
+    assert meaning in failure.cause
+
+
+def test_without_mpirun_output_the_exit_code_is_the_cause():
+  assert supervisor.describe_failure(2, [], [], 1) == supervisor.Failure(
+      2, 'the job exited with code 2 (a usage error: see its error line '
+      'above)', retry=False)
+  assert supervisor.describe_failure(137, [], [], 1).retry
+
+
+def _supervise(tmp_path, script, max_restarts, **kwargs):
+  lines = []
+  code = supervisor.Supervisor(
+      [sys.executable, '-c', script, str(tmp_path)], {},
+      max_restarts=max_restarts, hosts=[], workers_per_host=1,
+      parse_output=kwargs.get('parse_output', True),
+      log=lines.append).run()
+  return code, lines
+
+
+# Fails (by SIGKILL) until it has run `n` times; records each attempt's
+# restart count as the launcher passes it on.
+FLAKY = '''
+import os, signal, sys
+runs = os.path.join(sys.argv[1], 'runs')
+with open(runs, 'a') as f:
+    f.write(os.environ['RESNET_KERAS_RESTARTS'] + '\\n')
+if len(open(runs).read().split()) < {n}:
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def test_a_job_that_fails_is_restarted_up_to_max_restarts(tmp_path):
+  code, lines = _supervise(tmp_path, FLAKY.format(n=3), max_restarts=2)
+  assert code == 0
+  assert (tmp_path / 'runs').read_text().split() == ['0', '1', '2']
+  restarts = [line for line in lines if line.startswith('restart ')]
+  assert restarts == ['restart 1 of 2: the job exited with code 137 '
+                      '(SIGKILL (9))', 'restart 2 of 2: the job exited with '
+                      'code 137 (SIGKILL (9))']
+
+
+def test_restarts_end_when_used_up_with_the_last_exit_code(tmp_path):
+  code, lines = _supervise(tmp_path, FLAKY.format(n=5), max_restarts=1,
+                           parse_output=False)
+  assert code == 128 + signal.SIGKILL
+  assert len((tmp_path / 'runs').read_text().split()) == 2
+  assert 'check that host and rerun' in lines[-1]
+
+
+def test_a_usage_error_is_never_retried(tmp_path):
+  script = ('import sys; open(sys.argv[1] + "/runs", "a").write("x");'
+            'sys.exit(2)')
+  code, lines = _supervise(tmp_path, script, max_restarts=3)
+  assert code == 2
+  assert (tmp_path / 'runs').read_text() == 'x'
+  assert lines[-1].endswith('fix the cause and rerun')
+
+
+def test_negative_max_restarts_is_a_usage_error():
+  with pytest.raises(UsageError, match='--max_restarts must be >= 0'):
+    supervisor.Supervisor(['true'], {}, max_restarts=-1, hosts=[],
+                          workers_per_host=1, parse_output=False,
+                          log=print)
+
+
+def test_restart_count_comes_from_the_environment():
+  assert supervisor.restart_count({}) == 0
+  assert supervisor.restart_count({supervisor.RESTARTS_VAR: '2'}) == 2
