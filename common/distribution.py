@@ -13,14 +13,20 @@ import dataclasses
 import json
 import os
 import socket
+import sys
 from typing import Any, Optional, Sequence, Tuple
 
 from absl import logging
 import tensorflow as tf
 from official.common import distribute_utils
+from tensorflow.python.eager import context
 
 from common import launch
 from common.errors import UsageError
+
+
+# Seconds the workers wait for each other at the end of a run.
+_LEAVE_TIMEOUT = 600
 
 
 @dataclasses.dataclass
@@ -127,6 +133,25 @@ class Backend:
     checkpoint only the chief restored)."""
     if self.hvd:
       self.hvd.broadcast_variables(variables, root_rank=0)
+
+  def leave(self) -> None:
+    """The end of a successful run, after its last write.
+
+    multi_worker_mirrored: the chief's process hosts the coordination
+    service the other workers poll; when it exits first, they log failed
+    RPCs after a good run. So every worker waits here for all the others,
+    then the others leave at once and the chief last.
+    """
+    if self.hvd or self.num_workers == 1:
+      return
+    timeout = launch.collective_timeout(os.environ) or _LEAVE_TIMEOUT
+    context.context().wait_at_barrier('resnet_keras_leave',
+                                      int(timeout * 1000))
+    if not self.is_chief:
+      logging.flush()
+      sys.stdout.flush()
+      sys.stderr.flush()
+      os._exit(0)  # Nothing left to write; skips TensorFlow's teardown.
 
   def worker_dir(self, model_dir: str) -> str:
     """Where this worker writes: model_dir for the chief, a subdirectory

@@ -411,6 +411,7 @@ def run(cfg: RunConfig) -> Dict:
   metrics.write_json_atomically(os.path.join(write_dir, SUMMARY_FILE),
                                 summary)
   logging.info('run summary: %s', summary)
+  backend.leave()
   return summary
 
 
