@@ -42,16 +42,20 @@ class Host:
 
 
 def missing_requirements() -> Optional[str]:
-  """Why this machine cannot build a cluster, or None."""
+  """Why this machine cannot build a cluster at all, or None."""
   if os.geteuid() != 0:
     return 'network namespaces need root'
+  return None
+
+
+def _check_tools() -> None:
   missing = [tool for tool in _NAMESPACE_TOOLS
              if not shutil.which(tool) and
              not os.path.exists(f'/usr/sbin/{tool}')]
   if missing:
-    return ('missing ' + ', '.join(missing) + ' (scripts/test.sh installs '
-            'iproute2, openssh-server, openssh-client and iptables)')
-  return None
+    raise RuntimeError('missing ' + ', '.join(missing) + ' (scripts/test.sh '
+                       'installs iproute2, openssh-server, openssh-client, '
+                       'iptables and util-linux)')
 
 
 def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -85,6 +89,7 @@ class Cluster:
     return self
 
   def _build(self) -> None:
+    _check_tools()
     self.stop()  # Leftovers of an earlier session killed mid-way.
     _sh('ip', 'route', 'add', 'unreachable', self.subnet)
     self._route_added = True
@@ -165,6 +170,7 @@ class Cluster:
                                 self.subnet).stdout.strip():
       _sh('ip', 'route', 'del', 'unreachable', self.subnet, check=False)
       self._route_added = False
+    shutil.rmtree(self.state_dir, ignore_errors=True)
 
   @staticmethod
   def _kill_namespace_processes(name: str) -> None:

@@ -296,8 +296,12 @@ def test_a_restarted_job_ends_with_an_uninterrupted_runs_weights(
   output = open(log_path).read()
   restarts = [l for l in output.splitlines() if 'restart 1 of 1' in l]
   assert len(restarts) == 1 and 'killed by SIGKILL' in restarts[0], output
-  resumed = re.search(r'restored from \S+ at step (\d+)', output)
-  print(f'restart: resumed at step {resumed.group(1) if resumed else "?"}')
+  before = output[:output.index(restarts[0])]
+  reached = max(int(step) for step in re.findall(r'step (\d+)/12', before))
+  resumed = int(re.search(r'restored from \S+ at step (\d+)',
+                          output).group(1))
+  print(f'restart: reached step {reached}, resumed at step {resumed}: '
+        f'{reached - resumed} steps lost')
   summary = e2e.read_summary(str(model_dir))
   assert summary['restarts'] == 1
   assert summary['train_steps'] == 12
