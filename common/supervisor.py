@@ -32,6 +32,10 @@ _RANK_EXIT = re.compile(r'Process name:\s+\[\[\d+,\d+\],(\d+)\]')
 _EXIT_CODE = re.compile(r'Exit code:\s+(\d+)')
 _LOST_DAEMON = re.compile(r'Remote daemon:\s+\[\[\d+,\d+\],\d+\] on node (\S+)')
 _HOST_OF_RANK = re.compile(r'on node (\S+)')
+# ssh's word when a host's processes (its sshd session among them) die.
+_SSH_CLOSED = re.compile(r'Connection to (\S+) closed by remote host')
+# An MPI rank whose peer vanished (OpenMPI's TCP transport).
+_PEER_GONE = re.compile(r'Peer host:\s+(\S+)')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +55,7 @@ def describe_failure(exit_code: int, output: Sequence[str],
   this host only), to name the ranks on a lost host.
   """
   text = '\n'.join(output)
-  lost = _LOST_DAEMON.search(text)
+  lost = _LOST_DAEMON.search(text) or _SSH_CLOSED.search(text)
   if lost:
     host = lost.group(1)
     ranks = _ranks_on(host, hosts, workers_per_host)
@@ -63,6 +67,12 @@ def describe_failure(exit_code: int, output: Sequence[str],
     rank, host, signum = by_signal.groups()
     return Failure(exit_code, f'rank {rank} on host {host} was killed by '
                    f'{_signal_name(int(signum))}', retry=True)
+  peer = _PEER_GONE.search(text)
+  if peer:
+    host = peer.group(1)
+    return Failure(exit_code, f'lost contact with host {host}'
+                   f'{_ranks_on(host, hosts, workers_per_host)}: a rank '
+                   'there died or its network failed', retry=True)
   first = _RANK_EXIT.search(text)
   code = _EXIT_CODE.search(text)
   if first and code:
@@ -98,7 +108,7 @@ def _meaning(exit_code: int) -> str:
     return ' (a usage error: see its error line above)'
   if exit_code == 3:
     return ' (a non-finite loss: see its line above)'
-  if exit_code > 128:
+  if 128 < exit_code <= 128 + 64:
     return f' ({_signal_name(exit_code - 128)})'
   return ''
 

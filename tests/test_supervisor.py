@@ -129,3 +129,19 @@ def test_negative_max_restarts_is_a_usage_error():
 def test_restart_count_comes_from_the_environment():
   assert supervisor.restart_count({}) == 0
   assert supervisor.restart_count({supervisor.RESTARTS_VAR: '2'}) == 2
+
+
+def test_a_host_whose_processes_died_is_named():
+  # Which of these mpirun prints depends on what noticed first.
+  closed = ['Connection to 10.0.0.2 closed by remote host.',
+            'ORTE was unable to reliably start one or more daemons.']
+  peer = ['An MPI communication peer process has unexpectedly disconnected.',
+          '  Local host: h1', '  Local PID:  18996',
+          '  Peer host:  10.0.0.2']
+  for output in (closed, peer):
+    failure = supervisor.describe_failure(255, output, HOSTS, 1)
+    assert failure.cause.startswith('lost contact with host 10.0.0.2 '
+                                    '(rank 1)'), failure
+    assert failure.retry
+  # 255 is mpirun's own failure, not a signal.
+  assert 'signal' not in supervisor.describe_failure(255, [], [], 1).cause
