@@ -1,8 +1,7 @@
-"""The loop guard: non-finite losses and weights stop a run with one line
-naming what was kept and the likely causes; a signal asks for a stop after
-the current step."""
+"""The loop guard: a non-finite loss or weight stops a run with one line
+naming the step, what was kept and the likely causes; a signal asks for a
+stop after the current step. (Whole runs: test_reliability.py.)"""
 
-import os
 import signal
 
 import numpy as np
@@ -10,61 +9,60 @@ import pytest
 
 from common.errors import RunStopped
 from resnet_keras import guards
-from resnet_keras.trainer import LoopRecord
+from resnet_keras import trainer as trainer_lib
 
 
-def _loop(losses, weights_finite=True, stopped_early=False):
-  return LoopRecord(first_step=5, losses=np.array(losses, np.float32),
-                    accuracies=np.zeros(len(losses)), seconds=1.0,
-                    input_wait_seconds=0.0, weights_finite=weights_finite,
-                    stopped_early=stopped_early)
+def test_non_finite_step_finds_the_first_bad_loss():
+  assert guards.non_finite_step(np.array([1.0, 2.0]), 11) is None
+  assert guards.non_finite_step(np.array([1.0, np.inf, np.nan]), 11) == 12
 
 
-def _guard(loop, checkpoint=None, dtype='fp32'):
-  return guards.LoopGuard(get_loop=lambda: loop, any_worker=lambda *f: f,
-                          last_checkpoint=lambda: checkpoint, dtype=dtype)
+def _guard(losses, weights_finite=True, stopped_early=False):
+  loop = trainer_lib.LoopRecord(first_step=5, losses=np.array(losses),
+                                accuracies=np.zeros(len(losses)), seconds=1.0,
+                                weights_finite=weights_finite,
+                                stopped_early=stopped_early)
+  return guards.LoopGuard(get_loop=lambda: loop,
+                          any_worker=lambda *flags: flags,
+                          last_checkpoint=lambda: '/m/ckpt-4', dtype='fp16')
 
 
-def test_finite_loops_go_on():
-  _guard(_loop([1.0, 0.9]))(None)
+def test_guard_names_the_first_non_finite_loss_checkpoint_and_causes():
+  with pytest.raises(RunStopped) as stop:
+    _guard([1.0, np.nan, np.inf])(None)
+  assert stop.value.exit_code == guards.NON_FINITE_EXIT_CODE
+  text = str(stop.value)
+  assert 'loss is nan at step 6' in text and '/m/ckpt-4' in text
+  assert '--base_learning_rate' in text and 'loss scaling' in text
+  assert 'no checkpoint' in guards.non_finite_message('x', None, 'fp32')
 
 
-def test_a_non_finite_loss_stops_at_its_step():
-  with pytest.raises(RunStopped) as stopped:
-    _guard(_loop([1.0, np.nan, 2.0]), checkpoint='/m/ckpt-4')(None)
-  assert stopped.value.exit_code == guards.NON_FINITE_EXIT_CODE
-  message = str(stopped.value)
-  assert message.startswith('training loss is nan at step 6; stopped, the '
-                            'last checkpoint (/m/ckpt-4) is kept.')
-  assert 'fp16' not in message and 'corrupt input data' in message
+def test_guard_stops_on_non_finite_weights_behind_finite_losses():
+  _guard([1.0, 2.0])(None)  # All finite: carries on.
+  with pytest.raises(RunStopped) as stop:
+    _guard([1.0, 2.0], weights_finite=False)(None)
+  assert stop.value.exit_code == guards.NON_FINITE_EXIT_CODE
+  assert 'non-finite after step 6 (the losses were finite)' in str(stop.value)
 
 
-def test_a_non_finite_weight_stops_after_the_loop_and_fp16_is_named():
-  with pytest.raises(RunStopped, match='non-finite after step 6 .*no '
-                     'checkpoint was written.*fp16 overflow'):
-    _guard(_loop([1.0, 0.9], weights_finite=False), dtype='fp16')(None)
-
-
-def test_a_loop_a_stop_ended_raises_the_signal():
-  with pytest.raises(guards.SignalReceived) as received:
-    _guard(_loop([1.0], stopped_early=True))(None)
-  assert received.value.exit_code == 128 + signal.SIGTERM
-
-
-def test_a_signal_is_a_stop_request_until_uninstalled():
-  guard = _guard(_loop([1.0]))
+def test_guard_turns_a_signal_into_a_stop_and_restores_the_handlers():
+  guard = _guard([1.0])
+  before = signal.getsignal(signal.SIGTERM)
   guard.install()
   try:
     assert not guard.stop_requested()
-    os.kill(os.getpid(), signal.SIGINT)  # Handled: no KeyboardInterrupt.
+    signal.raise_signal(signal.SIGTERM)
     assert guard.stop_requested()
-    with pytest.raises(guards.SignalReceived, match='SIGINT'):
+    with pytest.raises(guards.SignalReceived) as stop:
       guard(None)
+    assert stop.value.exit_code == 143
   finally:
     guard.uninstall()
-  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+  assert signal.getsignal(signal.SIGTERM) is before
+  assert signal.set_wakeup_fd(-1) == -1  # The wakeup fd is given back.
 
 
-def test_non_finite_step_is_the_first_bad_one():
-  assert guards.non_finite_step(np.array([1.0, np.inf, np.nan]), 10) == 11
-  assert guards.non_finite_step(np.array([1.0, 2.0]), 10) is None
+def test_a_loop_another_worker_stopped_stops_this_one():
+  with pytest.raises(guards.SignalReceived) as stop:
+    _guard([1.0], stopped_early=True)(None)
+  assert stop.value.exit_code == 143
