@@ -57,7 +57,6 @@ class Parts:
   # What this process saves to and restores from; None: it never saves.
   manager: Optional[tf.train.CheckpointManager]
   trainer: trainer_lib.ResnetTrainer
-  weight_decay_path: str = 'none'
   # Counts the records --skip_corrupt_records skipped; None: not counting.
   skipped: Optional[imagenet.SkippedRecords] = None
   guard: Optional[guards.LoopGuard] = None  # training only
@@ -152,7 +151,7 @@ def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
       stop_requested=guard.stop_requested)
   return Parts(plan=plan, schedule=schedule, network=network, model=model,
                optimizer=optimizer, manager=manager, trainer=trainer,
-               weight_decay_path=wd_path, skipped=skipped, guard=guard)
+               skipped=skipped, guard=guard)
 
 
 def assemble_evaluation(basis: Basis, plan: TrainingPlan) -> Parts:
