@@ -109,6 +109,7 @@ def fill_in_settings(hosts) -> dict:
   """Applies --config's recipe, then the optimizer preset, to FLAGS; returns
   the trainer settings they filled in (the command line gave the rest)."""
   recipe = flags_lib.apply_config(
+      FLAGS,
       allowed=flags_lib.RUN_CONFIG_KEYS | set(launch.LAUNCHER_RECIPE_KEYS))
   presets = recipes.apply(
       FLAGS, preset(FLAGS.optimizer, _total_workers(hosts)),
@@ -215,7 +216,7 @@ def main(argv):
   hosts = launch.parse_hosts(environ.get('MULTI_HLS_IPS'))
   filled = fill_in_settings(hosts)
   total_workers = _total_workers(hosts)
-  cfg = flags_lib.config_from_flags()  # Bad trainer flags fail before launch.
+  cfg = flags_lib.config_from_flags(FLAGS)  # Bad trainer flags fail before launch.
   if FLAGS.print_config:
     print(recipes.dump(cfg, {name: FLAGS[name].value
                              for name in launch.LAUNCHER_RECIPE_KEYS}), end='')

@@ -25,8 +25,10 @@ def main(argv):
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
   cli.configure_logging()
-  flags_lib.apply_config(launcher_keys=launch.LAUNCHER_RECIPE_KEYS)
-  cfg = flags_lib.config_from_flags()  # Bad values fail before TF loads.
+  flags_lib.apply_config(flags.FLAGS,
+                         launcher_keys=launch.LAUNCHER_RECIPE_KEYS)
+  # Bad values fail before TensorFlow loads.
+  cfg = flags_lib.config_from_flags(flags.FLAGS)
   if flags.FLAGS.print_config:
     print(recipes.dump(cfg), end='')
     return

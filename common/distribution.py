@@ -60,8 +60,9 @@ class Backend:
     return not self.hvd and self.num_workers > 1
 
   @property
-  def batch_multiplier(self) -> int:
-    """Global batch / --batch_size: workers under Horovod, 1 otherwise."""
+  def num_programs(self) -> int:
+    """Processes that each drive their own replicas: every Horovod worker;
+    a tf.distribute job is one program (its strategy spans the workers)."""
     return self.num_workers if self.hvd else 1
 
   def input_context(self, ctx: tf.distribute.InputContext

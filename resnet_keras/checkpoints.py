@@ -19,7 +19,7 @@ from resnet_keras.config import RunConfig, TrainingPlan
 from common.errors import UsageError
 from resnet_keras.metrics import write_json_atomically
 
-MAX_TO_KEEP = 5
+MAX_TO_KEEP = RunConfig.max_checkpoints
 # The run's effective config and training plan: what the checkpoints in a
 # model_dir are checkpoints of, and everything tools need to rebuild the model
 # and its data without repeating flags.

@@ -55,8 +55,8 @@ class RunConfig:
   num_classes: int = 0  # 0: from the dataset.
   num_train_examples: int = 0  # 0: all of the dataset.
   num_eval_examples: int = 0
-  train_crop_min_area: float = 0.05
-  eval_crop_fraction: float = 0.875
+  train_crop_min_area: float = 0.05  # ImageNet's
+  eval_crop_fraction: float = 224 / 256  # ImageNet's standard
   training_dataset_cache: bool = False
   datasets_num_private_threads: int = 0  # 0: tf.data's shared pool.
   skip_corrupt_records: bool = False
@@ -357,8 +357,10 @@ def _check_positive(name, value):
 
 @dataclasses.dataclass(frozen=True)
 class TrainingPlan:
-  """How many steps of what size: derived from a config and a dataset."""
-  global_batch_size: int
+  """How many steps of what size: derived from a config, a dataset and the
+  job's layout. It owns every batch size of the run (see make_training_plan).
+  """
+  global_batch_size: int  # Examples per optimizer step, over the whole job.
   steps_per_epoch: int
   total_train_steps: int
   steps_per_loop: int
@@ -367,6 +369,30 @@ class TrainingPlan:
   num_eval_examples: int
   checkpoint_interval_steps: int = 0  # 0: epoch ends only.
   first_eval_step: int = 0  # 0: at eval_interval_steps.
+  # Programs that each drive their own replicas: Horovod's workers; a
+  # tf.distribute job is one program, its strategy spans every worker.
+  num_programs: int = 1
+  replicas_per_program: int = 1
+  num_micro_batches: int = 1  # --num_accumulation_steps
+
+  @property
+  def program_batch_size(self) -> int:
+    """The batch one program's replicas share (per worker under Horovod)."""
+    return self.global_batch_size // self.num_programs
+
+  @property
+  def replica_batch_size(self) -> int:
+    return self.program_batch_size // self.replicas_per_program
+
+  @property
+  def micro_batch_size(self) -> int:
+    """What a replica computes at once with gradient accumulation."""
+    return self.replica_batch_size // self.num_micro_batches
+
+  @property
+  def num_replicas(self) -> int:
+    """Replicas over the whole job."""
+    return self.num_programs * self.replicas_per_program
 
   def epoch_of(self, step: int) -> float:
     return step / self.steps_per_epoch
@@ -410,21 +436,32 @@ def from_dict(cls: Type[_Record], values: Dict[str, Any]) -> _Record:
 
 
 def make_training_plan(cfg: RunConfig, num_train_examples: int,
-                       num_eval_examples: int,
-                       num_workers: int = 1) -> TrainingPlan:
-  """Turns dataset sizes into step counts.
+                       num_eval_examples: int, num_programs: int = 1,
+                       replicas_per_program: int = 1) -> TrainingPlan:
+  """Turns dataset sizes and the job's layout into batch sizes and steps.
 
-  `--batch_size` is per worker for Horovod-style launches (num_workers > 1
-  processes that each see a shard) and global for a single tf.distribute
-  program; the caller passes num_workers accordingly. Training drops the last
-  partial batch of an epoch; evaluation covers every example.
+  `--batch_size` is per worker under Horovod (num_programs > 1 processes
+  that each see a shard) and global for a tf.distribute job (one program
+  drives every replica): the rule is applied here, once. Training drops the
+  last partial batch of an epoch; evaluation covers every example.
   """
-  global_batch = cfg.batch_size * num_workers
+  global_batch = cfg.batch_size * num_programs
   steps_per_epoch = num_train_examples // global_batch
   if steps_per_epoch == 0:
     raise UsageError(
         f'the global batch ({global_batch}) is larger than the training set '
         f'({num_train_examples} examples); lower --batch_size')
+  if cfg.batch_size % replicas_per_program:
+    raise UsageError(
+        f'--batch_size={cfg.batch_size} is the global batch and must '
+        f'be divisible by the {replicas_per_program} replicas')
+  replica_batch = cfg.batch_size // replicas_per_program
+  if replica_batch % cfg.num_accumulation_steps:
+    raise UsageError(
+        f'each replica\'s batch of {replica_batch} cannot be split into '
+        f'--num_accumulation_steps={cfg.num_accumulation_steps} equal '
+        'micro-batches; use a --batch_size that is a multiple of '
+        f'{replicas_per_program * cfg.num_accumulation_steps}')
   if cfg.train_steps:
     steps_per_epoch = min(steps_per_epoch, cfg.train_steps)
   return TrainingPlan(
@@ -436,4 +473,6 @@ def make_training_plan(cfg: RunConfig, num_train_examples: int,
       first_eval_step=steps_per_epoch * cfg.eval_offset_epochs,
       eval_steps=math.ceil(num_eval_examples / global_batch),
       num_eval_examples=num_eval_examples,
-      checkpoint_interval_steps=cfg.checkpoint_interval_steps)
+      checkpoint_interval_steps=cfg.checkpoint_interval_steps,
+      num_programs=num_programs, replicas_per_program=replicas_per_program,
+      num_micro_batches=cfg.num_accumulation_steps)

@@ -49,6 +49,7 @@ from absl import flags
 from absl import logging
 
 from common import cli
+from resnet_keras import assembly
 from resnet_keras import checkpoints
 from resnet_keras import models
 from resnet_keras import optimizers
@@ -209,9 +210,8 @@ def export_checkpoints(cfg: RunConfig, which: Optional[str],
                        output_dir: str) -> List[str]:
   """Exports the checkpoints `which` names (see --checkpoint) of the run
   `cfg` describes; returns the directories written."""
-  cfg, machine, _ = runtime.set_up(cfg)
-  network, model = models.build_models(cfg, cfg.num_classes,
-                                       use_regularizers=False, machine=machine)
+  cfg, machine, _ = runtime.set_up(cfg)  # No data: config.json has it all.
+  network, model = assembly.build_model(cfg, cfg.num_classes, machine)
   checkpoint = tf.train.Checkpoint(model=model)
   manager = tf.train.CheckpointManager(checkpoint, cfg.model_dir,
                                        max_to_keep=None)

@@ -21,22 +21,18 @@ import orbit
 import tensorflow as tf
 from absl import logging
 
-from common import distribution
 from common import launch
 from common import supervisor
+from resnet_keras import assembly
 from resnet_keras import checkpoints
 from resnet_keras import export
 from resnet_keras import guards
 from resnet_keras import metrics
-from resnet_keras import models
 from resnet_keras import optimizers
 from resnet_keras import plots
-from resnet_keras import runtime
-from resnet_keras import schedules
-from resnet_keras import trainer as trainer_lib
 from resnet_keras import tracking
 from resnet_keras import warm_start
-from resnet_keras.config import RunConfig, TrainingPlan, make_training_plan
+from resnet_keras.config import RunConfig, TrainingPlan
 from resnet_keras.data import datasets
 from common.errors import RunStopped, UsageError
 
@@ -114,30 +110,6 @@ class _Profiler:
       logging.info('profiler stopped at step %d', int(self._step.numpy()))
 
 
-def _checkpoint_manager(cfg: RunConfig, backend: distribution.Backend,
-                        model, optimizer):
-  """The manager this worker saves with (None: it never saves).
-
-  The chief's lives in model_dir, and the orbit Controller restores from it.
-  Other tf.distribute workers take part in every save, into a scratch
-  manager in their worker_dir, and restore model_dir's latest checkpoint
-  themselves (model_dir must be shared). Other Horovod workers take the
-  chief's variables by broadcast instead.
-  """
-  if backend.is_chief:
-    return checkpoints.make_manager(model, optimizer, cfg.model_dir,
-                                    max_to_keep=cfg.max_checkpoints)
-  if not backend.collective_saves:
-    return None
-  scratch = os.path.join(backend.worker_dir(cfg.model_dir), 'checkpoints')
-  shutil.rmtree(scratch, ignore_errors=True)
-  manager = checkpoints.make_manager(model, optimizer, scratch, max_to_keep=1)
-  latest = tf.train.latest_checkpoint(cfg.model_dir)
-  if latest:
-    manager.checkpoint.restore(latest)
-  return manager
-
-
 def weights_digest(model) -> str:
   """sha256 of the trainable weights: equal on every worker of a job."""
   digest = hashlib.sha256()
@@ -146,8 +118,8 @@ def weights_digest(model) -> str:
   return digest.hexdigest()
 
 
-def _log_plan(cfg: RunConfig, plan: TrainingPlan, info, backend,
-              replica_batch: int) -> None:
+def _log_plan(basis: assembly.Basis, plan: TrainingPlan) -> None:
+  cfg, info, backend = basis.cfg, basis.info, basis.backend
   logging.info(
       'data: %s, %d classes, %d train / %d eval examples', info.name,
       info.num_classes, info.num_train_examples, info.num_eval_examples)
@@ -155,13 +127,13 @@ def _log_plan(cfg: RunConfig, plan: TrainingPlan, info, backend,
       'plan: global batch %d on %d worker(s) (%s) x %d replica(s), %d '
       'steps/epoch, %d epochs, %d steps, %d steps per loop, dtype %s, '
       'optimizer %s, schedule %s', plan.global_batch_size, backend.num_workers,
-      backend.name, backend.strategy.num_replicas_in_sync,
-      plan.steps_per_epoch, cfg.train_epochs, plan.total_train_steps,
-      plan.steps_per_loop, cfg.dtype, cfg.optimizer, cfg.lr_schedule)
-  if cfg.num_accumulation_steps > 1:
+      backend.name, plan.replicas_per_program, plan.steps_per_epoch,
+      cfg.train_epochs, plan.total_train_steps, plan.steps_per_loop, cfg.dtype,
+      cfg.optimizer, cfg.lr_schedule)
+  if plan.num_micro_batches > 1:
     logging.info('gradient accumulation: %d micro-batches of %d per replica '
-                 'per optimizer step', cfg.num_accumulation_steps,
-                 replica_batch // cfg.num_accumulation_steps)
+                 'per optimizer step', plan.num_micro_batches,
+                 plan.micro_batch_size)
 
 
 def run(cfg: RunConfig) -> Dict:
@@ -170,127 +142,142 @@ def run(cfg: RunConfig) -> Dict:
   if cfg.wandb:
     tracking.import_wandb()  # Its absence is a usage error; say so first.
   started = time.time()
-  cfg, machine, runtime_record = runtime.set_up(cfg)
-  has_gpu = machine.has_gpu
-  info = datasets.describe(cfg)
-  backend = distribution.build_backend(cfg.distribution_strategy,
-                                       cfg.num_gpus, cfg.use_horovod)
-  strategy = backend.strategy
-  # The config as this run applies it; recorded in model_dir for tools.
-  effective_cfg = dataclasses.replace(cfg, num_classes=info.num_classes)
+  basis = assembly.set_up(cfg)
+  cfg, backend = basis.cfg, basis.backend
+  _prepare_worker(basis)
+  start_from = warm_start.resolve(basis.effective_cfg)
+  plan = assembly.plan_for(basis)
+  _log_plan(basis, plan)
+  _log_flag_notes(cfg, optimizers.weight_decay_path(cfg),
+                  basis.machine.has_gpu, plan.num_replicas)
+  parts = assembly.assemble_training(basis, plan)
+  reporting = _Reporting(basis, parts)
+  controller = _controller(basis, parts, reporting)
+  start_step = _restore_or_warm_start(basis, parts, start_from)
+  if backend.is_chief:
+    checkpoints.record_config(cfg.model_dir, basis.effective_cfg, plan,
+                              basis.runtime_record)
+    reporting.metrics_log.resume_at(start_step)
+
+  parts.guard.install()
+  logging.info('training to step %d; SIGTERM or Ctrl-C: checkpoint after the '
+               'current step, then stop', plan.total_train_steps)
+  try:
+    outcome = _train_and_evaluate(cfg, parts, controller, reporting,
+                                  start_step, started)
+  except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+    error = _data_error(cfg, basis.info, e)
+    if error is None:
+      raise
+    raise error from None
+  finally:
+    parts.guard.uninstall()
+    reporting.close()
+  _export(basis, parts)
+  if parts.skipped:
+    _report_skipped(parts.skipped.count, outcome.eval_results,
+                    basis.info.num_eval_examples)
+  summary = _summary(basis, parts, reporting.logger, outcome, start_step,
+                     started)
+  write_dir = backend.worker_dir(cfg.model_dir)
+  os.makedirs(write_dir, exist_ok=True)
+  metrics.write_json_atomically(os.path.join(write_dir, SUMMARY_FILE),
+                                summary)
+  logging.info('run summary: %s', summary)
+  backend.leave()
+  return summary
+
+
+def _prepare_worker(basis: assembly.Basis) -> None:
+  """The chief prepares model_dir and refuses another model's checkpoints;
+  the other workers log warnings only."""
+  backend, cfg = basis.backend, basis.cfg
   if backend.is_chief:
     prepare_model_dir(cfg.model_dir, cfg.clean)
-    checkpoints.check_resumable(cfg.model_dir, effective_cfg)
+    checkpoints.check_resumable(cfg.model_dir, basis.effective_cfg)
   else:
     logging.info('worker %d: logging warnings only; the chief (worker 0) '
                  'logs the run', backend.worker_index)
     logging.set_verbosity(logging.WARNING)
-  write_dir = backend.worker_dir(cfg.model_dir)
-  start_from = warm_start.resolve(effective_cfg)
-  plan = make_training_plan(cfg, info.num_train_examples,
-                            info.num_eval_examples,
-                            num_workers=backend.batch_multiplier)
-  # The batch this program's replicas share (per worker under Horovod).
-  program_batch = plan.global_batch_size // backend.batch_multiplier
-  if program_batch % strategy.num_replicas_in_sync:
-    raise UsageError(
-        f'--batch_size={program_batch} is the global batch and must '
-        f'be divisible by the {strategy.num_replicas_in_sync} replicas')
-  replica_batch = program_batch // strategy.num_replicas_in_sync
-  if replica_batch % cfg.num_accumulation_steps:
-    raise UsageError(
-        f'each replica\'s batch of {replica_batch} cannot be split into '
-        f'--num_accumulation_steps={cfg.num_accumulation_steps} equal '
-        'micro-batches; use a --batch_size that is a multiple of '
-        f'{strategy.num_replicas_in_sync * cfg.num_accumulation_steps}')
-  _log_plan(cfg, plan, info, backend, replica_batch)
-  wd_path = optimizers.weight_decay_path(cfg)
-  _log_flag_notes(cfg, wd_path, has_gpu,
-                  strategy.num_replicas_in_sync * backend.batch_multiplier)
 
-  schedule = schedules.schedule_for_run(
-      cfg, plan.global_batch_size, plan.steps_per_epoch,
-      plan.total_train_steps)
-  with strategy.scope():
-    network, model = models.build_models(
-        cfg, info.num_classes, use_regularizers=wd_path == 'regularizers',
-        machine=machine, hvd=backend.hvd)
-    optimizer = optimizers.build_optimizer(cfg, schedule)
-    optimizers.create_slots(optimizer, model.trainable_variables)
-    manager = _checkpoint_manager(cfg, backend, model, optimizer)
-  saves = backend.is_chief or backend.collective_saves
 
-  skipped = datasets.skipped_records_counter(cfg)
-  train_fn, eval_fn = datasets.make_input_fns(
-      cfg, info, program_batch, skipped,
-      start_step=warm_start.steps_of_data_read(cfg.model_dir))
-  input_options = distribution.input_options(cfg.experimental_preloading,
-                                             has_gpu)
-  train_ds = strategy.distribute_datasets_from_function(
-      lambda ctx: train_fn(backend.input_context(ctx)), input_options)
-  eval_ds = (None if cfg.skip_eval else
-             strategy.distribute_datasets_from_function(
-                 lambda ctx: eval_fn(backend.input_context(ctx)),
-                 input_options))
-  guard = guards.LoopGuard(
-      get_loop=lambda: trainer.last_loop, any_worker=backend.any_worker,
-      last_checkpoint=lambda: manager and manager.latest_checkpoint,
-      dtype=cfg.dtype)
-  trainer = trainer_lib.ResnetTrainer(
-      strategy=strategy, model=model, optimizer=optimizer,
-      train_dataset=train_ds, eval_dataset=eval_ds,
-      global_batch_size=program_batch, num_classes=info.num_classes,
-      max_steps_per_loop=plan.steps_per_loop,
-      label_smoothing=cfg.label_smoothing, weight_decay=cfg.weight_decay,
-      weight_decay_path=wd_path, use_tf_function=cfg.use_tf_function,
-      use_tf_while_loop=cfg.use_tf_while_loop,
-      num_accumulation_steps=cfg.num_accumulation_steps, backend=backend,
-      stop_requested=guard.stop_requested)
+class _Reporting:
+  """What a run reports as it trains: log lines and throughput (StepLogger),
+  metrics.jsonl and plots (the chief), TensorBoard summaries and profile."""
 
-  metrics_log = None
-  if backend.is_chief:
-    metrics_log = metrics.MetricsLog(
-        cfg.model_dir,
-        mirror=tracking.start_wandb(effective_cfg, plan) if cfg.wandb else None)
-  logger = metrics.StepLogger(
-      get_loop=lambda: trainer.last_loop, log_steps=cfg.log_steps,
-      total_steps=plan.total_train_steps,
-      steps_per_epoch=plan.steps_per_epoch,
-      global_batch_size=plan.global_batch_size,
-      learning_rate_at=lambda step: float(schedule(step).numpy()),
-      # mpirun gives every rank a terminal; one bar per rank would garble it.
-      progress_bar=sys.stdout.isatty() and backend.num_workers == 1,
-      metrics_log=metrics_log)
-  actions = [logger, guard]
-  profiler = None
-  if cfg.profile_steps:
-    profiler = _Profiler(*cfg.profile_steps,
-                         logdir=os.path.join(cfg.model_dir, 'profile'),
-                         global_step=optimizer.iterations)
-    actions.append(profiler)
-  summary_dir = eval_summary_dir = None
-  if cfg.enable_tensorboard and backend.is_chief:
-    summary_dir = os.path.join(cfg.model_dir, 'train')
-    eval_summary_dir = os.path.join(cfg.model_dir, 'eval')
-    metrics.write_hparams(summary_dir, _hparams(cfg, plan))
+  def __init__(self, basis: assembly.Basis, parts: assembly.Parts):
+    cfg, backend, plan = basis.cfg, basis.backend, parts.plan
+    self._model_dir = cfg.model_dir
+    self.metrics_log = None
+    if backend.is_chief:
+      self.metrics_log = metrics.MetricsLog(
+          cfg.model_dir, mirror=(tracking.start_wandb(basis.effective_cfg,
+                                                      plan)
+                                 if cfg.wandb else None))
+    self.logger = metrics.StepLogger(
+        get_loop=lambda: parts.trainer.last_loop, log_steps=cfg.log_steps,
+        total_steps=plan.total_train_steps,
+        steps_per_epoch=plan.steps_per_epoch,
+        global_batch_size=plan.global_batch_size,
+        learning_rate_at=lambda step: float(parts.schedule(step).numpy()),
+        # mpirun gives every rank a terminal; one bar per rank would garble it.
+        progress_bar=sys.stdout.isatty() and backend.num_workers == 1,
+        metrics_log=self.metrics_log)
+    self.actions = [self.logger, parts.guard]
+    self._profiler = None
+    if cfg.profile_steps:
+      self._profiler = _Profiler(*cfg.profile_steps,
+                                 logdir=os.path.join(cfg.model_dir, 'profile'),
+                                 global_step=parts.optimizer.iterations)
+      self.actions.append(self._profiler)
+    self.summary_dir = self.eval_summary_dir = None
+    if cfg.enable_tensorboard and backend.is_chief:
+      self.summary_dir = os.path.join(cfg.model_dir, 'train')
+      self.eval_summary_dir = os.path.join(cfg.model_dir, 'eval')
+      metrics.write_hparams(self.summary_dir, _hparams(cfg, plan))
 
-  try:  # The Controller restores the latest checkpoint.
-    controller = orbit.Controller(
-        strategy=strategy, trainer=trainer,
-        evaluator=None if cfg.skip_eval else trainer,
-        global_step=optimizer.iterations, steps_per_loop=plan.steps_per_loop,
-        checkpoint_manager=manager if backend.is_chief else None,
-        summary_dir=summary_dir,
-        eval_summary_dir=eval_summary_dir, train_actions=actions)
+  def close(self) -> None:
+    if self._profiler:
+      self._profiler.finish()
+    self.logger.close()
+    if self.metrics_log:
+      _write_plots(self._model_dir)
+      self.metrics_log.close()
+
+
+def _controller(basis: assembly.Basis, parts: assembly.Parts,
+                reporting: _Reporting) -> orbit.Controller:
+  """orbit's Controller of the run; on the chief it restores model_dir's
+  latest checkpoint."""
+  cfg, backend = basis.cfg, basis.backend
+  try:
+    return orbit.Controller(
+        strategy=backend.strategy, trainer=parts.trainer,
+        evaluator=None if cfg.skip_eval else parts.trainer,
+        global_step=parts.optimizer.iterations,
+        steps_per_loop=parts.plan.steps_per_loop,
+        checkpoint_manager=parts.manager if backend.is_chief else None,
+        summary_dir=reporting.summary_dir,
+        eval_summary_dir=reporting.eval_summary_dir,
+        train_actions=reporting.actions)
   except (ValueError, tf.errors.InvalidArgumentError) as e:
     raise UsageError(
         f'--model_dir={cfg.model_dir} holds a checkpoint this model cannot '
         f'restore ({str(e).splitlines()[0][:200]}); use another --model_dir, '
         'or --clean to delete it and start over') from None
+
+
+def _restore_or_warm_start(basis: assembly.Basis, parts: assembly.Parts,
+                           start_from: Optional[warm_start.Source]) -> int:
+  """Applies --restore_from/--pretrained_checkpoint to a run that did not
+  resume, gives every worker the chief's variables; returns the step the
+  run starts at."""
+  cfg, backend, plan = basis.cfg, basis.backend, parts.plan
+  optimizer = parts.optimizer
   if start_from:
-    warm_start.apply(start_from, network, model, optimizer,
+    warm_start.apply(start_from, parts.network, parts.model, optimizer,
                      cfg.restore_optimizer)
-  backend.sync_from_chief(model.variables + optimizer.variables())
+  backend.sync_from_chief(parts.model.variables + optimizer.variables())
   start_step = int(optimizer.iterations.numpy())
   if start_from and start_step >= plan.total_train_steps:
     raise UsageError(
@@ -300,80 +287,98 @@ def run(cfg: RunConfig) -> Dict:
   if start_from and backend.is_chief:
     warm_start.record_start(cfg.model_dir, start_from, start_step)
   if start_step and backend.is_chief and not start_from:
-    logging.info('restored from %s at step %d', manager.latest_checkpoint,
-                 start_step)
+    logging.info('restored from %s at step %d',
+                 parts.manager.latest_checkpoint, start_step)
+  return start_step
 
-  eval_results, target_reached, seconds_to_target = {}, False, None
-  step = start_step
-  if backend.is_chief:
-    checkpoints.record_config(cfg.model_dir, effective_cfg, plan,
-                              runtime_record)
-    metrics_log.resume_at(start_step)
-  guard.install()
-  logging.info('training to step %d; SIGTERM or Ctrl-C: checkpoint after the '
-               'current step, then stop', plan.total_train_steps)
-  try:
-    while step < plan.total_train_steps and not target_reached:
-      try:
-        controller.train(plan.next_stop(step), checkpoint_at_completion=False)
-      except guards.SignalReceived as stop:
-        step = int(optimizer.iterations.numpy())
-        if saves:
-          path = manager.save(checkpoint_number=step)
-          logging.info('saved checkpoint at step %d after signal (%s)', step,
-                       path)
-        raise RunStopped(f'stopped by {stop} at step {step}; rerun the same '
-                         'command to resume', stop.exit_code) from None
+
+@dataclasses.dataclass
+class _Outcome:
+  """Where the loop ended and what the last evaluation found."""
+  step: int
+  eval_results: Dict
+  target_reached: bool = False
+  seconds_to_target: Optional[float] = None
+
+
+def _train_and_evaluate(cfg: RunConfig, parts: assembly.Parts,
+                        controller: orbit.Controller, reporting: _Reporting,
+                        start_step: int, started: float) -> _Outcome:
+  """Loops to the end of the plan (or the target accuracy): checkpoints and
+  evaluations at their steps, a checkpoint before a signal stops the run,
+  and a last evaluation if none ran at the end."""
+  plan, optimizer, manager = parts.plan, parts.optimizer, parts.manager
+  saves = manager is not None
+  outcome = _Outcome(step=start_step, eval_results={})
+  while outcome.step < plan.total_train_steps and not outcome.target_reached:
+    try:
+      controller.train(plan.next_stop(outcome.step),
+                       checkpoint_at_completion=False)
+    except guards.SignalReceived as stop:
       step = int(optimizer.iterations.numpy())
-      if (cfg.enable_checkpoint_and_export and saves and
-          plan.is_checkpoint_step(step)):
-        logging.info('saved checkpoint %s',
-                     manager.save(checkpoint_number=step))
-      if not cfg.skip_eval and plan.is_eval_step(step):
-        eval_results = _evaluate(controller, plan, step, metrics_log)
-        if _reached(cfg, eval_results):
-          target_reached, seconds_to_target = True, time.time() - started
-          logging.info('target accuracy %.4f reached at epoch %.2f (%.4f) '
-                       'after %.1f s; stopping', cfg.target_accuracy,
-                       plan.epoch_of(step), eval_results['eval_accuracy'],
-                       seconds_to_target)
-    if not cfg.skip_eval and not eval_results:
-      eval_results = _evaluate(controller, plan, step, metrics_log)
-  except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-    if 'label out of range' in e.message:
-      raise UsageError(f'a record in --data_dir={cfg.data_dir} has a label '
-                       f'outside 1..{info.num_classes}; fix the records or '
-                       'their metadata.json, or raise --num_classes') from None
-    logging.info('data error (%s); looking for the corrupt file',
-                 e.message.strip().splitlines()[0][:200])
-    message = datasets.corrupt_data_message(cfg, info)
-    if not message:
-      raise
-    raise UsageError(message) from None
-  finally:
-    guard.uninstall()
-    if profiler:
-      profiler.finish()
-    logger.close()
-    if backend.is_chief:
-      _write_plots(cfg.model_dir)
-      metrics_log.close()
-  if cfg.enable_checkpoint_and_export and backend.is_chief:
-    path, = export.export_run(network, cfg, cfg.model_dir)
+      if saves:
+        path = manager.save(checkpoint_number=step)
+        logging.info('saved checkpoint at step %d after signal (%s)', step,
+                     path)
+      raise RunStopped(f'stopped by {stop} at step {step}; rerun the same '
+                       'command to resume', stop.exit_code) from None
+    step = outcome.step = int(optimizer.iterations.numpy())
+    if (cfg.enable_checkpoint_and_export and saves and
+        plan.is_checkpoint_step(step)):
+      logging.info('saved checkpoint %s', manager.save(checkpoint_number=step))
+    if not cfg.skip_eval and plan.is_eval_step(step):
+      outcome.eval_results = _evaluate(controller, plan, step,
+                                       reporting.metrics_log)
+      if _reached(cfg, outcome.eval_results):
+        outcome.target_reached = True
+        outcome.seconds_to_target = time.time() - started
+        logging.info('target accuracy %.4f reached at epoch %.2f (%.4f) '
+                     'after %.1f s; stopping', cfg.target_accuracy,
+                     plan.epoch_of(step), outcome.eval_results['eval_accuracy'],
+                     outcome.seconds_to_target)
+  if not cfg.skip_eval and not outcome.eval_results:
+    outcome.eval_results = _evaluate(controller, plan, outcome.step,
+                                     reporting.metrics_log)
+  return outcome
+
+
+def _data_error(cfg: RunConfig, info: datasets.DatasetInfo,
+                error: tf.errors.OpError) -> Optional[UsageError]:
+  """The one-line error for a data error, if it has a known cause."""
+  if 'label out of range' in error.message:
+    return UsageError(f'a record in --data_dir={cfg.data_dir} has a label '
+                      f'outside 1..{info.num_classes}; fix the records or '
+                      'their metadata.json, or raise --num_classes')
+  logging.info('data error (%s); looking for the corrupt file',
+               error.message.strip().splitlines()[0][:200])
+  message = datasets.corrupt_data_message(cfg, info)
+  return UsageError(message) if message else None
+
+
+def _export(basis: assembly.Basis, parts: assembly.Parts) -> None:
+  """--enable_checkpoint_and_export: the chief exports the trained model."""
+  cfg, backend = basis.cfg, basis.backend
+  if not cfg.enable_checkpoint_and_export:
+    return
+  if backend.is_chief:
+    path, = export.export_run(parts.network, cfg, cfg.model_dir)
     logging.info('exported SavedModel to %s', path)
-  elif cfg.enable_checkpoint_and_export and saves:
+  elif backend.collective_saves:
     # Under multi_worker_mirrored reading the weights is a collective (batch
     # norm statistics are averaged when read): the other workers join the
     # chief's read, once, as its export copies them.
-    network.get_weights()
-  skipped_count = skipped.count if skipped else 0
-  if skipped:
-    _report_skipped(skipped_count, eval_results, info.num_eval_examples)
+    parts.network.get_weights()
 
-  summary = {
+
+def _summary(basis: assembly.Basis, parts: assembly.Parts,
+             logger: metrics.StepLogger, outcome: _Outcome, start_step: int,
+             started: float) -> Dict:
+  """run_summary.json: what the run did, how fast, and what it reached."""
+  cfg, backend, info, plan = basis.cfg, basis.backend, basis.info, parts.plan
+  eval_results, step = outcome.eval_results, outcome.step
+  return {
       'global_batch_size': plan.global_batch_size,
-      'num_replicas': strategy.num_replicas_in_sync * (
-          backend.batch_multiplier),
+      'num_replicas': plan.num_replicas,
       'num_workers': backend.num_workers,
       'worker_index': backend.worker_index,
       'distribution': backend.name,
@@ -389,30 +394,24 @@ def run(cfg: RunConfig) -> Dict:
       'eval_examples': eval_results.get('eval_examples', 0),
       'avg_exp_per_second': logger.average_examples_per_second,
       'input_wait_fraction': logger.input_wait_fraction,
-      'skipped_corrupt_records': skipped_count,
+      'skipped_corrupt_records': parts.skipped.count if parts.skipped else 0,
       'dtype': cfg.dtype,
       'optimizer': cfg.optimizer,
       'lr_schedule': cfg.lr_schedule,
       'model': cfg.model_name,
       'num_classes': info.num_classes,
       'dataset': info.name,
-      'target_accuracy_reached': target_reached,
+      'target_accuracy_reached': outcome.target_reached,
       # From the start of this process, data and model setup included.
-      'seconds_to_target': seconds_to_target,
+      'seconds_to_target': outcome.seconds_to_target,
       'wall_seconds': time.time() - started,
       # ru_maxrss is in KiB on Linux.
       'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-      'weights_sha256': weights_digest(model),
-      'runtime': runtime_record,
+      'weights_sha256': weights_digest(parts.model),
+      'runtime': basis.runtime_record,
       'host': launch.this_host(os.environ),
       'restarts': supervisor.restart_count(os.environ),
   }
-  os.makedirs(write_dir, exist_ok=True)
-  metrics.write_json_atomically(os.path.join(write_dir, SUMMARY_FILE),
-                                summary)
-  logging.info('run summary: %s', summary)
-  backend.leave()
-  return summary
 
 
 def _evaluate(controller: orbit.Controller, plan: TrainingPlan, step: int,

@@ -74,13 +74,14 @@ class _Constant(tf_keras.optimizers.schedules.LearningRateSchedule):
 
 
 def build_schedule(name: str, peak: float, warmup_steps: int, total_steps: int,
-                   steps_per_epoch: int, end_learning_rate: float = 1e-4,
+                   steps_per_epoch: int,
+                   end_learning_rate: float = RunConfig.end_learning_rate,
                    decay_steps: int = 0,
                    boundary_epochs: Sequence[float] = PIECEWISE_BOUNDARY_EPOCHS,
                    multipliers: Sequence[float] = PIECEWISE_MULTIPLIERS,
-                   decay_factor: float = 0.1,
-                   decay_points: Sequence[float] = (0.3, 0.6, 0.8),
-                   decay_epochs: float = 30.0):
+                   decay_factor: float = RunConfig.lr_decay_factor,
+                   decay_points: Sequence[float] = RunConfig.lr_decay_points,
+                   decay_epochs: float = RunConfig.lr_decay_epochs):
   """Returns the schedule `name` with linear warmup.
 
   Args:

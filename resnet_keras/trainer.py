@@ -49,15 +49,17 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
   def __init__(self, *, strategy: tf.distribute.Strategy,
                model: tf_keras.Model, optimizer, train_dataset, eval_dataset,
-               global_batch_size: int, num_classes: int, max_steps_per_loop: int,
+               program_batch_size: int, num_classes: int,
+               max_steps_per_loop: int, global_batch_size: Optional[int] = None,
                label_smoothing: float = 0.0, weight_decay: float = 0.0,
                weight_decay_path: str = 'none', use_tf_function: bool = True,
                use_tf_while_loop: bool = True, num_accumulation_steps: int = 1,
                backend: Optional[distribution.Backend] = None,
                stop_requested: Optional[Callable[[], bool]] = None):
-    """`global_batch_size` is the batch of `strategy`'s replicas together;
-    under Horovod each worker has its own (see distribution.Backend). Each
-    replica's share is split into `num_accumulation_steps` micro-batches.
+    """`program_batch_size` is the batch of `strategy`'s replicas together,
+    `global_batch_size` the job's (more under Horovod, where each worker has
+    its own program; default: the same). Each replica's share is split into
+    `num_accumulation_steps` micro-batches (see config.TrainingPlan).
     `stop_requested` (host code, any thread) is polled before each step;
     when it is true on any worker, every worker ends the loop there."""
     self.strategy = strategy
@@ -65,7 +67,8 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     self.model = model
     self.optimizer = optimizer
     self.global_step = optimizer.iterations
-    self.global_batch_size = global_batch_size
+    self.program_batch_size = program_batch_size
+    self.global_batch_size = global_batch_size or program_batch_size
     self.num_classes = num_classes
     self.label_smoothing = label_smoothing
     self.weight_decay = weight_decay
@@ -197,7 +200,7 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     probs = self.model(images, training=True)
     cross_entropy = tf.nn.compute_average_loss(
         self.per_example_loss(labels, probs, self.label_smoothing),
-        global_batch_size=self.global_batch_size)
+        global_batch_size=self.program_batch_size)
     predictions = tf.argmax(probs, axis=-1, output_type=labels.dtype)
     correct = tf.reduce_sum(tf.cast(tf.equal(predictions, labels),
                                     tf.float32))
@@ -255,13 +258,13 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
 
   def train_loop_end(self):
     num_steps = int(self.global_step.numpy() - self._loop_start.numpy())
-    workers = self.backend.batch_multiplier
     # One collective for both (Horovod; tf.distribute already reduced them).
     loss_sums, correct_sums = self.backend.sum_over_workers(
         tf.stack([self._losses[:num_steps], self._correct[:num_steps]]),
         'loop_losses_and_correct')
-    losses = loss_sums / workers
-    accuracies = correct_sums / (self.global_batch_size * workers)
+    # Each program's loss is a mean over its own batch.
+    losses = loss_sums / (self.global_batch_size // self.program_batch_size)
+    accuracies = correct_sums / self.global_batch_size
     seconds = time.perf_counter() - self._loop_started_at
     self.last_loop = LoopRecord(
         first_step=int(self._loop_start.numpy()) + 1, losses=losses,
@@ -278,7 +281,7 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
         'train_accuracy': float(np.mean(accuracies)),
         'learning_rate': float(self.current_learning_rate()),
         'examples_per_second':
-            num_steps * self.global_batch_size * workers / seconds,
+            num_steps * self.global_batch_size / seconds,
     }
 
   def current_learning_rate(self):

@@ -30,15 +30,10 @@ from absl import flags
 from absl import logging
 
 from common import cli
+from resnet_keras import assembly
 from resnet_keras import checkpoints
 from resnet_keras import metrics
-from resnet_keras import models
-from resnet_keras import optimizers
-from resnet_keras import runtime
-from resnet_keras import schedules
-from resnet_keras import trainer as trainer_lib
 from resnet_keras.config import RunConfig, TrainingPlan
-from resnet_keras.data import datasets
 # pylint: enable=g-import-not-at-top
 
 RESULTS_FILE = 'validation.csv'
@@ -68,27 +63,12 @@ class CheckpointEvaluator:
   def __init__(self, cfg: RunConfig, plan: TrainingPlan):
     # The run's dtype as config.json records it (decided); warns, as training
     # does, where this machine only emulates it.
-    cfg, machine, _ = runtime.set_up(cfg)
-    self.cfg, self.plan = cfg, plan
-    info = datasets.describe(cfg)
-    self.network, self.model = models.build_models(
-        cfg, info.num_classes, use_regularizers=False, machine=machine)
-    self.optimizer = optimizers.build_optimizer(
-        cfg, schedules.schedule_for_run(cfg, plan.global_batch_size,
-                                        plan.steps_per_epoch,
-                                        plan.total_train_steps))
-    self.manager = checkpoints.make_manager(self.model, self.optimizer,
-                                            cfg.model_dir)
-    # With the run's --skip_corrupt_records, as its evaluations read the data.
-    _, eval_fn = datasets.make_input_fns(
-        cfg, info, cfg.batch_size, datasets.skipped_records_counter(cfg))
-    strategy = tf.distribute.get_strategy()
-    self._evaluator = trainer_lib.ResnetTrainer(
-        strategy=strategy, model=self.model, optimizer=self.optimizer,
-        train_dataset=None,
-        eval_dataset=strategy.distribute_datasets_from_function(eval_fn),
-        global_batch_size=cfg.batch_size, num_classes=info.num_classes,
-        max_steps_per_loop=1, use_tf_function=cfg.use_tf_function)
+    basis = assembly.set_up(cfg, distributed=False)
+    parts = assembly.assemble_evaluation(basis, plan)
+    self.cfg, self.plan = basis.cfg, plan
+    self.network, self.model = parts.network, parts.model
+    self.optimizer, self.manager = parts.optimizer, parts.manager
+    self._evaluator = parts.trainer
 
   def restore(self, path: str) -> None:
     checkpoints.restore(self.manager.checkpoint, path, self.cfg)

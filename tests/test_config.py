@@ -135,11 +135,41 @@ def test_plan_caps_steps_per_loop_and_train_steps():
   assert plan.eval_steps == 3
 
 
-def test_plan_counts_workers_in_global_batch():
+def test_plan_counts_horovod_workers_in_global_batch():
   plan = make_training_plan(RunConfig(batch_size=256), 1281167, 50000,
-                            num_workers=8)
+                            num_programs=8)
   assert plan.global_batch_size == 2048
+  assert plan.program_batch_size == 256
   assert plan.steps_per_epoch == 625
+
+
+def test_plan_owns_every_batch_size():
+  plan = make_training_plan(RunConfig(batch_size=64, num_accumulation_steps=4),
+                            10000, 100, num_programs=2, replicas_per_program=2)
+  assert (plan.global_batch_size, plan.program_batch_size,
+          plan.replica_batch_size, plan.micro_batch_size) == (128, 64, 32, 8)
+  assert plan.num_replicas == 4
+
+
+def test_batch_not_divisible_by_replicas_is_a_usage_error():
+  with pytest.raises(UsageError, match=r'^--batch_size=10 is the global batch '
+                     'and must be divisible by the 4 replicas$'):
+    make_training_plan(RunConfig(batch_size=10), 100, 10,
+                       replicas_per_program=4)
+
+
+def test_replica_batch_not_divisible_into_micro_batches_is_a_usage_error():
+  with pytest.raises(UsageError, match='multiple of 6$'):
+    make_training_plan(RunConfig(batch_size=8, num_accumulation_steps=3), 100,
+                       10, replicas_per_program=2)
+
+
+def test_plan_of_an_older_config_json_is_one_program_one_replica():
+  plan = make_training_plan(RunConfig(batch_size=10), 100, 10)
+  fields = dataclasses.asdict(plan)
+  for name in ('num_programs', 'replicas_per_program', 'num_micro_batches'):
+    del fields[name]
+  assert config_lib.from_dict(config_lib.TrainingPlan, fields) == plan
 
 
 def test_batch_larger_than_dataset_is_a_usage_error():

@@ -23,7 +23,7 @@ def _trainer(eval_examples=13, batch=4, steps_per_loop=3, train=None,
   evals = synthetic.eval_dataset(batch, 32, 5, tf.float32, eval_examples)
   return trainer_lib.ResnetTrainer(
       strategy=strategy, model=net, optimizer=optimizer, train_dataset=train,
-      eval_dataset=evals, global_batch_size=batch, num_classes=5,
+      eval_dataset=evals, program_batch_size=batch, num_classes=5,
       max_steps_per_loop=steps_per_loop, **options)
 
 
@@ -147,7 +147,7 @@ def _one_update(num_accumulation_steps, images, labels):
   batch = tf.data.Dataset.from_tensors((images, labels)).repeat()
   trainer = trainer_lib.ResnetTrainer(
       strategy=tf.distribute.get_strategy(), model=model, optimizer=optimizer,
-      train_dataset=batch, eval_dataset=None, global_batch_size=8,
+      train_dataset=batch, eval_dataset=None, program_batch_size=8,
       num_classes=5, max_steps_per_loop=2, label_smoothing=0.1,
       weight_decay_path='regularizers',
       num_accumulation_steps=num_accumulation_steps)
@@ -185,7 +185,7 @@ def test_fp16_overflow_halves_the_scale_skips_the_update_and_goes_on():
     trainer = trainer_lib.ResnetTrainer(
         strategy=tf.distribute.get_strategy(), model=net, optimizer=optimizer,
         train_dataset=synthetic.train_dataset(4, 32, 5, tf.float32),
-        eval_dataset=None, global_batch_size=4, num_classes=5,
+        eval_dataset=None, program_batch_size=4, num_classes=5,
         max_steps_per_loop=40)
     before = [v.numpy() for v in net.trainable_variables]
     trainer.train(tf.constant(3))

@@ -120,10 +120,11 @@ def corrupt_data_message(cfg: RunConfig, info: DatasetInfo) -> Optional[str]:
           'rerun with --skip_corrupt_records to skip bad records')
 
 
-def make_input_fns(cfg: RunConfig, info: DatasetInfo, global_batch_size: int,
+def make_input_fns(cfg: RunConfig, info: DatasetInfo, replica_batch_size: int,
                    skipped: Optional[imagenet.SkippedRecords] = None,
                    start_step: int = 0) -> Tuple[InputFn, InputFn]:
-  """(train_input_fn, eval_input_fn), each taking a tf.distribute context.
+  """(train_input_fn, eval_input_fn), each taking a tf.distribute context
+  and batching `replica_batch_size` examples (TrainingPlan's) per replica.
 
   `skipped` (from skipped_records_counter) makes TFRecord pipelines skip
   corrupt records and count them. With --global_seed, training input starts
@@ -141,30 +142,30 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo, global_batch_size: int,
           crop_min_area=cfg.train_crop_min_area,
           eval_crop_fraction=cfg.eval_crop_fraction, skipped=skipped,
           **pipeline)
-    return _file_input_fns(cfg, info, global_batch_size, dtype, build,
+    return _file_input_fns(cfg, info, replica_batch_size, dtype, build,
                            start_step if cfg.global_seed is not None else 0)
 
   def train_input_fn(ctx: tf.distribute.InputContext):
-    batch = ctx.get_per_replica_batch_size(global_batch_size)
-    return synthetic.train_dataset(batch, cfg.image_size, info.num_classes,
-                                   dtype, seed=seed + ctx.input_pipeline_id)
+    return synthetic.train_dataset(replica_batch_size, cfg.image_size,
+                                   info.num_classes, dtype,
+                                   seed=seed + ctx.input_pipeline_id)
 
   def eval_input_fn(ctx: tf.distribute.InputContext):
-    batch = ctx.get_per_replica_batch_size(global_batch_size)
     share = _shard_count(info.num_eval_examples, ctx.input_pipeline_id,
                          ctx.num_input_pipelines)
-    return synthetic.eval_dataset(batch, cfg.image_size, info.num_classes,
-                                  dtype, share, seed=seed + 1000)
+    return synthetic.eval_dataset(replica_batch_size, cfg.image_size,
+                                  info.num_classes, dtype, share,
+                                  seed=seed + 1000)
 
   return train_input_fn, eval_input_fn
 
 
-def _file_input_fns(cfg: RunConfig, info: DatasetInfo, global_batch_size: int,
+def _file_input_fns(cfg: RunConfig, info: DatasetInfo, batch: int,
                     dtype: tf.DType, build, start_step: int):
-  """Input fns over `info`'s files; `build` is a format's dataset function."""
+  """Input fns over `info`'s files, `batch` examples per replica; `build` is
+  a format's dataset function."""
 
   def input_fn(ctx: tf.distribute.InputContext, is_training: bool):
-    batch = ctx.get_per_replica_batch_size(global_batch_size)
     # Each step, every replica this pipeline feeds takes one batch (a
     # Horovod-widened context counts pipelines over all workers).
     replicas_fed = max(1, ctx.num_replicas_in_sync // ctx.num_input_pipelines)

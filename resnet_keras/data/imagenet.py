@@ -26,6 +26,7 @@ from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
 
+from resnet_keras.config import RunConfig
 from resnet_keras.data.preprocessing import augmentation_seed
 from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.data.preprocessing import training_order
@@ -41,9 +42,9 @@ SPLIT_PATTERNS = {
 METADATA_FILE = 'metadata.json'
 LABELS_FILE = 'labels.txt'
 # Eval resizes the short side to image_size / fraction, then crops the
-# centre: 224/256 is ImageNet's standard.
-DEFAULT_EVAL_CROP_FRACTION = 224 / 256
-DEFAULT_CROP_MIN_AREA = 0.05
+# centre. The defaults are the flags' (RunConfig's).
+DEFAULT_EVAL_CROP_FRACTION = RunConfig.eval_crop_fraction
+DEFAULT_CROP_MIN_AREA = RunConfig.train_crop_min_area
 CROP_ASPECT_RANGE = (3 / 4, 4 / 3)
 SHUFFLE_BUFFER = 10_000
 INTERLEAVE_CYCLE = 10

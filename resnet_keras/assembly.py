@@ -1,0 +1,206 @@
+"""A run's parts, built from its RunConfig: one chain for training and tools.
+
+Training (run.py) and the tools that rebuild a run's model (validate,
+average, export) assemble the same parts the same way, so a tool computes
+as the run did:
+
+  runtime set-up -> data description -> backend -> plan -> schedule ->
+  model -> optimizer -> checkpoint manager -> input fns -> trainer
+
+`set_up` is the first three, `assemble_training` and `assemble_evaluation`
+the rest; `build_model` is the model alone (export).
+"""
+
+import dataclasses
+import os
+import shutil
+from typing import Any, Dict, Optional, Tuple
+
+import tensorflow as tf
+import tf_keras
+
+from common import distribution
+from resnet_keras import checkpoints
+from resnet_keras import guards
+from resnet_keras import hardware
+from resnet_keras import models
+from resnet_keras import optimizers
+from resnet_keras import runtime
+from resnet_keras import schedules
+from resnet_keras import trainer as trainer_lib
+from resnet_keras import warm_start
+from resnet_keras.config import RunConfig, TrainingPlan, make_training_plan
+from resnet_keras.data import datasets
+from resnet_keras.data import imagenet
+
+
+@dataclasses.dataclass(frozen=True)
+class Basis:
+  """What a process decides before it builds anything of a run."""
+  cfg: RunConfig  # dtype decided for this machine
+  # cfg with num_classes of the data: what config.json records.
+  effective_cfg: RunConfig
+  machine: hardware.Machine
+  runtime_record: Dict  # config.json's and run_summary.json's 'runtime'
+  info: datasets.DatasetInfo
+  backend: distribution.Backend
+
+
+@dataclasses.dataclass
+class Parts:
+  """A run's model, optimizer, checkpoints and trainer, built for `plan`."""
+  plan: TrainingPlan
+  schedule: Any  # learning rate as a function of the step
+  network: tf_keras.Model  # the classifier that is exported
+  model: tf_keras.Model  # what trains: the network, wrapped for its input
+  optimizer: Any
+  # What this process saves to and restores from; None: it never saves.
+  manager: Optional[tf.train.CheckpointManager]
+  trainer: trainer_lib.ResnetTrainer
+  # Counts the records --skip_corrupt_records skipped; None: not counting.
+  skipped: Optional[imagenet.SkippedRecords] = None
+  guard: Optional[guards.LoopGuard] = None  # training only
+
+
+def set_up(cfg: RunConfig, distributed: bool = True) -> Basis:
+  """The runtime configured for cfg on this machine, its data described and
+  its backend built (`distributed` False: this process alone, as the tools
+  run)."""
+  cfg, machine, runtime_record = runtime.set_up(cfg)
+  info = datasets.describe(cfg)
+  backend = (distribution.build_backend(cfg.distribution_strategy,
+                                        cfg.num_gpus, cfg.use_horovod)
+             if distributed else
+             distribution.Backend(tf.distribute.get_strategy()))
+  return Basis(cfg=cfg,
+               effective_cfg=dataclasses.replace(
+                   cfg, num_classes=info.num_classes),
+               machine=machine, runtime_record=runtime_record, info=info,
+               backend=backend)
+
+
+def plan_for(basis: Basis) -> TrainingPlan:
+  """The run's steps and batch sizes on this job's layout."""
+  return make_training_plan(
+      basis.cfg, basis.info.num_train_examples, basis.info.num_eval_examples,
+      num_programs=basis.backend.num_programs,
+      replicas_per_program=basis.backend.strategy.num_replicas_in_sync)
+
+
+def build_model(cfg: RunConfig, num_classes: int, machine: hardware.Machine,
+                weight_decay_path: str = 'none', hvd: Any = None
+                ) -> Tuple[tf_keras.Model, tf_keras.Model]:
+  """(network, model) of a run; per-layer regularisers only where they
+  apply the run's weight decay (they hold no variables)."""
+  return models.build_models(
+      cfg, num_classes, use_regularizers=weight_decay_path == 'regularizers',
+      machine=machine, hvd=hvd)
+
+
+def build_optimizer(cfg: RunConfig, plan: TrainingPlan) -> Tuple[Any, Any]:
+  """(schedule, optimizer) of the run `plan` describes."""
+  schedule = schedules.schedule_for_run(cfg, plan.global_batch_size,
+                                        plan.steps_per_epoch,
+                                        plan.total_train_steps)
+  return schedule, optimizers.build_optimizer(cfg, schedule)
+
+
+def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
+  """Every part a training process needs, under its backend's strategy.
+
+  Its training input starts where the run's data left off (exact resume
+  with --global_seed); model_dir must already be prepared, as the chief's
+  checkpoint manager lives there.
+  """
+  cfg, backend = basis.cfg, basis.backend
+  strategy = backend.strategy
+  wd_path = optimizers.weight_decay_path(cfg)
+  with strategy.scope():
+    network, model = build_model(cfg, basis.info.num_classes, basis.machine,
+                                 wd_path, backend.hvd)
+    schedule, optimizer = build_optimizer(cfg, plan)
+    optimizers.create_slots(optimizer, model.trainable_variables)
+    manager = _training_manager(cfg, backend, model, optimizer)
+
+  skipped = datasets.skipped_records_counter(cfg)
+  train_fn, eval_fn = datasets.make_input_fns(
+      cfg, basis.info, plan.replica_batch_size, skipped,
+      start_step=warm_start.steps_of_data_read(cfg.model_dir))
+  options = distribution.input_options(cfg.experimental_preloading,
+                                       basis.machine.has_gpu)
+  train_ds = strategy.distribute_datasets_from_function(
+      lambda ctx: train_fn(backend.input_context(ctx)), options)
+  eval_ds = (None if cfg.skip_eval else
+             strategy.distribute_datasets_from_function(
+                 lambda ctx: eval_fn(backend.input_context(ctx)), options))
+  guard = guards.LoopGuard(
+      get_loop=lambda: trainer.last_loop, any_worker=backend.any_worker,
+      last_checkpoint=lambda: manager and manager.latest_checkpoint,
+      dtype=cfg.dtype)
+  trainer = trainer_lib.ResnetTrainer(
+      strategy=strategy, model=model, optimizer=optimizer,
+      train_dataset=train_ds, eval_dataset=eval_ds,
+      program_batch_size=plan.program_batch_size,
+      global_batch_size=plan.global_batch_size,
+      num_classes=basis.info.num_classes,
+      max_steps_per_loop=plan.steps_per_loop,
+      label_smoothing=cfg.label_smoothing, weight_decay=cfg.weight_decay,
+      weight_decay_path=wd_path, use_tf_function=cfg.use_tf_function,
+      use_tf_while_loop=cfg.use_tf_while_loop,
+      num_accumulation_steps=cfg.num_accumulation_steps, backend=backend,
+      stop_requested=guard.stop_requested)
+  return Parts(plan=plan, schedule=schedule, network=network, model=model,
+               optimizer=optimizer, manager=manager, trainer=trainer,
+               skipped=skipped, guard=guard)
+
+
+def assemble_evaluation(basis: Basis, plan: TrainingPlan) -> Parts:
+  """A recorded run's model and optimizer (schedule included, so a
+  checkpoint written from them restores in training like the run's) and an
+  evaluator of its validation data, batches of --batch_size, in this process.
+
+  The manager reads model_dir's checkpoints; the input reads the data as the
+  run's evaluations did (with its --skip_corrupt_records).
+  """
+  cfg = basis.cfg
+  network, model = build_model(cfg, basis.info.num_classes, basis.machine)
+  schedule, optimizer = build_optimizer(cfg, plan)
+  manager = checkpoints.make_manager(model, optimizer, cfg.model_dir)
+  skipped = datasets.skipped_records_counter(cfg)
+  _, eval_fn = datasets.make_input_fns(cfg, basis.info, cfg.batch_size,
+                                       skipped)
+  strategy = basis.backend.strategy
+  evaluator = trainer_lib.ResnetTrainer(
+      strategy=strategy, model=model, optimizer=optimizer,
+      train_dataset=None,
+      eval_dataset=strategy.distribute_datasets_from_function(eval_fn),
+      program_batch_size=cfg.batch_size, num_classes=basis.info.num_classes,
+      max_steps_per_loop=1, use_tf_function=cfg.use_tf_function)
+  return Parts(plan=plan, schedule=schedule, network=network, model=model,
+               optimizer=optimizer, manager=manager, trainer=evaluator,
+               skipped=skipped)
+
+
+def _training_manager(cfg: RunConfig, backend: distribution.Backend,
+                      model, optimizer
+                      ) -> Optional[tf.train.CheckpointManager]:
+  """The manager this worker saves with (None: it never saves).
+
+  The chief's lives in model_dir, and the orbit Controller restores from it.
+  Other tf.distribute workers take part in every save, into a scratch
+  manager in their worker_dir, and restore model_dir's latest checkpoint
+  themselves (model_dir must be shared). Other Horovod workers take the
+  chief's variables by broadcast instead.
+  """
+  if backend.is_chief:
+    return checkpoints.make_manager(model, optimizer, cfg.model_dir,
+                                    max_to_keep=cfg.max_checkpoints)
+  if not backend.collective_saves:
+    return None
+  scratch = os.path.join(backend.worker_dir(cfg.model_dir), 'checkpoints')
+  shutil.rmtree(scratch, ignore_errors=True)
+  manager = checkpoints.make_manager(model, optimizer, scratch, max_to_keep=1)
+  latest = tf.train.latest_checkpoint(cfg.model_dir)
+  if latest:
+    manager.checkpoint.restore(latest)
+  return manager

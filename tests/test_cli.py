@@ -1,0 +1,55 @@
+"""How entry points fail: one 'error:' line and an exit code, no traceback."""
+
+import errno
+
+import pytest
+
+from common import cli
+from common.errors import RunStopped, UsageError
+
+
+def _exit(capsys, main, *argv):
+  with pytest.raises(SystemExit) as exited:
+    cli.run_main(main, ['prog', *argv])
+  return exited.value.code, capsys.readouterr().err
+
+
+def test_a_usage_error_is_one_line_and_exit_code_2(capsys):
+  def main(argv):
+    raise UsageError('--batch_size must be > 0, got 0')
+  code, err = _exit(capsys, main)
+  assert code == UsageError.exit_code
+  assert err == 'error: --batch_size must be > 0, got 0\n'
+
+
+def test_a_stopped_run_exits_with_its_own_code(capsys):
+  def main(argv):
+    raise RunStopped('stopped by SIGTERM at step 3', 143)
+  code, err = _exit(capsys, main)
+  assert code == 143 and err.startswith('error: stopped by SIGTERM')
+
+
+def test_a_full_disk_is_reported_as_such(capsys):
+  def main(argv):
+    raise OSError(errno.ENOSPC, 'No space left on device')
+  code, err = _exit(capsys, main)
+  assert code == UsageError.exit_code and 'no space left' in err
+
+
+def test_other_errors_keep_their_traceback():
+  def main(argv):
+    raise KeyError('bug')
+  with pytest.raises(KeyError):
+    cli.run_main(main, ['prog'])
+
+
+def test_a_normal_return_passes_through():
+  assert cli.run_main(lambda argv: argv[1:], ['prog', 'x']) == ['x']
+
+
+def test_start_tool_checks_arguments_and_model_dir(tmp_path):
+  assert cli.start_tool(['prog'], str(tmp_path)) == str(tmp_path)
+  with pytest.raises(UsageError, match='unexpected arguments'):
+    cli.start_tool(['prog', 'extra'], str(tmp_path))
+  with pytest.raises(UsageError, match='is not a directory'):
+    cli.start_tool(['prog'], str(tmp_path / 'missing'))
