@@ -146,16 +146,32 @@ class Cluster:
         stderr=open(os.path.join(self.state_dir, f'sshd_{host.name}.log'),
                     'w'))
 
-  def wait_for_ssh(self, host: Host, timeout: float = 30) -> None:
+  def wait_for_ssh(self, host: Host, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while True:
-      result = self.ssh(self.hosts[0], host, 'hostname', check=False)
-      if result.returncode == 0 and result.stdout.strip() == host.name:
-        return
+      # On a busy machine sshd writes its pid file (which `enter` reads)
+      # a while after it starts.
+      if all(self._has_pid_file(h) for h in (self.hosts[0], host)):
+        result = self.ssh(self.hosts[0], host, 'hostname', check=False)
+        if result.returncode == 0 and result.stdout.strip() == host.name:
+          return
+        reason = result.stderr.strip()
+      else:
+        reason = 'no pid file yet'
+      if host.sshd.poll() is not None:
+        raise RuntimeError(f'sshd of {host.name} exited: see '
+                           f'{self.state_dir}/sshd_{host.name}.log')
       if time.monotonic() > deadline:
-        raise RuntimeError(f'sshd of {host.name} did not answer: '
-                           f'{result.stderr.strip()}')
-      time.sleep(0.2)
+        raise RuntimeError(f'sshd of {host.name} did not answer: {reason}')
+      time.sleep(0.2)  # Polls for sshd to answer; not a guessed wait.
+
+  def _has_pid_file(self, host: Host) -> bool:
+    path = os.path.join(self.state_dir, f'sshd_{host.name}.pid')
+    try:
+      with open(path) as f:
+        return f.read().strip().isdigit()
+    except FileNotFoundError:
+      return False
 
   def stop(self) -> None:
     for name in [h.name for h in self.hosts] + [self.switch]:
