@@ -195,9 +195,8 @@ def _preflight(environ, hosts, dry_run: bool) -> int:
   want = preflight.expected(TRAINER, FLAGS.use_horovod)
   ports = {}
   if FLAGS.distribution_strategy == 'multi_worker_mirrored':
-    ports = preflight.tf_config_ports(
-        hosts, FLAGS.num_workers_per_hls,
-        int(environ.get('TF_BASE_PORT', launch.DEFAULT_TF_BASE_PORT)))
+    tf_config = launch.tf_config_from_env(0, _total_workers(hosts), environ)
+    ports = preflight.ports_by_host(tf_config['cluster']['worker'])
   if dry_run:
     print('\n'.join(preflight.describe(hosts, ssh, want, ports)))
     return 1

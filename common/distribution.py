@@ -25,8 +25,9 @@ from common import launch
 from common.errors import UsageError
 
 
-# Seconds the workers wait for each other at the end of a run.
-_LEAVE_TIMEOUT = 600
+# Seconds the workers wait for each other at the end of a run when the
+# launcher set no collective timeout.
+_LEAVE_TIMEOUT = launch.stuck_rank_timeout(launch.DEFAULT_FAILURE_TIMEOUT)
 
 
 @dataclasses.dataclass
@@ -276,4 +277,3 @@ def input_options(preloading: bool, has_gpu: bool
   return tf.distribute.InputOptions(
       experimental_fetch_to_device=preloading and has_gpu,
       experimental_per_replica_buffer_size=2)
-

@@ -11,6 +11,11 @@ class UsageError(Exception):
   exit_code = 2
 
 
+# A run stopped by a non-finite loss or weight (guards.py); the launcher
+# never retries it.
+NON_FINITE_EXIT_CODE = 3
+
+
 class RunStopped(Exception):
   """Training stopped early on purpose (a signal, a non-finite loss).
 

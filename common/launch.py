@@ -177,11 +177,16 @@ def failure_env(failure_timeout: int, use_horovod: bool) -> Dict[str, str]:
   _STALL_SHUTDOWN_FACTOR times that. multi_worker_mirrored: the same
   shutdown time as the collectives' timeout.
   """
-  shutdown = str(failure_timeout * _STALL_SHUTDOWN_FACTOR)
+  shutdown = str(stuck_rank_timeout(failure_timeout))
   if use_horovod:
     return {'HOROVOD_STALL_CHECK_TIME_SECONDS': str(failure_timeout),
             'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS': shutdown}
   return {COLLECTIVE_TIMEOUT_VAR: shutdown}
+
+
+def stuck_rank_timeout(failure_timeout: int) -> int:
+  """Seconds after which a rank alive but stuck ends the job."""
+  return failure_timeout * _STALL_SHUTDOWN_FACTOR
 
 
 def collective_timeout(environ: Mapping[str, str]) -> Optional[float]:

@@ -99,8 +99,7 @@ def describe(hosts: Sequence[str], ssh: Sequence[str], want: Expected,
   return lines
 
 
-def problems_of(host: str, answer: Dict, want: Expected,
-                port: str) -> List[str]:
+def problems_of(host: str, answer: Dict, want: Expected) -> List[str]:
   """What `host`'s `answer` lacks, each as what to fix."""
   found = []
   if answer['python'] != want.python_version:
@@ -137,12 +136,11 @@ def _check_host(host: str, ssh: Sequence[str], want: Expected,
     reason = (result.stderr.strip().splitlines() or ['no reason given'])[-1]
     return [f'host {host}: ssh on port {port} failed ({reason}): start sshd '
             'there on DOCKER_SSHD_PORT and authorise this host\'s key'], {}
-  if result.returncode == 127 or result.returncode != 0 and \
-      not result.stdout.strip():
+  if result.returncode != 0:  # The probe prints its answer and exits 0.
     return [f'host {host}: cannot run {want.python} there: install the same '
             'Python at the same path on every host'], {}
   answer = json.loads(result.stdout.strip().splitlines()[-1])
-  return problems_of(host, answer, want, port), answer
+  return problems_of(host, answer, want), answer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,9 +162,11 @@ def check(hosts: Sequence[str], ssh: Sequence[str], want: Expected,
                 hosts_per_machine=max(machines.values(), default=1))
 
 
-def tf_config_ports(hosts: Sequence[str], workers_per_host: int,
-                    base_port: int) -> Dict[str, List[int]]:
-  """The ports multi_worker_mirrored's workers listen on, by host."""
-  return {host: [base_port + local for local in range(workers_per_host)]
-          for host in hosts}
-
+def ports_by_host(workers: Sequence[str]) -> Dict[str, List[int]]:
+  """TF_CONFIG's worker addresses ('host:port') -> the ports each host's
+  workers listen on."""
+  ports = collections.defaultdict(list)
+  for address in workers:
+    host, port = address.rsplit(':', 1)
+    ports[host].append(int(port))
+  return dict(ports)

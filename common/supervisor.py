@@ -18,12 +18,11 @@ import sys
 import time
 from typing import Callable, Deque, Mapping, Optional, Sequence
 
-from common.errors import UsageError
+from common.errors import NON_FINITE_EXIT_CODE, UsageError
 
 RESTARTS_VAR = 'RESNET_KERAS_RESTARTS'
-# Exit codes of failures a rerun cannot fix: bad input (UsageError) and a
-# non-finite loss (guards.NON_FINITE_EXIT_CODE).
-NOT_RETRIED_EXIT_CODES = (UsageError.exit_code, 3)
+# Exit codes of failures a rerun cannot fix: bad input and a non-finite loss.
+NOT_RETRIED_EXIT_CODES = (UsageError.exit_code, NON_FINITE_EXIT_CODE)
 _TAIL_LINES = 400
 
 _RANK_SIGNAL = re.compile(
@@ -106,7 +105,7 @@ def _signal_name(signum: int) -> str:
 def _meaning(exit_code: int) -> str:
   if exit_code == UsageError.exit_code:
     return ' (a usage error: see its error line above)'
-  if exit_code == 3:
+  if exit_code == NON_FINITE_EXIT_CODE:
     return ' (a non-finite loss: see its line above)'
   if 128 < exit_code <= 128 + 64:
     return f' ({_signal_name(exit_code - 128)})'
@@ -199,4 +198,3 @@ class Supervisor:
 def restart_count(environ: Mapping[str, str]) -> int:
   """How many times the launcher restarted this job before this attempt."""
   return int(environ.get(RESTARTS_VAR, '0') or 0)
-

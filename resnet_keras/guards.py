@@ -22,10 +22,9 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 from absl import logging
 
-from common.errors import RunStopped
+from common.errors import NON_FINITE_EXIT_CODE, RunStopped
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
-NON_FINITE_EXIT_CODE = 3
 
 
 class SignalReceived(Exception):

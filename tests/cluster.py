@@ -189,9 +189,10 @@ class Cluster:
     shutil.rmtree(self.state_dir, ignore_errors=True)
 
   @staticmethod
-  def _kill_namespace_processes(name: str) -> None:
-    pids = _sh('ip', 'netns', 'pids', name, check=False).stdout.split()
-    for pid in pids:
+  def _kill_namespace_processes(name: str, keep: Sequence[int] = ()) -> None:
+    for pid in _sh('ip', 'netns', 'pids', name, check=False).stdout.split():
+      if int(pid) in keep:
+        continue
       try:
         os.kill(int(pid), signal.SIGKILL)
       except ProcessLookupError:
@@ -259,15 +260,7 @@ class Cluster:
   def clear_firewall(self, host: Host) -> None:
     _sh('ip', 'netns', 'exec', host.name, 'iptables', '-F')
 
-  def kill_host_processes(self, host: Host, keep_sshd: bool = True) -> None:
+  def kill_host_processes(self, host: Host) -> None:
     """Every process on `host` killed (sshd kept, to let a restart in)."""
-    sshd = self._sshd_pid(host)
-    for pid in _sh('ip', 'netns', 'pids', host.name,
-                   check=False).stdout.split():
-      if keep_sshd and int(pid) in (sshd, host.sshd.pid):
-        continue
-      try:
-        os.kill(int(pid), signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-
+    self._kill_namespace_processes(host.name,
+                                   keep=(self._sshd_pid(host), host.sshd.pid))

@@ -19,13 +19,13 @@ GOOD = {'python': '3.11.7', 'tensorflow': '2.20.0', 'horovod': '0.28.1',
 
 
 def test_a_ready_host_has_no_problems():
-  assert preflight.problems_of('h2', GOOD, WANT, '3022') == []
+  assert preflight.problems_of('h2', GOOD, WANT) == []
 
 
 def test_each_difference_is_one_line_naming_the_host_and_the_fix():
   answer = {'python': '3.10.1', 'tensorflow': None, 'horovod': '0.27.0',
             'project': False, 'busy_ports': [2410]}
-  problems = preflight.problems_of('h2', answer, WANT, '3022')
+  problems = preflight.problems_of('h2', answer, WANT)
   assert len(problems) == 5
   assert all(line.startswith('host h2: ') for line in problems)
   assert 'Python 3.10.1, not 3.11.7' in problems[0]
@@ -37,8 +37,7 @@ def test_each_difference_is_one_line_naming_the_host_and_the_fix():
 
 def test_horovod_is_not_checked_for_tf_distribute_jobs():
   want = preflight.Expected(**{**WANT.__dict__, 'horovod': None})
-  assert preflight.problems_of('h2', {**GOOD, 'horovod': None}, want,
-                               '3022') == []
+  assert preflight.problems_of('h2', {**GOOD, 'horovod': None}, want) == []
 
 
 def test_ssh_is_openmpis_rsh_agent_when_set():
@@ -49,7 +48,7 @@ def test_ssh_is_openmpis_rsh_agent_when_set():
 
 
 def test_tf_config_ports_per_host():
-  assert preflight.tf_config_ports(['a', 'b'], 2, 2410) == {
+  assert preflight.ports_by_host(['a:2410', 'a:2411', 'b:2410', 'b:2411']) == {
       'a': [2410, 2411], 'b': [2410, 2411]}
 
 
