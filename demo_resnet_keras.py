@@ -38,7 +38,6 @@ from common import env
 
 env.prepare_tensorflow_environment()
 
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 from absl import logging  # pylint: disable=g-import-not-at-top
 
@@ -56,22 +55,28 @@ TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
 FLAGS = flags.FLAGS
 
 
-def define_launcher_flags() -> None:
+def define_flags(values: flags.FlagValues) -> None:
+  """The trainer's flags (forwarded to it) and the launcher's own."""
+  flags_lib.define_flags(values)
   flags.DEFINE_integer('num_workers_per_hls', 1,
                        'Workers (processes) per host. More than one worker in '
                        'total runs them with mpirun; needs --use_horovod or '
-                       '--distribution_strategy=multi_worker_mirrored.')
+                       '--distribution_strategy=multi_worker_mirrored.',
+                       flag_values=values)
   flags.DEFINE_boolean('kubernetes_run', False,
                        'Each rank is already started by an external launcher '
                        '(e.g. a Kubeflow MPIJob): run this rank in-process, '
-                       'without mpirun.')
+                       'without mpirun.',
+                       flag_values=values)
   flags.DEFINE_boolean('horovod_hierarchical_allreduce', False,
                        'Set HOROVOD_HIERARCHICAL_ALLREDUCE=1 (allreduce '
-                       'within each host first; for multi-host Horovod).')
+                       'within each host first; for multi-host Horovod).',
+                       flag_values=values)
   flags.DEFINE_boolean('dry_run', False,
                        'Print the command(s), environment, per-worker '
                        'TF_CONFIG and pre-flight checks, then exit without '
-                       'running anything.')
+                       'running anything.',
+                       flag_values=values)
   flags.DEFINE_integer('max_restarts', 0,
                        'Start the whole job again, up to this many times, '
                        'when it fails for a reason a rerun can fix (a lost '
@@ -79,13 +84,15 @@ def define_launcher_flags() -> None:
                        'rank); the workers resume from the last checkpoint '
                        '(--checkpoint_interval_steps bounds what is lost). '
                        'Usage errors, a non-finite loss and a signal to the '
-                       'launcher are never retried.')
+                       'launcher are never retried.',
+                       flag_values=values)
   flags.DEFINE_integer('failure_timeout', launch.DEFAULT_FAILURE_TIMEOUT,
                        'Seconds within which a lost host or rank ends a '
                        'multi-worker job (mpirun\'s keepalive probes; '
                        'Horovod\'s stall check and multi_worker_mirrored\'s '
                        'collective timeout get 10x this, for a rank alive '
-                       'but stuck).')
+                       'but stuck).',
+                       flag_values=values)
 
 
 def preset(optimizer: str, total_workers: int) -> dict:
@@ -246,7 +253,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  flags_lib.define_flags()
-  define_launcher_flags()
-  app.run(lambda argv: cli.run_main(main, argv),
-          flags_parser=cli.parse_flags_or_fail)
+  cli.run_entry_point(main, define_flags)

@@ -12,13 +12,13 @@ from common import env
 
 env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 
-from absl import app  # pylint: disable=g-import-not-at-top
 from absl import flags  # pylint: disable=g-import-not-at-top
 
 from common import cli  # pylint: disable=g-import-not-at-top
 from common import launch  # pylint: disable=g-import-not-at-top
 from resnet_keras import flags as flags_lib  # pylint: disable=g-import-not-at-top
 from resnet_keras import recipes  # pylint: disable=g-import-not-at-top
+from resnet_keras.flags import define_flags  # pylint: disable=g-import-not-at-top
 
 
 def main(argv):
@@ -37,6 +37,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  flags_lib.define_flags()
-  app.run(lambda argv: cli.run_main(main, argv),
-          flags_parser=cli.parse_flags_or_fail)
+  cli.run_entry_point(main, define_flags)

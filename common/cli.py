@@ -5,6 +5,7 @@ import logging as py_logging
 import os
 import sys
 
+from absl import app
 from absl import flags
 from absl import logging
 
@@ -54,19 +55,31 @@ def run_main(main, argv):
          'checkpoints and exports written earlier are intact')
 
 
-def configure_logging() -> None:
+def run_entry_point(main, define_flags=None) -> None:
+  """What every entry point's `__main__` does: its flags defined in absl's
+  FLAGS (`define_flags(values)`), parsed (a bad one is one line) and `main`
+  run (our errors are one line)."""
+  if define_flags:
+    define_flags(flags.FLAGS)
+  app.run(lambda argv: run_main(main, argv), flags_parser=parse_flags_or_fail)
+
+
+def log_formatter() -> py_logging.Formatter:
   """Readable lines: time, level letter, message (absl's prefix is noisy)."""
-  handler = logging.get_absl_handler()
-  handler.setFormatter(py_logging.Formatter(
-      '%(asctime)s %(levelname).1s %(message)s', datefmt='%H:%M:%S'))
+  return py_logging.Formatter('%(asctime)s %(levelname).1s %(message)s',
+                              datefmt='%H:%M:%S')
 
 
-def define_model_dir_flag() -> None:
+def configure_logging() -> None:
+  logging.get_absl_handler().setFormatter(log_formatter())
+
+
+def define_model_dir_flag(values: flags.FlagValues) -> None:
   """--model_dir, required, of the tools that read a training run."""
   flags.DEFINE_string('model_dir', None,
                       'Directory of a training run: its config.json and '
-                      'checkpoints.')
-  flags.mark_flag_as_required('model_dir')
+                      'checkpoints.', flag_values=values)
+  flags.mark_flag_as_required('model_dir', flag_values=values)
 
 
 def start_tool(argv, model_dir: str) -> str:

@@ -29,7 +29,6 @@ import os
 from typing import Iterable, List, Optional, Sequence
 
 import numpy as np
-from absl import app
 from absl import flags
 
 from common import cli
@@ -45,20 +44,24 @@ OUTPUT_DIR = 'averaged'
 RECORD_FILE = 'averaging.json'
 
 
-def define_flags() -> None:
-  cli.define_model_dir_flag()
+def define_flags(values: flags.FlagValues) -> None:
+  cli.define_model_dir_flag(values)
   flags.DEFINE_integer('last', None,
-                       'Average the last N checkpoints kept; default: all.')
+                       'Average the last N checkpoints kept; default: all.',
+                       flag_values=values)
   flags.DEFINE_float('ema', None,
                      'Exponential moving average with this decay in (0, 1) '
                      'over the checkpoints, oldest first, instead of the '
-                     'mean.')
+                     'mean.',
+                     flag_values=values)
   flags.DEFINE_string('output_dir', None,
                       'Where the averaged checkpoint goes; default: '
-                      'MODEL_DIR/averaged.')
+                      'MODEL_DIR/averaged.',
+                      flag_values=values)
   flags.DEFINE_boolean('export', False,
                        'Also export it as a SavedModel to '
-                       'OUTPUT_DIR/saved_model.')
+                       'OUTPUT_DIR/saved_model.',
+                       flag_values=values)
 
 
 def check_ema_decay(decay: Optional[float]) -> None:
@@ -177,6 +180,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(lambda argv: cli.run_main(main, argv),
-          flags_parser=cli.parse_flags_or_fail)
+  cli.run_entry_point(main, define_flags)

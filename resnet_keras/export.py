@@ -44,7 +44,6 @@ from typing import List, Optional
 
 import tensorflow as tf
 import tf_keras
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -194,16 +193,18 @@ def export_run(network: tf_keras.Model, cfg: RunConfig, output_dir: str,
   return paths
 
 
-def define_flags() -> None:
-  cli.define_model_dir_flag()
+def define_flags(values: flags.FlagValues) -> None:
+  cli.define_model_dir_flag(values)
   flags.DEFINE_string('checkpoint', None,
                       'The checkpoint to export (a path, or a name in '
                       '--model_dir such as ckpt-4), or "all" for every '
-                      'checkpoint kept; default: the latest.')
+                      'checkpoint kept; default: the latest.',
+                      flag_values=values)
   flags.DEFINE_string('output_dir', None,
                       'Each checkpoint goes to OUTPUT_DIR/<checkpoint name>/'
                       '{saved_model,feature_vector}; default: '
-                      'MODEL_DIR/exports.')
+                      'MODEL_DIR/exports.',
+                      flag_values=values)
 
 
 def export_checkpoints(cfg: RunConfig, which: Optional[str],
@@ -240,6 +241,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(lambda argv: cli.run_main(main, argv),
-          flags_parser=cli.parse_flags_or_fail)
+  cli.run_entry_point(main, define_flags)

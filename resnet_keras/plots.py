@@ -12,7 +12,6 @@ here, so training works without it.
 import os
 from typing import Dict, List
 
-from absl import app
 
 from common import cli
 from resnet_keras import metrics
@@ -90,5 +89,4 @@ def main(argv: List[str]) -> None:
 
 
 if __name__ == '__main__':
-  app.run(lambda argv: cli.run_main(main, argv),
-          flags_parser=cli.parse_flags_or_fail)
+  cli.run_entry_point(main)

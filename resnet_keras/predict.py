@@ -23,7 +23,6 @@ from typing import List, Optional
 
 import numpy as np
 import tensorflow as tf
-from absl import app
 from absl import flags
 
 from common import cli
@@ -36,15 +35,17 @@ IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png')
 TOP_K = 5
 
 
-def define_flags() -> None:
+def define_flags(values: flags.FlagValues) -> None:
   flags.DEFINE_string('saved_model', None,
                       'SavedModel directory (model_dir/saved_model of a run '
-                      'with --enable_checkpoint_and_export).')
+                      'with --enable_checkpoint_and_export).',
+                      flag_values=values)
   flags.DEFINE_string('labels', None,
                       'Class names, one per line in label order (the '
                       'converter\'s labels.txt); default: the one exported '
-                      'with the model, else class indices.')
-  flags.mark_flag_as_required('saved_model')
+                      'with the model, else class indices.',
+                      flag_values=values)
+  flags.mark_flag_as_required('saved_model', flag_values=values)
 
 
 def image_files(args: List[str]) -> List[str]:
@@ -118,6 +119,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(lambda argv: cli.run_main(main, argv),
-          flags_parser=cli.parse_flags_or_fail)
+  cli.run_entry_point(main, define_flags)

@@ -25,7 +25,6 @@ import os
 from typing import Dict, List, Optional
 
 import tensorflow as tf
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -40,16 +39,18 @@ RESULTS_FILE = 'validation.csv'
 COLUMNS = ('checkpoint', 'step', 'epoch', 'top1', 'top5', 'loss', 'examples')
 
 
-def define_flags() -> None:
-  cli.define_model_dir_flag()
+def define_flags(values: flags.FlagValues) -> None:
+  cli.define_model_dir_flag(values)
   flags.DEFINE_string('checkpoint', None,
                       'A checkpoint (a path, or a name in --model_dir such as '
                       'ckpt-4), or "all" for every checkpoint kept; default: '
-                      'the latest.')
+                      'the latest.',
+                      flag_values=values)
   flags.DEFINE_string('data_dir', None,
                       'Read the validation data here instead of the run\'s '
                       'data_dir (same --dataset format; real data even for a '
-                      'synthetic-data run).')
+                      'synthetic-data run).',
+                      flag_values=values)
 
 
 class CheckpointEvaluator:
@@ -129,6 +130,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(lambda argv: cli.run_main(main, argv),
-          flags_parser=cli.parse_flags_or_fail)
+  cli.run_entry_point(main, define_flags)

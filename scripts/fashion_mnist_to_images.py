@@ -26,7 +26,7 @@ import shutil
 import sys
 import time
 
-from absl import app, flags
+from absl import flags
 import numpy as np
 from PIL import Image
 
@@ -40,17 +40,21 @@ from common.errors import UsageError  # pylint: disable=wrong-import-position
 FLAGS = flags.FLAGS
 
 
-def define_flags():
+def define_flags(values: flags.FlagValues) -> None:
   """Defined on demand, so that importing this module defines no flags."""
   flags.DEFINE_string('idx_dir', '/usr/share/datasets/fashion-mnist',
-                      'Directory with the Fashion-MNIST *-idx?-ubyte.gz files.')
+                      'Directory with the Fashion-MNIST *-idx?-ubyte.gz files.',
+                      flag_values=values)
   flags.DEFINE_string('out_dir', 'data/fashion_mnist/raw',
-                      'Output directory for train/ and validation/.')
+                      'Output directory for train/ and validation/.',
+                      flag_values=values)
   flags.DEFINE_integer('limit_per_class', 0,
                        'Keep only the first N images of each class in each '
-                       'split (0: keep all).')
+                       'split (0: keep all).',
+                       flag_values=values)
   flags.DEFINE_integer('num_workers', os.cpu_count() or 1,
-                       'Processes that encode and write the PNG files.')
+                       'Processes that encode and write the PNG files.',
+                       flag_values=values)
 
 
 CLASS_NAMES = ('00_tshirt_top', '01_trouser', '02_pullover', '03_dress',
@@ -228,6 +232,4 @@ def main(argv):
 
 
 if __name__ == '__main__':
-  define_flags()
-  app.run(lambda argv: cli.run_main(main, argv),
-          flags_parser=cli.parse_flags_or_fail)
+  cli.run_entry_point(main, define_flags)

@@ -119,14 +119,14 @@ def test_sources_are_resolved_or_refused_in_one_line(synthetic_run,
   refused('--pretrained_checkpoint=.*config.json does not exist',
           pretrained_checkpoint=str(bare))
   # records_run has 6 classes: another model to restore, fine to transfer.
-  refused(r'holds another model \(model resnet18, .*num_classes 6, stem '
-          r'imagenet; this run: model resnet18, .*num_classes 10',
+  refused(r'holds another model \(model resnet10_w0.25, .*num_classes 6, '
+          r'stem imagenet; this run: model resnet10_w0.25, .*num_classes 10',
           restore_from=records_run[1])
   assert warm_start.resolve(_this_run(
       synthetic_run, tmp_path, pretrained_checkpoint=records_run[1]))
-  refused(r'holds another model \(model resnet18, norm batch, stem imagenet; '
-          r'this run: model resnet34', pretrained_checkpoint=synthetic_run,
-          resnet_depth=34)
+  refused(r'holds another model \(model resnet10_w0.25, norm batch, stem '
+          r'imagenet; this run: model resnet34_w0.25',
+          pretrained_checkpoint=synthetic_run, resnet_depth=34)
   # A model_dir with its own checkpoint resumes instead.
   assert warm_start.resolve(dataclasses.replace(
       checkpoints.read_config(records_run[1])[0],
@@ -203,7 +203,8 @@ def test_a_warm_started_run_resumes_exactly(tmp_path):
   def train(model_dir, epochs, *extra):
     result = e2e.run_main([
         '-dd', data_dir, '-md', str(tmp_path / model_dir),
-        '--resnet_depth=18', '--image_size=32', '--batch_size=4',
+        '--resnet_depth=10', '--width_multiplier=0.25', '--image_size=32',
+        '--batch_size=4',
         f'-te={epochs}', '--steps_per_loop=2', '--log_steps=2',
         '--global_seed=7', '--enable_checkpoint_and_export', '--skip_eval',
         *extra])
