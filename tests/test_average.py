@@ -127,7 +127,8 @@ def test_ema_goes_to_model_dir_averaged(synthetic_run):
 
 
 def test_help_lists_the_flags():
-  result = _average('unused', '--help', timeout=120)
+  result = e2e.spawn_tool('resnet_keras.average',
+                          ['--model_dir', 'unused', '--help'], timeout=120)
   assert result.returncode == 0
   for flag in ('--model_dir', '--last', '--ema', '--output_dir', '--export'):
     assert flag in result.stdout

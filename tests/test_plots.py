@@ -1,8 +1,10 @@
 """metrics.jsonl from a real run, and its plots: at the end of a run and on demand."""
 
+import contextlib
 import json
 import os
 import shutil
+import sys
 
 import pytest
 
@@ -19,14 +21,14 @@ def _is_png(path):
     return f.read(8) == PNG_MAGIC
 
 
-@pytest.fixture(name='no_matplotlib')
-def fixture_no_matplotlib(tmp_path):
-  """Environment in which `import matplotlib` fails, as if not installed."""
-  package = tmp_path / 'shadow' / 'matplotlib'
-  package.mkdir(parents=True)
-  (package / '__init__.py').write_text(
-      'raise ImportError("No module named matplotlib")\n')
-  return {'PYTHONPATH': str(tmp_path / 'shadow')}
+@contextlib.contextmanager
+def _without_matplotlib():
+  """`import matplotlib` (or any module of it) fails, as if not installed."""
+  with pytest.MonkeyPatch.context() as patch:
+    for name in ['matplotlib'] + [n for n in sys.modules
+                                  if n.startswith('matplotlib.')]:
+      patch.setitem(sys.modules, name, None)
+    yield
 
 
 def test_a_run_logs_every_log_line_and_eval_and_plots_them(synthetic_run):
@@ -51,7 +53,7 @@ def test_a_run_logs_every_log_line_and_eval_and_plots_them(synthetic_run):
 
 def test_plots_command_draws_a_metrics_log(synthetic_run, tmp_path):
   shutil.copy(os.path.join(synthetic_run, 'metrics.jsonl'), tmp_path)
-  result = e2e.run_tool('resnet_keras.plots', [str(tmp_path)], timeout=120)
+  result = e2e.run_tool('resnet_keras.plots', [str(tmp_path)])
   assert result.returncode == 0, result.stderr
   expected = [str(tmp_path / 'plots' / (n + '.png')) for n in FIGURES]
   assert result.stdout.split() == expected
@@ -70,26 +72,25 @@ def test_write_plots_without_evaluations(tmp_path):
   assert not [n for n in os.listdir(tmp_path / 'plots') if n.endswith('.tmp')]
 
 
-def test_plots_command_errors_in_one_line(tmp_path, no_matplotlib,
-                                          synthetic_run):
+def test_plots_command_errors_in_one_line(tmp_path, synthetic_run):
   e2e.assert_one_line_error(
-      e2e.run_tool('resnet_keras.plots', [str(tmp_path)], timeout=120),
+      e2e.run_tool('resnet_keras.plots', [str(tmp_path)]),
       'no metrics.jsonl records')
   e2e.assert_one_line_error(
-      e2e.run_tool('resnet_keras.plots', [str(tmp_path / 'nope')],
-                   timeout=120), 'is not a directory')
-  e2e.assert_one_line_error(
-      e2e.run_tool('resnet_keras.plots', [], timeout=120), 'usage:')
-  e2e.assert_one_line_error(
-      e2e.run_tool('resnet_keras.plots', [synthetic_run], timeout=120,
-                   env=no_matplotlib), 'matplotlib is not installed')
+      e2e.run_tool('resnet_keras.plots', [str(tmp_path / 'nope')]),
+      'is not a directory')
+  e2e.assert_one_line_error(e2e.run_tool('resnet_keras.plots', []), 'usage:')
+  with _without_matplotlib():
+    e2e.assert_one_line_error(
+        e2e.run_tool('resnet_keras.plots', [synthetic_run]),
+        'matplotlib is not installed')
 
 
-def test_training_without_matplotlib_warns_and_succeeds(tmp_path,
-                                                        no_matplotlib):
+def test_training_without_matplotlib_warns_and_succeeds(tmp_path):
   model_dir = tmp_path / 'model'
-  result = e2e.run_main(e2e.TINY + ['-md', str(model_dir), '--train_steps=2',
-                                    '--skip_eval'], env=no_matplotlib)
+  with _without_matplotlib():
+    result = e2e.run_main(e2e.TINY + ['-md', str(model_dir),
+                                      '--train_steps=2', '--skip_eval'])
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'plots not written (matplotlib is not installed' in result.stderr
   assert len(metrics.read_metrics_log(str(model_dir))) == 1

@@ -137,5 +137,5 @@ def test_bad_inputs_fail_in_one_line(records_run, tmp_path, case, fragments):
       'too_many_labels': ['--labels', str(tmp_path / 'labels.txt'), image],
       'no_images': [],
   }[case]
-  result = _predict(saved_model, *args, timeout=120)
+  result = _predict(saved_model, *args)
   e2e.assert_one_line_error(result, *fragments)

@@ -65,7 +65,8 @@ def test_latest_checkpoint_of_a_records_run_and_other_data(records_run,
 
 
 def test_help_lists_the_flags():
-  result = _validate('unused', '--help', timeout=120)
+  result = e2e.spawn_tool('resnet_keras.validate',
+                          ['--model_dir', 'unused', '--help'], timeout=120)
   assert result.returncode == 0
   for flag in ('--model_dir', '--checkpoint', '--data_dir'):
     assert flag in result.stdout
