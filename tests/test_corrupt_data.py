@@ -58,8 +58,9 @@ def test_skipping_counts_undecodable_images_and_keeps_the_rest(clean_dir,
 
 
 def _train(root, model_dir, *extra):
-  return e2e.run_main(['-dd', root, '-md', model_dir, '--resnet_depth=18',
-                       '--image_size=32', '--batch_size=4', '-te', '1',
+  return e2e.run_main(['-dd', root, '-md', model_dir, '--resnet_depth=10',
+                       '--width_multiplier=0.25', '--image_size=32',
+                       '--batch_size=4', '-te', '1',
                        '--steps_per_loop=2', '--log_steps=2'] + list(extra))
 
 

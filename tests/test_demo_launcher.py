@@ -13,7 +13,7 @@ DEMO = os.path.join(e2e.REPO_ROOT, 'demo_resnet_keras.py')
 
 
 def dry_run(args, env=None):
-  result = e2e.run_script(DEMO, ['--dry_run'] + args, timeout=120, env=env)
+  result = e2e.spawn_script(DEMO, ['--dry_run'] + args, timeout=120, env=env)
   assert result.returncode == 0, result.stderr
   return result.stdout
 
@@ -129,18 +129,18 @@ def test_kubernetes_run_starts_this_rank_in_process():
     (['--no_such_flag'], ['no_such_flag']),
 ])
 def test_launch_errors_are_one_line(args, fragments):
-  result = e2e.run_script(DEMO, ['--dry_run'] + args, timeout=120)
+  result = e2e.spawn_script(DEMO, ['--dry_run'] + args, timeout=120)
   e2e.assert_one_line_error(result, *fragments)
 
 
 def test_multi_host_needs_a_multi_worker_backend():
-  result = e2e.run_script(DEMO, ['--dry_run'], timeout=120,
+  result = e2e.spawn_script(DEMO, ['--dry_run'], timeout=120,
                           env={'MULTI_HLS_IPS': '192.0.2.1,192.0.2.2'})
   e2e.assert_one_line_error(result, '2 workers need a multi-worker backend')
 
 
 def test_help_lists_launcher_and_trainer_flags():
-  result = e2e.run_script(DEMO, ['--helpfull'], timeout=120)
+  result = e2e.spawn_script(DEMO, ['--helpfull'], timeout=120)
   assert result.returncode == 0
   for name in ('num_workers_per_hls', 'kubernetes_run', 'dry_run',
                'optimizer', 'use_horovod', 'data_loader_image_type'):
@@ -148,7 +148,7 @@ def test_help_lists_launcher_and_trainer_flags():
 
 
 def test_missing_mpirun_says_how_to_install_it(tmp_path):
-  result = e2e.run_script(DEMO, ['--use_horovod', '--num_workers_per_hls=2',
+  result = e2e.spawn_script(DEMO, ['--use_horovod', '--num_workers_per_hls=2',
                                  f'--model_dir={tmp_path}'],
                           timeout=120, env={'PATH': str(tmp_path)})
   e2e.assert_one_line_error(result, 'mpirun not found', 'install_horovod.sh')

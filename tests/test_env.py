@@ -51,7 +51,8 @@ def test_runs_record_whether_onednn_was_on_and_why(tmp_path, value, on):
     environ.pop(name, None)
   environ.update(extra)
   model_dir = tmp_path / 'model'
-  result = e2e.run_main(
+  # A process of its own: TensorFlow reads the variable when it loads.
+  result = e2e.spawn_main(
       e2e.TINY + ['--skip_eval', '--dtype=auto', f'--model_dir={model_dir}'],
       env=environ, replace_env=True)
   assert result.returncode == 0, result.stderr[-3000:]

@@ -175,8 +175,9 @@ def test_labels_out_of_range_stop_the_pipeline(data_dir):
 def test_train_and_eval_end_to_end_on_records(data_dir, tmp_path):
   root, labels = data_dir
   model_dir = str(tmp_path / 'run')
-  result = e2e.run_main(['-dd', root, '-md', model_dir, '--resnet_depth=18',
-                         '--image_size=32', '--batch_size=4', '-te', '2',
+  result = e2e.run_main(['-dd', root, '-md', model_dir, '--resnet_depth=10',
+                         '--width_multiplier=0.25', '--image_size=32',
+                         '--batch_size=4', '-te', '2',
                          '--steps_per_loop=2', '--log_steps=2',
                          '-dlit', 'uint8', '--training_dataset_cache',
                          '--datasets_num_private_threads=2'])

@@ -402,7 +402,7 @@ def test_recompute_checkpoints_are_interchangeable(tmp_path):
 
 
 _SYNC_BN_SCRIPT = '''
-import json, sys
+import json
 from common import env
 env.prepare_tensorflow_environment()
 import numpy as np
@@ -414,41 +414,52 @@ cpu = tf.config.list_physical_devices('CPU')[0]
 tf.config.set_logical_device_configuration(
     cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
 strategy = tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])
-sync = sys.argv[1] == 'sync'
-with strategy.scope():
-  layer = models.norm_factory('batch', sync_batch_norm=sync)('bn')
-  network = models.build_network(
-      RunConfig(resnet_depth=18, image_size=32, sync_batch_norm=sync), 10,
-      use_regularizers=False)
 # Two replicas with different batches (3 and 3 images of 2x2x4).
 batches = (np.random.RandomState(0).normal(size=[2, 3, 2, 2, 4]) *
            np.array([1.0, 3.0])[:, None, None, None, None] +
            np.array([0.0, 5.0])[:, None, None, None, None])
 inputs = strategy.experimental_distribute_values_from_function(
     lambda ctx: tf.constant(batches[ctx.replica_id_in_sync_group], tf.float32))
-outputs = strategy.run(tf.function(lambda x: layer(x, training=True)),
-                       args=(inputs,))
-print(json.dumps({
-    'replicas': strategy.num_replicas_in_sync,
-    'outputs': [o.numpy().tolist()
-                for o in strategy.experimental_local_results(outputs)],
-    'moving_mean': layer.moving_mean.numpy().tolist(),
-    'moving_variance': layer.moving_variance.numpy().tolist(),
-    'network_synchronized': network.get_layer('stage1_block1_bn1').synchronized,
-    'inputs': batches.tolist()}))
+got = {'inputs': batches.tolist()}
+for mode in ('sync', 'local'):
+  sync = mode == 'sync'
+  with strategy.scope():
+    layer = models.norm_factory('batch', sync_batch_norm=sync)(f'bn_{mode}')
+    network = models.build_network(
+        RunConfig(resnet_depth=10, width_multiplier=0.25, image_size=32,
+                  sync_batch_norm=sync), 10, use_regularizers=False)
+  outputs = strategy.run(tf.function(lambda x: layer(x, training=True)),
+                         args=(inputs,))
+  got[mode] = {
+      'replicas': strategy.num_replicas_in_sync,
+      'outputs': [o.numpy().tolist()
+                  for o in strategy.experimental_local_results(outputs)],
+      'moving_mean': layer.moving_mean.numpy().tolist(),
+      'moving_variance': layer.moving_variance.numpy().tolist(),
+      'network_synchronized':
+          network.get_layer('stage1_block1_bn1').synchronized}
+print(json.dumps(got))
 '''
 
 
-@pytest.mark.parametrize('mode', ['sync', 'local'])
-def test_sync_batch_norm_uses_the_global_batch_statistics(mode):
-  result = subprocess.run([sys.executable, '-c', _SYNC_BN_SCRIPT, mode],
+@pytest.fixture(scope='module')
+def sync_batch_norm_results():
+  """What a batch-norm layer, synchronised and not, computed on two
+  replicas (logical CPUs: a process of its own)."""
+  result = subprocess.run([sys.executable, '-c', _SYNC_BN_SCRIPT],
                           cwd=e2e.REPO_ROOT, capture_output=True, text=True,
                           timeout=300)
   assert result.returncode == 0, result.stderr[-3000:]
-  got = json.loads(result.stdout.strip().splitlines()[-1])
+  return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize('mode', ['sync', 'local'])
+def test_sync_batch_norm_uses_the_global_batch_statistics(
+    sync_batch_norm_results, mode):
+  got = sync_batch_norm_results[mode]
   assert got['replicas'] == 2
   assert got['network_synchronized'] == (mode == 'sync')
-  batches = np.array(got['inputs'])
+  batches = np.array(sync_batch_norm_results['inputs'])
   outputs = np.array(got['outputs'])
   if mode == 'sync':  # Statistics over both replicas' 6 images.
     means = np.broadcast_to(batches.mean(axis=(0, 1, 2, 3)), (2, 4))

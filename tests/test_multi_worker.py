@@ -38,7 +38,7 @@ def _summaries(model_dir):
 def test_two_workers_train_in_lockstep(tmp_path, backend_args, batch_flag,
                                        global_batch):
   model_dir = str(tmp_path / 'model')
-  result = e2e.run_script(
+  result = e2e.spawn_script(
       DEMO, backend_args + ['--num_workers_per_hls=2', batch_flag,
                             f'--model_dir={model_dir}',
                             '--enable_checkpoint_and_export'] + TINY,
@@ -164,9 +164,9 @@ def test_port_in_use_is_one_line(tmp_path):
     tf_config = json.dumps({'cluster': {'worker': [f'localhost:{port}']},
                             'task': {'type': 'worker', 'index': 0}})
     model_dir = tmp_path / 'run'
-    result = e2e.run_main(['-ds', 'multi_worker_mirrored',
-                           f'--model_dir={model_dir}'] + e2e.TINY,
-                          env={'TF_CONFIG': tf_config}, timeout=120)
+    result = e2e.spawn_main(['-ds', 'multi_worker_mirrored',
+                             f'--model_dir={model_dir}'] + e2e.TINY,
+                            env={'TF_CONFIG': tf_config}, timeout=120)
   e2e.assert_one_line_error(result, f'port {port}', 'not free',
                             'TF_BASE_PORT')
   assert not model_dir.exists()

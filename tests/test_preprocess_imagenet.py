@@ -12,8 +12,9 @@ from PIL import Image
 
 import preprocess_imagenet as pi
 from common.errors import UsageError
+from tests import e2e
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = e2e.REPO_ROOT
 
 SYNSETS = ['n01440764', 'n01443537', 'n01484850']
 TRAIN_PER_CLASS = 7
@@ -371,11 +372,10 @@ def test_converts_tiny_dataset_with_two_workers(tmp_path):
 
   # The trainer reads the converter's output as is: counts from
   # metadata.json, and eval covers all 6 images with batch 4 (4 + 2).
-  trained = subprocess.run(
-      [sys.executable, os.path.join(REPO_ROOT, 'resnet_ctl_imagenet_main.py'),
-       '-dd', out, '-md', str(tmp_path / 'model'), '--resnet_depth=18',
-       '--image_size=32', '-bs', '4', '--steps_per_loop=5', '--log_steps=5'],
-      cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+  trained = e2e.run_main(
+      ['-dd', out, '-md', str(tmp_path / 'model'), '--resnet_depth=10',
+       '--width_multiplier=0.25', '--image_size=32', '-bs', '4',
+       '--steps_per_loop=5', '--log_steps=5'])
   assert trained.returncode == 0, trained.stderr[-3000:]
   with open(tmp_path / 'model' / 'run_summary.json') as f:
     summary = json.load(f)

@@ -91,7 +91,7 @@ def test_decay_points_from_a_yaml_list_or_text(points, tmp_path):
 
 
 def _print_config(script, args):
-  result = e2e.run_script(script, list(args) + ['--print_config'],
+  result = e2e.spawn_script(script, list(args) + ['--print_config'],
                           timeout=120)
   assert result.returncode == 0, result.stderr
   return result.stdout
@@ -115,7 +115,7 @@ def test_single_process_recipes_print_and_read_back(name, tmp_path):
 
 @pytest.mark.parametrize('name', LAUNCHER_RECIPES)
 def test_multi_worker_recipes_need_the_launcher(name):
-  result = e2e.run_main(['--config', name], timeout=120)
+  result = e2e.run_main(['--config', name])
   e2e.assert_one_line_error(result, 'num_workers_per_hls',
                             'demo_resnet_keras.py')
   values = yaml.safe_load(_print_config(DEMO, ['--config', name]))
@@ -140,7 +140,7 @@ def test_reference_recipe_values():
 
 
 def test_launcher_recipe_beats_the_preset_and_flags_beat_both():
-  result = e2e.run_script(DEMO, ['--config', 'resnet50_lars_16workers',
+  result = e2e.spawn_script(DEMO, ['--config', 'resnet50_lars_16workers',
                                  '--warmup_epochs', '2', '--dry_run'],
                           timeout=120)
   assert result.returncode == 0, result.stderr
@@ -168,7 +168,7 @@ def test_bad_recipes_are_one_line(tmp_path, args, fragments):
     path.write_text(args[1])
     args = ['--config', str(path)]
   for script in (e2e.MAIN, DEMO):
-    result = e2e.run_script(script, args + ['--print_config'], timeout=120)
+    result = e2e.spawn_script(script, args + ['--print_config'], timeout=120)
     e2e.assert_one_line_error(result, *fragments)
 
 
@@ -178,11 +178,13 @@ def test_a_small_recipe_trains_with_overrides(tmp_path):
   model_dir = str(tmp_path / 'run')
   result = e2e.run_main(['--config', 'fashion_mnist_resnet18', '-dd',
                          data_dir, '-md', model_dir, '-bs', '4', '-te', '1',
-                         '--steps_per_loop', '2', '--log_steps', '2'])
+                         '--steps_per_loop', '2', '--log_steps', '2',
+                         '--resnet_depth', '10', '--width_multiplier', '0.25'])
   assert result.returncode == 0, result.stderr
   with open(os.path.join(model_dir, 'config.json')) as f:
     effective = json.load(f)['config']
   assert (effective['stem'], effective['image_size'],
-          effective['lr_schedule'], effective['batch_size']) == (
-              'small', 28, 'cosine', 4)
+          effective['lr_schedule'], effective['batch_size'],
+          effective['resnet_depth'], effective['width_multiplier']) == (
+              'small', 28, 'cosine', 4, 10, 0.25)
   assert e2e.read_summary(model_dir)['train_steps'] == 4
