@@ -80,7 +80,12 @@ class _Reusable(tf.train.Checkpoint):
                image_size: int, eval_crop_fraction: float,
                labels_file: Optional[str], weight_decay: float):
     super().__init__()
-    self.network = network
+    # Held in a closure, out of the saved object graph: as an attribute the
+    # Keras model would be serialised layer by layer (each layer's call
+    # traced again), 2-3x the cost of the whole export, for objects no
+    # loader of this API reads. Its variables are saved through the lists
+    # below, which the traced functions capture.
+    self._network = lambda: network
     self.variables = list(network.variables)
     self.trainable_variables = list(network.trainable_variables)
     self.regularization_losses = []
@@ -97,7 +102,8 @@ class _Reusable(tf.train.Checkpoint):
 
   def _outputs(self, normalised, training):
     # float32 out also where the network computes in bf16 or fp16.
-    return tf.cast(self.network(normalised, training=training), tf.float32)
+    return tf.cast(self._network()(normalised, training=training),
+                   tf.float32)
 
   @tf.function
   def __call__(self, images, training=False):

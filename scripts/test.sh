@@ -1,9 +1,19 @@
 #!/usr/bin/env bash
 # Installs the project's dependencies (Python packages, OpenMPI, Horovod)
-# and runs the whole test suite.
-# This is the README's test command, and CI runs exactly this.
+# and runs the test suite on all cores (up to 4 pytest-xdist workers; set
+# TEST_WORKERS to choose). This is the README's test command, and CI runs
+# exactly this.
+#   ./scripts/test.sh            everything (what CI runs)
+#   ./scripts/test.sh --quick    unit and in-process tests only: no test that
+#                                starts TensorFlow in processes of its own
+# Other arguments go to pytest (e.g. tests/test_config.py, -k name).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+select=()
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  select=(-m "not processes")
+fi
 python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt \
   -r requirements-test.txt
 # OpenMPI + Horovod (built against our TensorFlow), so the 2-process tests
@@ -24,4 +34,7 @@ if [ "$(id -u)" -eq 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 fi
-python3 -m pytest tests -q "$@"
+workers=${TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
+# loadgroup: the tests of one xdist_group (one mpirun job at a time; a
+# module's shared runs) stay in one worker, the rest go test by test.
+python3 -m pytest tests -q -n "$workers" --dist loadgroup "${select[@]}" "$@"

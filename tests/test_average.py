@@ -126,6 +126,7 @@ def test_ema_goes_to_model_dir_averaged(synthetic_run):
   assert tf.train.latest_checkpoint(synthetic_run).endswith('ckpt-8')
 
 
+@pytest.mark.processes
 def test_help_lists_the_flags():
   result = e2e.spawn_tool('resnet_keras.average',
                           ['--model_dir', 'unused', '--help'], timeout=120)

@@ -43,6 +43,7 @@ def test_a_user_value_of_1_is_the_users():
       'TF_ENABLE_ONEDNN_OPTS=1 set in the environment')
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('value,on', [(None, True), ('0', False)])
 def test_runs_record_whether_onednn_was_on_and_why(tmp_path, value, on):
   extra = {} if value is None else {env.ONEDNN_VAR: value}

@@ -16,6 +16,9 @@ from resnet_keras.config import RunConfig
 from resnet_keras.data.preprocessing import normalize_images
 from tests import e2e
 
+# The module's export is built once, in one worker.
+pytestmark = pytest.mark.xdist_group('export')
+
 IMAGE_SIZE = 32
 # Small enough to build, save and load in seconds; every kind of layer.
 TINY = RunConfig(resnet_depth=18, image_size=IMAGE_SIZE, stem='cifar',

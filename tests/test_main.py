@@ -124,6 +124,7 @@ def test_fp16_logs_and_records_its_loss_scale(tmp_path):
   np.testing.assert_allclose(np.sum(probs), 1.0, rtol=1e-3)
 
 
+@pytest.mark.processes
 def test_xla_compiles_and_computes_what_the_plain_run_does(tmp_path):
   """--enable_xla on a CPU really compiles (TensorFlow's C++ log says so),
   evaluates, checkpoints and exports what the same seeded run without it

@@ -16,6 +16,9 @@ from resnet_keras import metrics
 from tests import e2e
 from tests.imagenet_fixture import write_dataset
 
+# The runs the tests share are built once, in one worker.
+pytestmark = [pytest.mark.processes, pytest.mark.xdist_group('mirrored')]
+
 # 16 training images (2 steps of 8 per epoch) and 9 validation images: not
 # a multiple of the global batch, nor of any replica count's share of it.
 ARGS = ['--resnet_depth=10', '--width_multiplier=0.25', '--image_size=32',

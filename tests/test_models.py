@@ -453,6 +453,8 @@ def sync_batch_norm_results():
   return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.processes
+@pytest.mark.xdist_group('sync_batch_norm')  # Its fixture: one process.
 @pytest.mark.parametrize('mode', ['sync', 'local'])
 def test_sync_batch_norm_uses_the_global_batch_statistics(
     sync_batch_norm_results, mode):

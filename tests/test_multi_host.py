@@ -26,10 +26,17 @@ TINY = ['--resnet_depth=10' if a.startswith('--resnet_depth') else a
                                                '--train_steps'))]
 TRAINER = 'resnet_ctl_imagenet_main.py'
 FAILURE_TIMEOUT = 60  # The launcher's default --failure_timeout.
+# The failure tests set their own, shorter one: it is what bounds the time to
+# exit, so the test also proves the flag reaches mpirun and the workers (the
+# default's keepalive settings: test_launch.py), in half the wait.
+SHORT_FAILURE_TIMEOUT = 24
 
 _missing = cluster_lib.missing_requirements()
-pytestmark = pytest.mark.skipif(_missing is not None,
-                                reason=f'no test cluster: {_missing}')
+# One mpirun job at a time (as in test_multi_worker.py): its ranks share this
+# machine's cores. The cluster is built once, in one worker.
+pytestmark = [pytest.mark.skipif(_missing is not None,
+                                 reason=f'no test cluster: {_missing}'),
+              pytest.mark.processes, pytest.mark.xdist_group('mpirun')]
 
 
 @pytest.fixture(scope='module')
@@ -106,10 +113,12 @@ def _no_error_lines(output):
 
 
 # One run shared by the Horovod test and the restart test, which must end
-# with its weights.
+# with its weights. Steps enough that the restart's kill, once ckpt-4 is
+# logged, lands mid-run.
+STEPS = 96
 SEEDED = ['--global_seed=7', '--checkpoint_interval_steps=4',
           '--enable_checkpoint_and_export',
-          '--batch_size=8', '--train_steps=12', '--train_epochs=1']
+          '--batch_size=8', f'--train_steps={STEPS}', '--train_epochs=1']
 
 
 @pytest.fixture(scope='module')
@@ -141,11 +150,11 @@ def test_horovod_one_worker_per_host(cluster, horovod_run):
   model_dir, output = horovod_run
   summaries = _summaries(model_dir, 2)
   _assert_ran_across_hosts(cluster, summaries, global_batch=16,
-                           train_steps=12)
+                           train_steps=STEPS)
   assert summaries[0]['restarts'] == 0
   # Only the chief wrote checkpoints and the export.
   assert os.path.exists(os.path.join(model_dir, 'saved_model'))
-  assert os.path.exists(os.path.join(model_dir, 'ckpt-12.index'))
+  assert os.path.exists(os.path.join(model_dir, f'ckpt-{STEPS}.index'))
   worker_dir = os.path.join(model_dir, 'worker_1')
   assert sorted(os.listdir(worker_dir)) == ['run_summary.json']
   assert not _no_error_lines(output), _no_error_lines(output)
@@ -212,19 +221,20 @@ def _kill_rank(cluster, host):
 def test_a_failure_ends_the_job_in_bounded_time(healthy, tmp_path, failure,
                                                 expected):
   cluster = healthy
-  job, log_path = _start_long_job(cluster, tmp_path)
+  job, log_path = _start_long_job(
+      cluster, tmp_path, [f'--failure_timeout={SHORT_FAILURE_TIMEOUT}'])
   remote = cluster.hosts[1]
   try:
     failed_at = time.monotonic()
     failure(cluster, remote)
-    returncode = job.wait(timeout=FAILURE_TIMEOUT + 30)
+    returncode = job.wait(timeout=SHORT_FAILURE_TIMEOUT + 30)
     took = time.monotonic() - failed_at
   finally:
     if job.poll() is None:
       job.kill()
   print(f'time to exit: {took:.1f} s')
   assert returncode != 0
-  assert took < FAILURE_TIMEOUT
+  assert took < SHORT_FAILURE_TIMEOUT
   last_line = open(log_path).read().strip().splitlines()[-1]
   assert 'job failed' in last_line, last_line
   assert expected.format(address=remote.address) in last_line, last_line
@@ -297,13 +307,15 @@ def test_a_restarted_job_ends_with_an_uninterrupted_runs_weights(
   restarts = [l for l in output.splitlines() if 'restart 1 of 1' in l]
   assert len(restarts) == 1 and 'killed by SIGKILL' in restarts[0], output
   before = output[:output.index(restarts[0])]
-  reached = max(int(step) for step in re.findall(r'step (\d+)/12', before))
+  reached = max(int(step) for step in re.findall(rf'step (\d+)/{STEPS}',
+                                                 before))
   resumed = int(re.search(r'restored from \S+ at step (\d+)',
                           output).group(1))
   print(f'restart: reached step {reached}, resumed at step {resumed}: '
         f'{reached - resumed} steps lost')
+  assert 4 <= resumed < STEPS  # It resumed mid-run, from a checkpoint.
   summary = e2e.read_summary(str(model_dir))
   assert summary['restarts'] == 1
-  assert summary['train_steps'] == 12
+  assert summary['train_steps'] == STEPS
   uninterrupted = e2e.read_summary(horovod_run[0])
   assert summary['weights_sha256'] == uninterrupted['weights_sha256']

@@ -18,6 +18,10 @@ import tensorflow as tf
 
 from tests import e2e
 
+# One mpirun job at a time: its ranks share this machine's cores, and jobs on
+# this host would share the multi_worker_mirrored ports.
+pytestmark = [pytest.mark.processes, pytest.mark.xdist_group('mpirun')]
+
 DEMO = os.path.join(e2e.REPO_ROOT, 'demo_resnet_keras.py')
 TINY = [a for a in e2e.TINY if not a.startswith('--batch_size')]
 

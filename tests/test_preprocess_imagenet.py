@@ -324,6 +324,7 @@ def test_changed_shard_count_is_refused(tmp_path):
 # --- End to end, through the real script -----------------------------------
 
 
+@pytest.mark.processes
 def test_converts_tiny_dataset_with_two_workers(tmp_path):
   raw, out = make_raw(str(tmp_path)), str(tmp_path / 'out')
   result = run_script('--raw_data_dir', raw, '--local_scratch_dir', out,
@@ -394,6 +395,7 @@ def test_rgb_jpegs_are_stored_byte_for_byte(tmp_path):
       assert feature(example, 'image/encoded')[0] == f.read()
 
 
+@pytest.mark.processes
 def test_fewer_images_than_shards_reduces_the_shard_count(tmp_path):
   raw, out = make_raw(str(tmp_path), 'class_folders'), str(tmp_path / 'out')
   result = run_script('--raw_data_dir', raw, '--local_scratch_dir', out,
@@ -407,6 +409,7 @@ def test_fewer_images_than_shards_reduces_the_shard_count(tmp_path):
     assert json.load(f)['num_examples']['validation'] == NUM_VALIDATION
 
 
+@pytest.mark.processes
 def test_corrupt_image_stops_the_run_or_is_skipped(tmp_path):
   raw, out = make_raw(str(tmp_path)), str(tmp_path / 'out')
   bad = os.path.join(raw, 'train', SYNSETS[2], 'broken.JPEG')
@@ -431,6 +434,7 @@ def test_corrupt_image_stops_the_run_or_is_skipped(tmp_path):
     assert json.load(f)['num_examples']['train'] == 3 * TRAIN_PER_CLASS
 
 
+@pytest.mark.processes
 def test_resume_rewrites_only_missing_shards(tmp_path):
   raw, out = make_raw(str(tmp_path)), str(tmp_path / 'out')
   convert_in_process(raw, out)
@@ -475,6 +479,7 @@ def test_usage_errors_exit_2_with_one_line(tmp_path, args, fragment):
   assert_one_line_error(result, fragment)
 
 
+@pytest.mark.processes
 def test_reference_command_line_converts_its_raw_layout(tmp_path):
   """The reference's README steps: img_train/, img_val/, synset_labels.txt in
   IMAGENET_HOME, records to IMAGENET_HOME/tf_records, --nogcs_upload."""

@@ -33,6 +33,7 @@ def _checkpoint_steps(model_dir):
                 for p in glob.glob(os.path.join(model_dir, 'ckpt-*.index')))
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize('signum,exit_code', [(signal.SIGTERM, 143),
                                               (signal.SIGINT, 130)])
 def test_signal_saves_a_checkpoint_and_a_rerun_resumes(tmp_path, signum,
@@ -65,6 +66,7 @@ def test_signal_saves_a_checkpoint_and_a_rerun_resumes(tmp_path, signum,
   assert e2e.read_summary(model_dir)['resumed_from_step'] == step
 
 
+@pytest.mark.processes
 def test_a_signal_ends_a_long_loop_at_the_next_step(tmp_path):
   # 100000 steps in one loop take minutes; the stop must not wait for them.
   model_dir = str(tmp_path / 'model')
@@ -155,6 +157,7 @@ def _start_and_kill(model_dir, after_step, delay):
   return int(''.join(seen).rsplit('step ', 1)[1].split('/')[0])
 
 
+@pytest.mark.processes
 def test_kill_9_never_leaves_an_unloadable_checkpoint(tmp_path):
   import tensorflow as tf
   model_dir = str(tmp_path / 'model')

@@ -64,6 +64,7 @@ def test_latest_checkpoint_of_a_records_run_and_other_data(records_run,
   assert int(_csv_rows(model_dir)[0]['examples']) == 5
 
 
+@pytest.mark.processes
 def test_help_lists_the_flags():
   result = e2e.spawn_tool('resnet_keras.validate',
                           ['--model_dir', 'unused', '--help'], timeout=120)
