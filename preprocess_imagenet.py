@@ -424,11 +424,15 @@ def run_tasks(tasks, num_workers):
   total_images = sum(len(t.images) for t in tasks)
   images_done = 0
   results = []
-  # Imported before forking, so that the workers share one import.
-  import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
   start = last_report = time.monotonic()
-  with multiprocessing.Pool(min(num_workers, len(tasks)),
-                            initializer=_ignore_sigint) as pool:
+  # Fresh interpreters, not forks: this process may have imported
+  # TensorFlow, whose threads can hold a lock at the moment of a fork, which
+  # the child then waits for forever (seen once: the test suite's
+  # conversion of a corrupt image hung silently, on a loaded machine). Each
+  # worker imports TensorFlow itself once (2-3 s), then writes many shards.
+  context = multiprocessing.get_context('spawn')
+  with context.Pool(min(num_workers, len(tasks)),
+                    initializer=_ignore_sigint) as pool:
     for result in pool.imap_unordered(write_shard, tasks):
       results.append(result)
       images_done += result.num_written + len(result.skipped)
@@ -532,6 +536,6 @@ if __name__ == '__main__':
   define_flags()
   # Not app.run: TensorFlow registers an absl init callback that scans for
   # GPUs, which logs CUDA errors on CPU-only machines and sets up a device
-  # runtime that the forked workers would inherit, all to write files.
+  # runtime, all to write files.
   app.define_help_flags()
   cli.run_main(main, cli.parse_flags_or_fail(sys.argv))
