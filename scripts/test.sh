@@ -5,14 +5,15 @@
 # exactly this.
 #   ./scripts/test.sh            everything (what CI runs)
 #   ./scripts/test.sh --quick    unit and in-process tests only: no test that
-#                                starts TensorFlow in processes of its own
+#                                starts TensorFlow in processes of its own,
+#                                nor the slowest whole runs (pytest.ini)
 # Other arguments go to pytest (e.g. tests/test_config.py, -k name).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 select=()
 if [ "${1:-}" = "--quick" ]; then
   shift
-  select=(-m "not processes")
+  select=(-m "not processes and not slow")
 fi
 python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt \
   -r requirements-test.txt

@@ -104,6 +104,7 @@ def test_feature_vector_is_what_the_head_reads(exported):
   np.testing.assert_allclose(got, served['features'], rtol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('trainable', [True, False])
 def test_feature_vector_fine_tunes_in_a_new_keras_model(exported, trainable):
   import tensorflow_hub as hub  # pylint: disable=g-import-not-at-top
@@ -171,6 +172,7 @@ def _export_tool(model_dir, *args, **kwargs):
                       ['--model_dir', model_dir] + list(args), **kwargs)
 
 
+@pytest.mark.slow
 def test_old_checkpoints_export_like_the_run_did(synthetic_run):
   result = _export_tool(synthetic_run, '--checkpoint', 'all')
   assert result.returncode == 0, result.stderr[-3000:]

@@ -20,6 +20,7 @@ def _steps_logged(output):
   return [l for l in output.splitlines() if '| loss ' in l and 'step ' in l]
 
 
+@pytest.mark.slow
 def test_fp32_sgd_train_eval_checkpoint_export_and_resume(tmp_path):
   model_dir = str(tmp_path / 'run')
   first = e2e.run_main(e2e.TINY + ['-md', model_dir, '-te', '2',
@@ -99,6 +100,7 @@ def test_bf16_lars_reference_preset(tmp_path):
   assert '| lr 2.5 |' in result.stderr
 
 
+@pytest.mark.slow
 def test_fp16_logs_and_records_its_loss_scale(tmp_path):
   """The GPU precision end to end (slow but exact on a CPU): dynamic loss
   scaling, its scale on every log line and in metrics.jsonl, a checkpoint
@@ -153,6 +155,7 @@ def test_xla_compiles_and_computes_what_the_plain_run_does(tmp_path):
   np.testing.assert_allclose(served[0], served[1], rtol=1e-3, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_group_norm_rmsprop_stepped_bf16_and_norm_in_checkpoint_identity(
     tmp_path):
   model_dir = str(tmp_path / 'group')
@@ -177,6 +180,7 @@ def test_group_norm_rmsprop_stepped_bf16_and_norm_in_checkpoint_identity(
                             'norm group16', 'norm batch')
 
 
+@pytest.mark.slow
 def test_recompute_sync_batch_norm_nesterov_resume_without_recompute(
     tmp_path):
   model_dir = str(tmp_path / 'recompute')

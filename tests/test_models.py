@@ -341,6 +341,7 @@ def test_group_norm_trains_a_step_in_bf16(matmul_convs):
     tf_keras.mixed_precision.set_global_policy('float32')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('norm,matmul_convs', [('batch', False),
                                                ('group', False),
                                                ('batch', True)])

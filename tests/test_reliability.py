@@ -186,6 +186,7 @@ def test_kill_9_never_leaves_an_unloadable_checkpoint(tmp_path):
     resumed_from = summary['train_steps']
 
 
+@pytest.mark.slow
 def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
   from tests.imagenet_fixture import write_dataset
   data_dir = str(tmp_path / 'data')
@@ -209,6 +210,7 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
   assert resumed['weights_sha256'] == straight['weights_sha256']
 
 
+@pytest.mark.slow
 def test_full_disk_is_one_line_and_keeps_what_was_written(tmp_path):
   import tensorflow as tf
   model_dir = str(tmp_path / 'small_disk')
@@ -241,6 +243,7 @@ def _train_losses(metrics_path):
           for r in records]
 
 
+@pytest.mark.slow
 def test_same_seed_gives_the_same_losses_step_by_step(tmp_path):
   from tests.imagenet_fixture import write_dataset
   data_dir = str(tmp_path / 'data')

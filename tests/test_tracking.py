@@ -91,6 +91,7 @@ def _wandb_log(run_dir):
   return config, rows, name, project
 
 
+@pytest.mark.slow
 def test_offline_run_logs_the_metrics_log_and_config(tmp_path):
   # requirements-test.txt (installed by scripts/test.sh) provides it: a
   # missing wandb fails here rather than skipping the test.

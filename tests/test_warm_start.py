@@ -133,6 +133,7 @@ def test_sources_are_resolved_or_refused_in_one_line(synthetic_run,
       restore_from=str(tmp_path / 'nope'))) is None
 
 
+@pytest.mark.slow
 def test_restore_with_optimizer_continues_then_resumes(synthetic_run,
                                                        tmp_path):
   model_dir = tmp_path / 'continued'
@@ -195,6 +196,7 @@ def test_a_restored_step_past_the_end_stops_with_a_fix(synthetic_run, tmp_path):
   assert not os.path.exists(tmp_path / 'new' / 'ckpt-8.index')
 
 
+@pytest.mark.slow
 def test_a_warm_started_run_resumes_exactly(tmp_path):
   from tests.imagenet_fixture import write_dataset
   data_dir = str(tmp_path / 'data')
