@@ -1,11 +1,5 @@
 """RunConfig: the one object everything downstream of the flags reads.
 
-Its fields are defined by concern, one frozen dataclass a group (DataConfig,
-ModelConfig, PrecisionConfig, LoopConfig, OptimizerConfig, OutputConfig,
-RuntimeConfig); RunConfig inherits them all into one flat record (code reads
-`cfg.image_size`, config.json stays one flat object) and holds the
-properties and checks that span groups.
-
 Entry points parse flags once (`resnet_keras.flags.config_from_flags`); the
 library only sees a frozen `RunConfig`, so tests build configs directly and no
 module reads absl's FLAGS. The batch/step arithmetic that turns a config and a
@@ -24,7 +18,7 @@ DTYPES = ('fp32', 'bf16', 'fp16', 'auto')
 LOADER_IMAGE_TYPES = ('fp32', 'bf16', 'uint8')
 OPTIMIZERS = ('SGD', 'LARS', 'RMSProp')
 LR_SCHEDULES = ('piecewise', 'polynomial', 'constant', 'cosine', 'stepped',
-                'exponential', 'linear')
+                'exponential')
 RESNET_DEPTHS = (10, 18, 34, 50, 101, 152)
 NORMS = ('batch', 'group')
 # Output channels of the ResNet's stages; the stem has the first, bottleneck
@@ -49,8 +43,9 @@ IMAGENET_NUM_EVAL_EXAMPLES = 50000
 
 
 @dataclasses.dataclass(frozen=True)
-class DataConfig:
-  """What data, how much of it, and how it is read."""
+class RunConfig:
+  """Everything a run needs, grouped in the order the data flows."""
+  # Data.
   data_dir: str = '/data/tensorflow_datasets/imagenet/tf_records'
   dataset: str = 'imagenet'
   use_synthetic_data: bool = False
@@ -65,11 +60,7 @@ class DataConfig:
   training_dataset_cache: bool = False
   datasets_num_private_threads: int = 0  # 0: tf.data's shared pool.
   skip_corrupt_records: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """The network, and where its weights start (warm_start.py)."""
+  # Model.
   resnet_depth: int = 50
   stem: str = 'imagenet'
   keras_applications_model: Optional[str] = None
@@ -80,26 +71,16 @@ class ModelConfig:
   groups: int = 32  # --norm=group only.
   sync_batch_norm: bool = False
   enable_recompute: bool = False
-  # The last norm of each residual branch starts at gamma 0 (Goyal et al.).
-  zero_init_residual: bool = False
   # Where the weights start when model_dir has no checkpoint (warm_start.py).
   restore_from: Optional[str] = None
   restore_optimizer: bool = False
   pretrained_checkpoint: Optional[str] = None
   freeze_backbone: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class PrecisionConfig:
-  """Numeric precision and compilation."""
+  # Precision.
   dtype: str = 'fp32'
   loss_scale: float = 0.0  # 0: dynamic loss scaling (fp16 only).
   enable_xla: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class LoopConfig:
-  """How long training runs; when and how it logs, evaluates and stops."""
+  # Training cadence.
   batch_size: int = 256
   train_epochs: int = 1
   train_steps: int = 0  # 0: no cap on steps per epoch.
@@ -109,16 +90,11 @@ class LoopConfig:
   epochs_between_evals: int = 1
   eval_offset_epochs: int = 0  # first eval epoch; 0: epochs_between_evals
   skip_eval: bool = False
-  eval_flip: bool = False  # Test-time flip averaging (trainer.flip_average).
   target_accuracy: float = 0.0  # 0: never stop early.
   global_seed: Optional[int] = None
   use_tf_function: bool = True
   use_tf_while_loop: bool = True
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-  """The optimizer, its learning-rate schedule and the loss terms."""
+  # Optimizer and schedule.
   optimizer: str = 'SGD'
   base_learning_rate: float = 0.1
   warmup_epochs: float = 5.0
@@ -136,11 +112,7 @@ class OptimizerConfig:
   label_smoothing: float = 0.0
   weight_decay: float = 1e-4
   single_l2_loss_op: bool = False
-
-
-@dataclasses.dataclass(frozen=True)
-class OutputConfig:
-  """What a run writes: model_dir, checkpoints, summaries."""
+  # Outputs.
   model_dir: str = '/tmp/resnet'
   clean: bool = False
   enable_checkpoint_and_export: bool = False
@@ -151,11 +123,7 @@ class OutputConfig:
   wandb: bool = False  # Mirror metrics.jsonl to Weights & Biases.
   wandb_project: str = 'resnet_keras'
   wandb_run_name: Optional[str] = None
-
-
-@dataclasses.dataclass(frozen=True)
-class RuntimeConfig:
-  """Where it runs: distribution, devices, threads."""
+  # Runtime.
   distribution_strategy: str = 'off'
   use_horovod: bool = False
   num_gpus: int = -1  # -1: every visible GPU.
@@ -163,17 +131,6 @@ class RuntimeConfig:
   num_cpu_replicas: int = 1
   inter_op_parallelism_threads: int = 0  # 0: chosen from the machine.
   intra_op_parallelism_threads: int = 0
-
-
-# Bases in reverse: a dataclass lists its bases' fields from the last base
-# to the first, so config.json, --print_config and asdict keep the order
-# the data flows in (data first).
-@dataclasses.dataclass(frozen=True)
-class RunConfig(RuntimeConfig, OutputConfig, OptimizerConfig, LoopConfig,
-                PrecisionConfig, ModelConfig, DataConfig):
-  """Everything a run needs: one flat, frozen record of every group's
-  fields (each group a class above, by concern), and the rules that
-  span groups."""
 
   @property
   def min_image_size(self) -> int:
@@ -329,8 +286,7 @@ class RunConfig(RuntimeConfig, OutputConfig, OptimizerConfig, LoopConfig,
     if self.keras_applications_model is not None:
       for name, wished in (('norm=group', self.norm == 'group'),
                            ('sync_batch_norm', self.sync_batch_norm),
-                           ('enable_recompute', self.enable_recompute),
-                           ('zero_init_residual', self.zero_init_residual)):
+                           ('enable_recompute', self.enable_recompute)):
         if wished:
           raise UsageError(f'--{name} applies to this project\'s ResNets; '
                            '--keras_applications_model backbones have plain '

@@ -124,12 +124,6 @@ def _define_model_flags(values: flags.FlagValues) -> None:
           'ResNet-18 on 28x28 images several times faster on CPUs '
           '(configs/fashion_mnist_resnet18_w025.yaml). 1: the standard '
           'ResNet.')
-  _define(values, flags.DEFINE_boolean, 'zero_init_residual',
-          'Start the scale (gamma) of the last normalisation in each '
-          'residual branch at 0, so every block begins as its shortcut and '
-          'the network as a shallow one (Goyal et al., "ImageNet in 1 '
-          'hour"). Only the initial values change: checkpoints and exports '
-          'are the same either way.')
   _define(values, flags.DEFINE_string, 'conv_impl',
           'How convolutions run: native (oneDNN/cuDNN), matmul (1x1 '
           'convolutions as one matmul, and kernel gradients of 3x3 '
@@ -230,11 +224,6 @@ def _define_loop_flags(values: flags.FlagValues) -> None:
           '...); 0: first at --epochs_between_evals. The end is always '
           'evaluated.')
   _define(values, flags.DEFINE_boolean, 'skip_eval', 'Do not evaluate.')
-  _define(values, flags.DEFINE_boolean, 'eval_flip',
-          'Evaluate each image and its mirror image and average their '
-          'logits (test-time flip augmentation; each image counts once). '
-          'Evaluations, and python -m resnet_keras.validate on the run, '
-          'report the averaged predictions.')
   _define(values, flags.DEFINE_float, 'target_accuracy',
           'Stop once eval top-1 accuracy reaches this fraction; 0: never '
           'stop early.')
@@ -261,9 +250,9 @@ def _define_optimizer_flags(values: flags.FlagValues) -> None:
           'Epochs of linear warmup from 0 to the peak.')
   _define(values, flags.DEFINE_string, 'lr_schedule',
           'piecewise (x0.1 at epochs 30/60/80), polynomial (power 2), '
-          'constant, cosine, stepped (x lr_decay_factor at lr_decay_points), '
-          'exponential (x lr_decay_factor every lr_decay_epochs) or linear '
-          '(straight down to 0 at the last step, FFCV\'s); all with warmup.')
+          'constant, cosine, stepped (x lr_decay_factor at lr_decay_points) '
+          'or exponential (x lr_decay_factor every lr_decay_epochs); all '
+          'with warmup.')
   _define(values, flags.DEFINE_float, 'end_learning_rate',
           'Where the polynomial and cosine decays end.')
   _define(values, flags.DEFINE_float, 'lars_decay_epochs',
