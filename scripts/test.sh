@@ -38,4 +38,8 @@ fi
 workers=${TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
 # loadgroup: the tests of one xdist_group (one mpirun job at a time; a
 # module's shared runs) stay in one worker, the rest go test by test.
-python3 -m pytest tests -q -n "$workers" --dist loadgroup "${select[@]}" "$@"
+# A lost worker (the OOM killer, a crash, pytest-timeout's exit) can leave
+# xdist waiting with no test running, which no per-test limit sees: the whole
+# run is bounded well inside CI's 90 minutes (exit 124 when it fires).
+timeout --kill-after=60 70m \
+  python3 -m pytest tests -q -n "$workers" --dist loadgroup "${select[@]}" "$@"
