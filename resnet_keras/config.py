@@ -18,7 +18,7 @@ DTYPES = ('fp32', 'bf16', 'fp16', 'auto')
 LOADER_IMAGE_TYPES = ('fp32', 'bf16', 'uint8')
 OPTIMIZERS = ('SGD', 'LARS', 'RMSProp')
 LR_SCHEDULES = ('piecewise', 'polynomial', 'constant', 'cosine', 'stepped',
-                'exponential')
+                'exponential', 'linear')
 RESNET_DEPTHS = (10, 18, 34, 50, 101, 152)
 NORMS = ('batch', 'group')
 # Output channels of the ResNet's stages; the stem has the first, bottleneck

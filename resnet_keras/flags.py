@@ -250,9 +250,9 @@ def _define_optimizer_flags(values: flags.FlagValues) -> None:
           'Epochs of linear warmup from 0 to the peak.')
   _define(values, flags.DEFINE_string, 'lr_schedule',
           'piecewise (x0.1 at epochs 30/60/80), polynomial (power 2), '
-          'constant, cosine, stepped (x lr_decay_factor at lr_decay_points) '
-          'or exponential (x lr_decay_factor every lr_decay_epochs); all '
-          'with warmup.')
+          'constant, cosine, stepped (x lr_decay_factor at lr_decay_points), '
+          'exponential (x lr_decay_factor every lr_decay_epochs) or linear '
+          '(straight down to 0 at the last step, FFCV\'s); all with warmup.')
   _define(values, flags.DEFINE_float, 'end_learning_rate',
           'Where the polynomial and cosine decays end.')
   _define(values, flags.DEFINE_float, 'lars_decay_epochs',

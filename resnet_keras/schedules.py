@@ -85,10 +85,12 @@ def build_schedule(name: str, peak: float, warmup_steps: int, total_steps: int,
   """Returns the schedule `name` with linear warmup.
 
   Args:
-    name: piecewise | polynomial | constant | cosine | stepped | exponential.
+    name: piecewise | polynomial | constant | cosine | stepped | exponential
+      | linear.
     peak: the learning rate when warmup ends.
     warmup_steps: steps of linear warmup from 0.
-    total_steps: steps in the whole run (cosine and default polynomial end).
+    total_steps: steps in the whole run (where cosine, linear and the
+      default polynomial end).
     steps_per_epoch: converts piecewise boundary epochs to steps.
     end_learning_rate: where polynomial and cosine decays end.
     decay_steps: polynomial: the step at which the decay reaches
@@ -121,6 +123,14 @@ def build_schedule(name: str, peak: float, warmup_steps: int, total_steps: int,
         initial_learning_rate=peak,
         decay_steps=max(decay_end - warmup_steps, 1),
         end_learning_rate=end_learning_rate, power=POLYNOMIAL_POWER)
+    return WarmupThenDecay(peak, warmup_steps, decay, warmup_steps)
+  if name == 'linear':
+    # FFCV's ResNet recipes: linear warmup, then linear decay to exactly 0
+    # at the last step (no end_learning_rate floor).
+    decay = schedules.PolynomialDecay(
+        initial_learning_rate=peak,
+        decay_steps=max(total_steps - warmup_steps, 1),
+        end_learning_rate=0.0, power=1.0)
     return WarmupThenDecay(peak, warmup_steps, decay, warmup_steps)
   if name == 'cosine':
     decay = schedules.CosineDecay(

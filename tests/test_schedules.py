@@ -69,6 +69,29 @@ def test_cosine_and_constant():
   assert lr(c, 49) == pytest.approx(0.3)
 
 
+def test_linear_warms_up_then_falls_to_zero_at_the_last_step():
+  # FFCV's shape: 0 -> 1.7 over 5 steps, then 1.7 (1 - (t - 5) / 20) to 0
+  # at step 25; the end_learning_rate floor of the other decays is ignored.
+  s = schedules.build_schedule('linear', peak=1.7, warmup_steps=5,
+                               total_steps=25, steps_per_epoch=5,
+                               end_learning_rate=0.1)
+  assert lr(s, 0) == 0.0
+  assert lr(s, 1) == pytest.approx(0.34)
+  assert lr(s, 5) == pytest.approx(1.7)
+  assert lr(s, 10) == pytest.approx(1.275)   # a quarter of the decay
+  assert lr(s, 15) == pytest.approx(0.85)    # half way
+  assert lr(s, 24) == pytest.approx(0.085)
+  assert lr(s, 25) == pytest.approx(0.0, abs=1e-7)
+  assert lr(s, 30) == pytest.approx(0.0, abs=1e-7)  # stays there
+  # Without warmup it starts at the peak.
+  cold = schedules.schedule_for_run(
+      RunConfig(optimizer='LARS', base_learning_rate=2.0, warmup_epochs=0,
+                lr_schedule='linear'),
+      global_batch_size=256, steps_per_epoch=10, total_steps=40)
+  assert lr(cold, 0) == pytest.approx(2.0)
+  assert lr(cold, 20) == pytest.approx(1.0)
+
+
 def test_schedule_for_run_uses_flags():
   cfg = RunConfig(optimizer='LARS', base_learning_rate=9.5, warmup_epochs=3,
                   lr_schedule='polynomial', lars_decay_epochs=10,
