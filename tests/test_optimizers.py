@@ -82,6 +82,35 @@ def test_three_weight_decay_paths_give_the_same_gradient():
   assert num_kernels == 21  # 20 convs (incl. 3 projections) + fc
 
 
+@pytest.mark.parametrize('cfg', [
+    RunConfig(resnet_depth=10, image_size=32),
+    RunConfig(resnet_depth=10, image_size=32, norm='group', groups=8),
+    RunConfig(keras_applications_model='ResNet50', image_size=32),
+], ids=['batch_norm', 'group_norm', 'keras_applications'])
+def test_weight_decay_reaches_only_conv_and_dense_kernels(cfg):
+  """On every model the trainer builds, the decayed variables of all three
+  paths (is_decayed: the single L2 term and LARS) are exactly the conv and
+  dense kernels: no norm scale or offset, no bias (keras.applications'
+  convolutions have biases); the per-layer regularisers sit on the same
+  kernels."""
+  tf_keras.mixed_precision.set_global_policy('float32')
+  net = models.build_network(cfg, 10, use_regularizers=True)
+  kernels = {id(layer.kernel) for layer in net.layers
+             if isinstance(layer, (tf_keras.layers.Conv2D,
+                                   tf_keras.layers.Dense))}
+  decayed = {id(v) for v in net.trainable_variables
+             if optimizers.is_decayed(v.name)}
+  assert decayed == kernels
+  undecayed = [v.name for v in net.trainable_variables
+               if not optimizers.is_decayed(v.name)]
+  assert undecayed and all(
+      n.rsplit('/', 1)[-1].split(':')[0] in ('gamma', 'beta', 'bias')
+      for n in undecayed), undecayed
+  # keras.applications have no regularisers: their decay is the L2 term.
+  assert len(net.losses) == (0 if cfg.keras_applications_model
+                             else len(kernels))
+
+
 def test_build_optimizer_kinds():
   assert isinstance(optimizers.build_optimizer(RunConfig(), 0.1),
                     tf_keras.optimizers.legacy.SGD)
