@@ -1,5 +1,11 @@
 """RunConfig: the one object everything downstream of the flags reads.
 
+Its fields are defined by concern, one frozen dataclass a group (DataConfig,
+ModelConfig, PrecisionConfig, LoopConfig, OptimizerConfig, OutputConfig,
+RuntimeConfig); RunConfig inherits them all into one flat record (code reads
+`cfg.image_size`, config.json stays one flat object) and holds the
+properties and checks that span groups.
+
 Entry points parse flags once (`resnet_keras.flags.config_from_flags`); the
 library only sees a frozen `RunConfig`, so tests build configs directly and no
 module reads absl's FLAGS. The batch/step arithmetic that turns a config and a
@@ -43,9 +49,8 @@ IMAGENET_NUM_EVAL_EXAMPLES = 50000
 
 
 @dataclasses.dataclass(frozen=True)
-class RunConfig:
-  """Everything a run needs, grouped in the order the data flows."""
-  # Data.
+class DataConfig:
+  """What data, how much of it, and how it is read."""
   data_dir: str = '/data/tensorflow_datasets/imagenet/tf_records'
   dataset: str = 'imagenet'
   use_synthetic_data: bool = False
@@ -60,7 +65,11 @@ class RunConfig:
   training_dataset_cache: bool = False
   datasets_num_private_threads: int = 0  # 0: tf.data's shared pool.
   skip_corrupt_records: bool = False
-  # Model.
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """The network, and where its weights start (warm_start.py)."""
   resnet_depth: int = 50
   stem: str = 'imagenet'
   keras_applications_model: Optional[str] = None
@@ -71,16 +80,26 @@ class RunConfig:
   groups: int = 32  # --norm=group only.
   sync_batch_norm: bool = False
   enable_recompute: bool = False
+  # The last norm of each residual branch starts at gamma 0 (Goyal et al.).
+  zero_init_residual: bool = False
   # Where the weights start when model_dir has no checkpoint (warm_start.py).
   restore_from: Optional[str] = None
   restore_optimizer: bool = False
   pretrained_checkpoint: Optional[str] = None
   freeze_backbone: bool = False
-  # Precision.
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionConfig:
+  """Numeric precision and compilation."""
   dtype: str = 'fp32'
   loss_scale: float = 0.0  # 0: dynamic loss scaling (fp16 only).
   enable_xla: bool = False
-  # Training cadence.
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopConfig:
+  """How long training runs, and when it logs, evaluates and stops."""
   batch_size: int = 256
   train_epochs: int = 1
   train_steps: int = 0  # 0: no cap on steps per epoch.
@@ -94,7 +113,11 @@ class RunConfig:
   global_seed: Optional[int] = None
   use_tf_function: bool = True
   use_tf_while_loop: bool = True
-  # Optimizer and schedule.
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """The optimizer, its learning-rate schedule and the loss terms."""
   optimizer: str = 'SGD'
   base_learning_rate: float = 0.1
   warmup_epochs: float = 5.0
@@ -112,7 +135,11 @@ class RunConfig:
   label_smoothing: float = 0.0
   weight_decay: float = 1e-4
   single_l2_loss_op: bool = False
-  # Outputs.
+
+
+@dataclasses.dataclass(frozen=True)
+class OutputConfig:
+  """What a run writes: model_dir, checkpoints, summaries."""
   model_dir: str = '/tmp/resnet'
   clean: bool = False
   enable_checkpoint_and_export: bool = False
@@ -123,7 +150,11 @@ class RunConfig:
   wandb: bool = False  # Mirror metrics.jsonl to Weights & Biases.
   wandb_project: str = 'resnet_keras'
   wandb_run_name: Optional[str] = None
-  # Runtime.
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeConfig:
+  """Where it runs: distribution, devices, threads."""
   distribution_strategy: str = 'off'
   use_horovod: bool = False
   num_gpus: int = -1  # -1: every visible GPU.
@@ -131,6 +162,17 @@ class RunConfig:
   num_cpu_replicas: int = 1
   inter_op_parallelism_threads: int = 0  # 0: chosen from the machine.
   intra_op_parallelism_threads: int = 0
+
+
+# Bases in reverse: a dataclass lists its bases' fields from the last base
+# to the first, so config.json, --print_config and asdict keep the order
+# the data flows in (data first).
+@dataclasses.dataclass(frozen=True)
+class RunConfig(RuntimeConfig, OutputConfig, OptimizerConfig, LoopConfig,
+                PrecisionConfig, ModelConfig, DataConfig):
+  """Everything a run needs: one flat, frozen record of every group's
+  fields (each group a class above, by concern), and the rules that
+  span groups."""
 
   @property
   def min_image_size(self) -> int:
@@ -286,7 +328,8 @@ class RunConfig:
     if self.keras_applications_model is not None:
       for name, wished in (('norm=group', self.norm == 'group'),
                            ('sync_batch_norm', self.sync_batch_norm),
-                           ('enable_recompute', self.enable_recompute)):
+                           ('enable_recompute', self.enable_recompute),
+                           ('zero_init_residual', self.zero_init_residual)):
         if wished:
           raise UsageError(f'--{name} applies to this project\'s ResNets; '
                            '--keras_applications_model backbones have plain '

@@ -124,6 +124,12 @@ def _define_model_flags(values: flags.FlagValues) -> None:
           'ResNet-18 on 28x28 images several times faster on CPUs '
           '(configs/fashion_mnist_resnet18_w025.yaml). 1: the standard '
           'ResNet.')
+  _define(values, flags.DEFINE_boolean, 'zero_init_residual',
+          'Start the scale (gamma) of the last normalisation in each '
+          'residual branch at 0, so every block begins as its shortcut and '
+          'the network as a shallow one (Goyal et al., "ImageNet in 1 '
+          'hour"). Only the initial values change: checkpoints and exports '
+          'are the same either way.')
   _define(values, flags.DEFINE_string, 'conv_impl',
           'How convolutions run: native (oneDNN/cuDNN), matmul (1x1 '
           'convolutions as one matmul, and kernel gradients of 3x3 '

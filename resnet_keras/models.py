@@ -199,7 +199,8 @@ def _conv(filters, kernel_size, strides, name, regularizer,
       name=name)
 
 
-NormFactory = Callable[[str], layers.Layer]  # name -> a new layer
+# (name, zero_init) -> a new layer; zero_init: its scale (gamma) starts at 0.
+NormFactory = Callable[..., layers.Layer]
 
 
 def norm_factory(norm: str = 'batch', groups: int = 32,
@@ -218,22 +219,32 @@ def norm_factory(norm: str = 'batch', groups: int = 32,
   if norm == 'group':
     # float32 even under mixed precision, like batch norm's statistics:
     # per-image moments summed in bf16 lose too much.
-    return lambda name: layers.GroupNormalization(
-        groups, epsilon=BN_EPSILON, dtype='float32', name=name)
+    return lambda name, zero_init=False: layers.GroupNormalization(
+        groups, epsilon=BN_EPSILON, dtype='float32', name=name,
+        gamma_initializer=_gamma(zero_init))
   if sync_batch_norm and hvd is not None:
     if not hasattr(hvd, 'SyncBatchNormalization'):
       raise UsageError('--sync_batch_norm with --use_horovod needs Horovod '
                        '>= 0.21 (hvd.SyncBatchNormalization); upgrade it, or '
                        'drop --sync_batch_norm')
-    return lambda name: hvd.SyncBatchNormalization(
-        momentum=BN_MOMENTUM, epsilon=BN_EPSILON, name=name)
-  return lambda name: layers.BatchNormalization(
+    return lambda name, zero_init=False: hvd.SyncBatchNormalization(
+        momentum=BN_MOMENTUM, epsilon=BN_EPSILON, name=name,
+        gamma_initializer=_gamma(zero_init))
+  return lambda name, zero_init=False: layers.BatchNormalization(
       momentum=BN_MOMENTUM, epsilon=BN_EPSILON,
-      synchronized=sync_batch_norm, name=name)
+      synchronized=sync_batch_norm, name=name,
+      gamma_initializer=_gamma(zero_init))
 
 
-def _block(x, filters, strides, bottleneck, name, conv, norm, residual_relu):
-  """One residual block; projects the shortcut when the shape changes."""
+def _gamma(zero_init: bool) -> str:
+  return 'zeros' if zero_init else 'ones'
+
+
+def _block(x, filters, strides, bottleneck, name, conv, norm, residual_relu,
+           zero_init_residual=False):
+  """One residual block; projects the shortcut when the shape changes.
+  With `zero_init_residual` the branch's last norm starts at gamma 0, so
+  the block starts as relu(shortcut)."""
   out_filters = filters * 4 if bottleneck else filters
   shortcut = x
   if strides != 1 or x.shape[-1] != out_filters:
@@ -244,9 +255,10 @@ def _block(x, filters, strides, bottleneck, name, conv, norm, residual_relu):
   else:
     convs = ((filters, 3, strides), (filters, 3, 1))
   for i, (f, k, s) in enumerate(convs):
+    last = i == len(convs) - 1
     x = conv(f, k, s, f'{name}_conv{i + 1}')(x)
-    x = norm(f'{name}_bn{i + 1}')(x)
-    if i < len(convs) - 1:
+    x = norm(f'{name}_bn{i + 1}', zero_init=last and zero_init_residual)(x)
+    if not last:
       x = layers.Activation('relu', name=f'{name}_relu{i + 1}')(x)
   x = ResidualAdd(residual_relu, name=name + '_add')([x, shortcut])
   return ResidualRelu(residual_relu, name=name + '_out')(x)
@@ -317,7 +329,8 @@ def resnet(depth: int, num_classes: int, image_size: int,
            matmul_convs: bool = False, residual_relu: str = 'native',
            norm: Optional[NormFactory] = None,
            recompute: bool = False,
-           filters: Sequence[int] = STAGE_FILTERS) -> tf_keras.Model:
+           filters: Sequence[int] = STAGE_FILTERS,
+           zero_init_residual: bool = False) -> tf_keras.Model:
   """ResNet v1.5 of `depth` on normalised float images.
 
   Args:
@@ -338,6 +351,8 @@ def resnet(depth: int, num_classes: int, image_size: int,
     filters: output channels of the stem and of each stage's basic blocks (a
       bottleneck's inner ones; 4x leave it): the standard widths, or
       `RunConfig.stage_filters` scaled by --width_multiplier.
+    zero_init_residual: each residual branch's last norm starts at gamma 0
+      (Goyal et al., 2017): every block starts as its shortcut.
   """
   norm = norm or norm_factory()
   blocks, bottleneck = _STAGES[depth]
@@ -356,7 +371,8 @@ def resnet(depth: int, num_classes: int, image_size: int,
     for b in range(num_blocks):
       strides = 2 if stage > 0 and b == 0 else 1
       x = _block(x, stage_filters, strides, bottleneck,
-                 f'stage{stage + 1}_block{b + 1}', conv, norm, residual_relu)
+                 f'stage{stage + 1}_block{b + 1}', conv, norm, residual_relu,
+                 zero_init_residual)
     boundaries.append(x)
   x = layers.GlobalAveragePooling2D(name='avg_pool')(x)
   outputs = _classifier_head(x, num_classes, regularizer)
@@ -419,7 +435,8 @@ def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
                      matmul_convs=cfg.uses_matmul_convs(machine),
                      residual_relu=cfg.residual_relu(machine), norm=norm,
                      recompute=cfg.enable_recompute,
-                     filters=cfg.stage_filters)
+                     filters=cfg.stage_filters,
+                     zero_init_residual=cfg.zero_init_residual)
   # Also when validate or average rebuild the run: its checkpoints hold
   # optimizer slots for the trainable variables only.
   if cfg.freeze_backbone:

@@ -58,6 +58,8 @@ def test_bad_values_name_the_flag_and_the_choices(field, value, expected):
      '--sync_batch_norm applies'),
     (dict(keras_applications_model='ResNet50', enable_recompute=True),
      '--enable_recompute applies'),
+    (dict(keras_applications_model='ResNet50', zero_init_residual=True),
+     '--zero_init_residual applies'),
     (dict(optimizer='RMSProp', nesterov=True), '--nesterov applies to SGD and '
      'LARS'),
     (dict(num_cpu_replicas=2), '--num_cpu_replicas=2 splits the CPU into '

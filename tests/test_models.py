@@ -1,6 +1,7 @@
 """Model structure: parameter counts, precision of the output, uint8 input;
 normalisation options and recomputation."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -277,6 +278,50 @@ def test_fast_residual_relus_train_bit_identically(impl):
   assert float(loss_fast) == float(loss_native)
   for g_fast, g_native in zip(grads_fast, grads_native):
     np.testing.assert_array_equal(g_fast, g_native)
+
+
+@pytest.mark.parametrize('depth,norm', [(10, 'batch'), (50, 'group')])
+def test_zero_init_residual_starts_each_block_as_its_shortcut(depth, norm):
+  """Each residual branch's last norm (bn2 of a basic block, bn3 of a
+  bottleneck) starts at gamma 0, every other norm at 1, so a block without
+  a projection starts as relu(its input); one training step moves them."""
+  tf_keras.mixed_precision.set_global_policy('float32')
+  cfg = RunConfig(resnet_depth=depth, width_multiplier=0.25, image_size=32,
+                  norm=norm, groups=8, zero_init_residual=True)
+  net = models.build_network(cfg, 10, use_regularizers=False)
+  last = 'bn3' if depth == 50 else 'bn2'
+  norms = [l for l in net.layers if isinstance(
+      l, (tf_keras.layers.BatchNormalization,
+          tf_keras.layers.GroupNormalization))]
+  zeroed = [l.name for l in norms if l.name.endswith('_' + last)]
+  assert len(zeroed) == {10: 4, 50: 16}[depth]  # one per block
+  for layer in norms:
+    expected = 0.0 if layer.name in zeroed else 1.0
+    np.testing.assert_array_equal(layer.gamma.numpy(), expected)
+  # stage1_block1 of ResNet-10 has no projection: at init it passes its
+  # (non-negative, pooled) input through unchanged.
+  if depth == 10:
+    block = tf_keras.Model(net.input, [
+        net.get_layer('stem_pool').output,
+        net.get_layer('stage1_block1_out').output])
+    pooled, out = block(tf.random.normal([2, 32, 32, 3]), training=False)
+    np.testing.assert_allclose(out, pooled, rtol=1e-6)
+  # Without the flag the same norms start at 1.
+  plain = models.build_network(
+      dataclasses.replace(cfg, zero_init_residual=False), 10,
+      use_regularizers=False)
+  np.testing.assert_array_equal(plain.get_layer(zeroed[0]).gamma.numpy(), 1.0)
+  # One SGD step moves the zeroed scales off 0.
+  images = tf.random.normal([4, 32, 32, 3])
+  labels = tf.constant([0, 1, 2, 3])
+  with tf.GradientTape() as tape:
+    loss = tf_keras.losses.sparse_categorical_crossentropy(
+        labels, net(images, training=True))
+  variables = net.trainable_variables
+  tf_keras.optimizers.legacy.SGD(0.1).apply_gradients(
+      zip(tape.gradient(loss, variables), variables))
+  for name in zeroed:
+    assert np.any(net.get_layer(name).gamma.numpy() != 0), name
 
 
 def _group_norm(groups=32):
