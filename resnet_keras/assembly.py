@@ -147,7 +147,8 @@ def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
       label_smoothing=cfg.label_smoothing, weight_decay=cfg.weight_decay,
       weight_decay_path=wd_path, use_tf_function=cfg.use_tf_function,
       use_tf_while_loop=cfg.use_tf_while_loop,
-      num_accumulation_steps=cfg.num_accumulation_steps, backend=backend,
+      num_accumulation_steps=cfg.num_accumulation_steps,
+      eval_flip=cfg.eval_flip, backend=backend,
       stop_requested=guard.stop_requested)
   return Parts(plan=plan, schedule=schedule, network=network, model=model,
                optimizer=optimizer, manager=manager, trainer=trainer,
@@ -175,7 +176,8 @@ def assemble_evaluation(basis: Basis, plan: TrainingPlan) -> Parts:
       train_dataset=None,
       eval_dataset=strategy.distribute_datasets_from_function(eval_fn),
       program_batch_size=cfg.batch_size, num_classes=basis.info.num_classes,
-      max_steps_per_loop=1, use_tf_function=cfg.use_tf_function)
+      max_steps_per_loop=1, use_tf_function=cfg.use_tf_function,
+      eval_flip=cfg.eval_flip)
   return Parts(plan=plan, schedule=schedule, network=network, model=model,
                optimizer=optimizer, manager=manager, trainer=evaluator,
                skipped=skipped)

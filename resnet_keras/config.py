@@ -99,7 +99,7 @@ class PrecisionConfig:
 
 @dataclasses.dataclass(frozen=True)
 class LoopConfig:
-  """How long training runs, and when it logs, evaluates and stops."""
+  """How long training runs; when and how it logs, evaluates and stops."""
   batch_size: int = 256
   train_epochs: int = 1
   train_steps: int = 0  # 0: no cap on steps per epoch.
@@ -109,6 +109,7 @@ class LoopConfig:
   epochs_between_evals: int = 1
   eval_offset_epochs: int = 0  # first eval epoch; 0: epochs_between_evals
   skip_eval: bool = False
+  eval_flip: bool = False  # Test-time flip averaging (trainer.flip_average).
   target_accuracy: float = 0.0  # 0: never stop early.
   global_seed: Optional[int] = None
   use_tf_function: bool = True

@@ -230,6 +230,11 @@ def _define_loop_flags(values: flags.FlagValues) -> None:
           '...); 0: first at --epochs_between_evals. The end is always '
           'evaluated.')
   _define(values, flags.DEFINE_boolean, 'skip_eval', 'Do not evaluate.')
+  _define(values, flags.DEFINE_boolean, 'eval_flip',
+          'Evaluate each image and its mirror image and average their '
+          'logits (test-time flip augmentation; each image counts once). '
+          'Evaluations, and python -m resnet_keras.validate on the run, '
+          'report the averaged predictions.')
   _define(values, flags.DEFINE_float, 'target_accuracy',
           'Stop once eval top-1 accuracy reaches this fraction; 0: never '
           'stop early.')

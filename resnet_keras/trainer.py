@@ -44,6 +44,15 @@ class LoopRecord:
   loss_scales: Optional[np.ndarray] = None
 
 
+def flip_average(probs, mirrored_probs):
+  """The softmax of the mean of two views' logits, from their softmax
+  outputs: log-probabilities are the logits less a per-image constant,
+  which the softmax ignores. (Test-time flip augmentation.)"""
+  tiny = tf.constant(1e-30, probs.dtype)  # log(0) is -inf: keep it finite.
+  return tf.nn.softmax((tf.math.log(tf.maximum(probs, tiny)) +
+                        tf.math.log(tf.maximum(mirrored_probs, tiny))) / 2)
+
+
 class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
   """Cross-entropy training of a classifier, and count-weighted evaluation."""
 
@@ -54,6 +63,7 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                label_smoothing: float = 0.0, weight_decay: float = 0.0,
                weight_decay_path: str = 'none', use_tf_function: bool = True,
                use_tf_while_loop: bool = True, num_accumulation_steps: int = 1,
+               eval_flip: bool = False,
                backend: Optional[distribution.Backend] = None,
                stop_requested: Optional[Callable[[], bool]] = None):
     """`program_batch_size` is the batch of `strategy`'s replicas together,
@@ -61,7 +71,9 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     its own program; default: the same). Each replica's share is split into
     `num_accumulation_steps` micro-batches (see config.TrainingPlan).
     `stop_requested` (host code, any thread) is polled before each step;
-    when it is true on any worker, every worker ends the loop there."""
+    when it is true on any worker, every worker ends the loop there.
+    `eval_flip`: evaluation averages each image's and its mirror's logits
+    (flip_average)."""
     self.strategy = strategy
     self.backend = backend or distribution.Backend(strategy)
     self.model = model
@@ -74,6 +86,7 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     self.weight_decay = weight_decay
     self.weight_decay_path = weight_decay_path
     self.num_accumulation_steps = num_accumulation_steps
+    self.eval_flip = eval_flip
     self._stop_requested = stop_requested
     self.uses_loss_scale = isinstance(
         optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
@@ -296,6 +309,14 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     for metric in (self.eval_loss, self.eval_accuracy, self.eval_top5):
       metric.reset_states()
 
+  def predict(self, images):
+    """Evaluation's probabilities: of the images, or flip-averaged."""
+    probs = self.model(images, training=False)
+    if not self.eval_flip:
+      return probs
+    return flip_average(probs, self.model(tf.image.flip_left_right(images),
+                                          training=False))
+
   def eval_step(self, iterator):
 
     def step_fn(inputs):
@@ -304,7 +325,7 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
       # TensorFlow 2.20's oneDNN Conv2D returns an empty batch unchanged (its
       # input's shape, not the convolution's), which the next layer rejects.
       probs = tf.cond(tf.shape(images)[0] > 0,
-                      lambda: self.model(images, training=False),
+                      lambda: self.predict(images),
                       lambda: tf.zeros([0, self.num_classes]))
       self.eval_loss.update_state(self.per_example_loss(labels, probs, 0.0))
       self.eval_accuracy.update_state(labels, probs)

@@ -4,6 +4,7 @@
   python -m resnet_keras.validate --model_dir DIR --checkpoint all
   python -m resnet_keras.validate --model_dir DIR --checkpoint ckpt-4
   python -m resnet_keras.validate --model_dir DIR --data_dir /data/tf_records
+  python -m resnet_keras.validate --model_dir DIR --eval_flip   # flip TTA
 
 The model and data flags come from DIR/config.json, which training writes
 when it starts, so none are repeated; --data_dir reads other (or moved) data
@@ -51,6 +52,11 @@ def define_flags(values: flags.FlagValues) -> None:
                       'data_dir (same --dataset format; real data even for a '
                       'synthetic-data run).',
                       flag_values=values)
+  flags.DEFINE_boolean('eval_flip', None,
+                       'Average each image\'s and its mirror\'s logits '
+                       '(test-time flip augmentation), or not; default: as '
+                       'the run evaluated (its --eval_flip).',
+                       flag_values=values)
 
 
 class CheckpointEvaluator:
@@ -122,6 +128,8 @@ def main(argv):
   if flags.FLAGS.data_dir:
     cfg = dataclasses.replace(cfg, data_dir=flags.FLAGS.data_dir,
                               use_synthetic_data=False)
+  if flags.FLAGS.eval_flip is not None:
+    cfg = dataclasses.replace(cfg, eval_flip=flags.FLAGS.eval_flip)
   rows = evaluate_checkpoints(cfg, plan, flags.FLAGS.checkpoint)
   print(format_table(rows))
   path = os.path.join(model_dir, RESULTS_FILE)

@@ -93,6 +93,46 @@ def test_eval_counts_every_example_weighted_by_count():
   assert results['eval_accuracy'] == np.float32(correct / total)
 
 
+def test_flip_average_is_the_softmax_of_the_mean_logits():
+  logits = tf.constant([[2.0, -1.0, 0.5], [0.0, 3.0, -2.0]])
+  mirrored = tf.constant([[1.0, 1.0, -3.0], [4.0, -1.0, 0.0]])
+  averaged = trainer_lib.flip_average(tf.nn.softmax(logits),
+                                      tf.nn.softmax(mirrored))
+  # By hand: the mean logits [1.5, 0, -1.25] and [2, 1, -1].
+  expected = np.exp([[1.5, 0.0, -1.25], [2.0, 1.0, -1.0]])
+  expected /= expected.sum(axis=1, keepdims=True)
+  np.testing.assert_allclose(averaged, expected, rtol=1e-6)
+  # A class with probability 0 in one view stays finite.
+  zero = trainer_lib.flip_average(tf.constant([[1.0, 0.0]]),
+                                  tf.constant([[0.5, 0.5]]))
+  assert np.all(np.isfinite(zero)) and float(zero[0, 1]) < 1e-10
+
+
+def test_flip_evaluation_averages_each_image_with_its_mirror_once():
+  trainer = _trainer(eval_examples=13, batch=4, eval_flip=True)
+  # An untrained head saturates the softmax (every loss at the clip); a
+  # smaller one keeps the two views' predictions apart.
+  head = trainer.model.get_layer(models.HEAD_LAYER)
+  head.kernel.assign(head.kernel * 1e-3)
+  results = trainer.evaluate(tf.constant(-1))
+  assert results['eval_examples'] == 13  # Each image counted once.
+  correct, losses = 0, []
+  for images, labels in synthetic.eval_dataset(4, 32, 5, tf.float32, 13):
+    probs = trainer_lib.flip_average(
+        trainer.model(images, training=False),
+        trainer.model(images[:, :, ::-1, :], training=False)).numpy()
+    correct += int(np.sum(np.argmax(probs, axis=-1) == labels.numpy()))
+    losses += list(tf_keras.losses.sparse_categorical_crossentropy(
+        labels, probs).numpy())
+  assert results['eval_accuracy'] == pytest.approx(correct / 13)
+  assert results['eval_loss'] == pytest.approx(np.mean(losses), rel=1e-5)
+  # Not what the images alone give (synthetic images are not symmetric).
+  plain = _trainer(eval_examples=13, batch=4)
+  plain.model.set_weights(trainer.model.get_weights())
+  assert plain.evaluate(tf.constant(-1))['eval_loss'] != pytest.approx(
+      results['eval_loss'], rel=1e-5)
+
+
 def _sleepy(seconds):
   """An identity map that takes `seconds` per element, outside the GIL."""
   def sleep(x):

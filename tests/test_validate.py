@@ -41,6 +41,17 @@ def test_every_checkpoint_scores_what_training_evaluated(synthetic_run):
     assert float(row['loss']) == pytest.approx(logged['eval_loss'], rel=1e-5)
 
 
+def test_eval_flip_scores_each_image_with_its_mirror(synthetic_run):
+  result = _validate(synthetic_run, '--checkpoint', 'ckpt-8', '--eval_flip')
+  assert result.returncode == 0, result.stderr[-3000:]
+  (row,) = _csv_rows(synthetic_run)
+  logged = [r for r in metrics.read_metrics_log(synthetic_run)
+            if 'eval_loss' in r][-1]
+  assert int(row['examples']) == 13  # Each image once, not twice.
+  # Other predictions than the run's own (unflipped) evaluation.
+  assert float(row['loss']) != pytest.approx(logged['eval_loss'], rel=1e-5)
+
+
 def test_latest_checkpoint_of_a_records_run_and_other_data(records_run,
                                                             tmp_path):
   data_dir, model_dir = records_run
