@@ -29,6 +29,7 @@ from resnet_keras import runtime
 from resnet_keras import schedules
 from resnet_keras import trainer as trainer_lib
 from resnet_keras import warm_start
+from resnet_keras import weight_average as weight_average_lib
 from resnet_keras.config import RunConfig, TrainingPlan, make_training_plan
 from resnet_keras.data import datasets
 from resnet_keras.data import imagenet
@@ -57,6 +58,8 @@ class Parts:
   # What this process saves to and restores from; None: it never saves.
   manager: Optional[tf.train.CheckpointManager]
   trainer: trainer_lib.ResnetTrainer
+  # --ema_decay's average of the model's weights; None: not averaging.
+  weight_average: Optional[weight_average_lib.WeightAverage] = None
   # Counts the records --skip_corrupt_records skipped; None: not counting.
   skipped: Optional[imagenet.SkippedRecords] = None
   guard: Optional[guards.LoopGuard] = None  # training only
@@ -105,6 +108,16 @@ def build_optimizer(cfg: RunConfig, plan: TrainingPlan) -> Tuple[Any, Any]:
   return schedule, optimizers.build_optimizer(cfg, schedule)
 
 
+def build_weight_average(cfg: RunConfig, model: tf_keras.Model
+                         ) -> Optional[weight_average_lib.WeightAverage]:
+  """--ema_decay's average of `model`'s variables (None without it), under
+  the strategy scope the model was built in."""
+  if not cfg.ema_decay:
+    return None
+  return weight_average_lib.WeightAverage(model.variables, cfg.ema_decay,
+                                          cfg.ema_warmup)
+
+
 def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
   """Every part a training process needs, under its backend's strategy.
 
@@ -120,7 +133,8 @@ def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
                                  wd_path, backend.hvd)
     schedule, optimizer = build_optimizer(cfg, plan)
     optimizers.create_slots(optimizer, model.trainable_variables)
-    manager = _training_manager(cfg, backend, model, optimizer)
+    averaged = build_weight_average(cfg, model)
+    manager = _training_manager(cfg, backend, model, optimizer, averaged)
 
   skipped = datasets.skipped_records_counter(cfg)
   train_fn, eval_fn = datasets.make_input_fns(
@@ -148,11 +162,11 @@ def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
       weight_decay_path=wd_path, use_tf_function=cfg.use_tf_function,
       use_tf_while_loop=cfg.use_tf_while_loop,
       num_accumulation_steps=cfg.num_accumulation_steps,
-      eval_flip=cfg.eval_flip, backend=backend,
+      eval_flip=cfg.eval_flip, weight_average=averaged, backend=backend,
       stop_requested=guard.stop_requested)
   return Parts(plan=plan, schedule=schedule, network=network, model=model,
                optimizer=optimizer, manager=manager, trainer=trainer,
-               skipped=skipped, guard=guard)
+               weight_average=averaged, skipped=skipped, guard=guard)
 
 
 def assemble_evaluation(basis: Basis, plan: TrainingPlan) -> Parts:
@@ -166,7 +180,9 @@ def assemble_evaluation(basis: Basis, plan: TrainingPlan) -> Parts:
   cfg = basis.cfg
   network, model = build_model(cfg, basis.info.num_classes, basis.machine)
   schedule, optimizer = build_optimizer(cfg, plan)
-  manager = checkpoints.make_manager(model, optimizer, cfg.model_dir)
+  averaged = build_weight_average(cfg, model)
+  manager = checkpoints.make_manager(model, optimizer, cfg.model_dir,
+                                     weight_average=averaged)
   skipped = datasets.skipped_records_counter(cfg)
   _, eval_fn = datasets.make_input_fns(cfg, basis.info, cfg.batch_size,
                                        skipped)
@@ -177,14 +193,14 @@ def assemble_evaluation(basis: Basis, plan: TrainingPlan) -> Parts:
       eval_dataset=strategy.distribute_datasets_from_function(eval_fn),
       program_batch_size=cfg.batch_size, num_classes=basis.info.num_classes,
       max_steps_per_loop=1, use_tf_function=cfg.use_tf_function,
-      eval_flip=cfg.eval_flip)
+      eval_flip=cfg.eval_flip, weight_average=averaged)
   return Parts(plan=plan, schedule=schedule, network=network, model=model,
                optimizer=optimizer, manager=manager, trainer=evaluator,
-               skipped=skipped)
+               weight_average=averaged, skipped=skipped)
 
 
 def _training_manager(cfg: RunConfig, backend: distribution.Backend,
-                      model, optimizer
+                      model, optimizer, averaged
                       ) -> Optional[tf.train.CheckpointManager]:
   """The manager this worker saves with (None: it never saves).
 
@@ -196,12 +212,14 @@ def _training_manager(cfg: RunConfig, backend: distribution.Backend,
   """
   if backend.is_chief:
     return checkpoints.make_manager(model, optimizer, cfg.model_dir,
-                                    max_to_keep=cfg.max_checkpoints)
+                                    max_to_keep=cfg.max_checkpoints,
+                                    weight_average=averaged)
   if not backend.collective_saves:
     return None
   scratch = os.path.join(backend.worker_dir(cfg.model_dir), 'checkpoints')
   shutil.rmtree(scratch, ignore_errors=True)
-  manager = checkpoints.make_manager(model, optimizer, scratch, max_to_keep=1)
+  manager = checkpoints.make_manager(model, optimizer, scratch, max_to_keep=1,
+                                     weight_average=averaged)
   latest = tf.train.latest_checkpoint(cfg.model_dir)
   if latest:
     manager.checkpoint.restore(latest)

@@ -8,7 +8,9 @@
 Every variable of the model is averaged, batch-norm moving statistics
 included, over the checkpoints DIR keeps, in step order: their mean, or with
 --ema DECAY the exponential moving average avg = DECAY * avg + (1 - DECAY) *
-w, starting from the oldest. The optimizer (slots and step) is the last
+w, starting from the oldest. A run trained with --ema_decay is scored by
+its weight average, so that is what is averaged (and the result's average
+is the result). The optimizer (slots and step) is the last
 checkpoint's, so the result is named like it (ckpt-<step>).
 
 It goes to DIR/averaged/ (--output_dir), with a copy of DIR/config.json and
@@ -37,6 +39,7 @@ from resnet_keras import export
 from resnet_keras import metrics
 from resnet_keras import optimizers
 from resnet_keras import validate
+from resnet_keras import weight_average
 from common.errors import UsageError
 # pylint: enable=g-import-not-at-top
 
@@ -133,21 +136,27 @@ def write_averaged(evaluator: validate.CheckpointEvaluator,
   optimizers.create_slots(evaluator.optimizer,
                           evaluator.model.trainable_variables)
   variables = evaluator.model.variables
+  kept_average = evaluator.weight_average
 
   def restored_weights():
     for path in paths:
       evaluator.restore(path)
-      yield [v.numpy() for v in variables]
+      # What the run scored: an --ema_decay run's weight average.
+      with weight_average.in_model(kept_average):
+        yield [v.numpy() for v in variables]
 
   for variable, value in zip(variables,
                              average_weights(restored_weights(), ema_decay)):
     variable.assign(value.astype(variable.dtype.as_numpy_dtype))
+  if kept_average:  # Scored and exported from the checkpoint as written.
+    kept_average.reset()
   os.makedirs(output_dir, exist_ok=True)
   checkpoints.record_config(output_dir, dataclasses.replace(
       cfg, model_dir=output_dir), evaluator.plan)
   manager = checkpoints.make_manager(evaluator.model, evaluator.optimizer,
                                      output_dir,
-                                     max_to_keep=cfg.max_checkpoints)
+                                     max_to_keep=cfg.max_checkpoints,
+                                     weight_average=kept_average)
   path = manager.save(
       checkpoint_number=int(evaluator.optimizer.iterations.numpy()))
   metrics.write_json_atomically(

@@ -1,7 +1,7 @@
 """Checkpoints in model_dir: what is saved, how often, how a rerun resumes.
 
-The model and the optimizer (slots, iteration count, loss scale) are saved
-together, so a rerun with the same model_dir continues at the saved step with
+The model and the optimizer (slots, iteration count, loss scale), and the
+weight average of --ema_decay, are saved together, so a rerun with the same model_dir continues at the saved step with
 the same optimizer state and learning-rate position. config.json says what
 they are checkpoints of: a run refuses another model's checkpoints, and
 `python -m resnet_keras.validate` rebuilds the model and its data from it.
@@ -27,9 +27,10 @@ CONFIG_FILE = 'config.json'
 
 
 def make_manager(model, optimizer, model_dir: str,
-                 max_to_keep: int = MAX_TO_KEEP) -> tf.train.CheckpointManager:
+                 max_to_keep: int = MAX_TO_KEEP,
+                 weight_average=None) -> tf.train.CheckpointManager:
   """A manager for model_dir. run.py decides when to save (every epoch)."""
-  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+  checkpoint = checkpoint_of(model, optimizer, weight_average)
   return tf.train.CheckpointManager(
       checkpoint, directory=model_dir, max_to_keep=max_to_keep,
       step_counter=optimizer.iterations)
@@ -41,6 +42,22 @@ def latest_step(model_dir: str) -> int:
   latest = tf.train.latest_checkpoint(model_dir) if os.path.isdir(
       model_dir) else None
   return int(latest.rsplit('-', 1)[1]) if latest else 0
+
+
+def checkpoint_of(model, optimizer=None,
+                  weight_average=None) -> tf.train.Checkpoint:
+  """What a run's checkpoints hold: the model, its optimizer, and
+  --ema_decay's weight average beside them (None: left out)."""
+  objects = {'model': model, 'optimizer': optimizer,
+             'weight_average': weight_average and weight_average.trackable}
+  return tf.train.Checkpoint(
+      **{k: v for k, v in objects.items() if v is not None})
+
+
+def has_weight_average(path: str) -> bool:
+  """Whether the checkpoint at `path` holds a weight average (--ema_decay)."""
+  return any(name.startswith('weight_average/')
+             for name, _ in tf.train.list_variables(path))
 
 
 def model_identity(cfg: RunConfig) -> Dict:

@@ -136,6 +136,9 @@ class OptimizerConfig:
   label_smoothing: float = 0.0
   weight_decay: float = 1e-4
   single_l2_loss_op: bool = False
+  # An average of the weights kept during training (weight_average.py).
+  ema_decay: float = 0.0  # 0: none.
+  ema_warmup: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -296,6 +299,12 @@ class RunConfig(RuntimeConfig, OutputConfig, OptimizerConfig, LoopConfig,
     if not 0 <= self.momentum < 1:
       raise UsageError(f'--momentum must be in [0, 1), got {self.momentum}')
     self._validate_optimizer_options()
+    if not 0 <= self.ema_decay < 1:
+      raise UsageError('--ema_decay is the decay of the weight average, in '
+                       f'[0, 1) (0: none), got {self.ema_decay}')
+    if self.ema_warmup and not self.ema_decay:
+      raise UsageError('--ema_warmup ramps the decay of --ema_decay; give '
+                       '--ema_decay too (e.g. 0.999)')
     if not 0 <= self.label_smoothing < 1:
       raise UsageError('--label_smoothing must be in [0, 1), got '
                        f'{self.label_smoothing}')

@@ -53,6 +53,7 @@ from resnet_keras import checkpoints
 from resnet_keras import models
 from resnet_keras import optimizers
 from resnet_keras import runtime
+from resnet_keras import weight_average
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data import imagenet
@@ -219,15 +220,18 @@ def export_checkpoints(cfg: RunConfig, which: Optional[str],
   `cfg` describes; returns the directories written."""
   cfg, machine, _ = runtime.set_up(cfg)  # No data: config.json has it all.
   network, model = assembly.build_model(cfg, cfg.num_classes, machine)
-  checkpoint = tf.train.Checkpoint(model=model)
+  averaged = assembly.build_weight_average(cfg, model)
+  checkpoint = checkpoints.checkpoint_of(model, weight_average=averaged)
   manager = tf.train.CheckpointManager(checkpoint, cfg.model_dir,
                                        max_to_keep=None)
   written = []
   for path in checkpoints.checkpoint_paths(manager, cfg.model_dir, which):
     checkpoints.restore(checkpoint, path, cfg)
     target = os.path.join(output_dir, os.path.basename(path))
-    for exported in export_run(network, cfg, target, feature_vector=True):
-      logging.info('exported %s to %s', os.path.basename(path), exported)
+    # An --ema_decay run's export is its weight average, as at its end.
+    with weight_average.in_model(averaged):
+      for exported in export_run(network, cfg, target, feature_vector=True):
+        logging.info('exported %s to %s', os.path.basename(path), exported)
     written.append(target)
   return written
 

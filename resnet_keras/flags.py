@@ -298,6 +298,13 @@ def _define_optimizer_flags(values: flags.FlagValues) -> None:
   _define(values, flags.DEFINE_boolean, 'single_l2_loss_op',
           'SGD/RMSProp: one L2 term over all kernels instead of per-layer '
           'regularisers (same gradient, fewer ops).')
+  _define(values, flags.DEFINE_float, 'ema_decay',
+          'Keep an exponential moving average of the weights with this '
+          'decay (e.g. 0.999; 0: none): it is what evaluations score, '
+          'validate reports and exports hold; the checkpoint keeps both.')
+  _define(values, flags.DEFINE_boolean, 'ema_warmup',
+          'Ramp the average\'s decay as min(ema_decay, (1 + step) / (10 + '
+          'step)), so it forgets the random start quickly.')
 
 
 def _define_output_flags(values: flags.FlagValues) -> None:

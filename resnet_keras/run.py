@@ -32,6 +32,7 @@ from resnet_keras import optimizers
 from resnet_keras import plots
 from resnet_keras import tracking
 from resnet_keras import warm_start
+from resnet_keras import weight_average
 from resnet_keras.config import RunConfig, TrainingPlan
 from resnet_keras.data import datasets
 from common.errors import RunStopped, UsageError
@@ -277,7 +278,11 @@ def _restore_or_warm_start(basis: assembly.Basis, parts: assembly.Parts,
   if start_from:
     warm_start.apply(start_from, parts.network, parts.model, optimizer,
                      cfg.restore_optimizer)
-  backend.sync_from_chief(parts.model.variables + optimizer.variables())
+  averaged = parts.weight_average
+  if averaged:
+    _start_weight_average(averaged, cfg.model_dir, bool(start_from))
+  backend.sync_from_chief(parts.model.variables + optimizer.variables() +
+                          (averaged.averages if averaged else []))
   start_step = int(optimizer.iterations.numpy())
   if start_from and start_step >= plan.total_train_steps:
     raise UsageError(
@@ -290,6 +295,22 @@ def _restore_or_warm_start(basis: assembly.Basis, parts: assembly.Parts,
     logging.info('restored from %s at step %d',
                  parts.manager.latest_checkpoint, start_step)
   return start_step
+
+
+def _start_weight_average(averaged, model_dir: str,
+                          warm_started: bool) -> None:
+  """The average starts from the weights a run starts from, unless it
+  resumes one its checkpoint holds (every worker restored model_dir's)."""
+  latest = tf.train.latest_checkpoint(model_dir)
+  resumed = latest and not warm_started
+  if resumed and checkpoints.has_weight_average(latest):
+    logging.info('--ema_decay %g: evaluations score the weight average '
+                 '(resumed from %s)', averaged.decay, latest)
+    return
+  averaged.reset()
+  logging.info('--ema_decay %g: evaluations score the weight average, '
+               'which starts from the %s weights', averaged.decay,
+               'restored' if latest or warm_started else 'initial')
 
 
 @dataclasses.dataclass
@@ -360,14 +381,16 @@ def _export(basis: assembly.Basis, parts: assembly.Parts) -> None:
   cfg, backend = basis.cfg, basis.backend
   if not cfg.enable_checkpoint_and_export:
     return
-  if backend.is_chief:
-    path, = export.export_run(parts.network, cfg, cfg.model_dir)
-    logging.info('exported SavedModel to %s', path)
-  elif backend.collective_saves:
-    # Under multi_worker_mirrored reading the weights is a collective (batch
-    # norm statistics are averaged when read): the other workers join the
-    # chief's read, once, as its export copies them.
-    parts.network.get_weights()
+  with weight_average.in_model(parts.weight_average):
+    if backend.is_chief:
+      path, = export.export_run(parts.network, cfg, cfg.model_dir)
+      logging.info('exported SavedModel to %s%s', path,
+                   ' (the weight average)' if parts.weight_average else '')
+    elif backend.collective_saves:
+      # Under multi_worker_mirrored reading the weights is a collective
+      # (batch norm statistics are averaged when read): the other workers
+      # join the chief's read, once, as its export copies them.
+      parts.network.get_weights()
 
 
 def _summary(basis: assembly.Basis, parts: assembly.Parts,

@@ -13,6 +13,9 @@ With gradient accumulation a step splits its batch into K micro-batches,
 sums their float32 gradients in a `tf.while_loop` and applies them once: the
 all-reduce (tf.distribute's in `apply_gradients`, Horovod's explicit one)
 runs once per optimizer step, not per micro-batch.
+With --ema_decay each step also updates the weight average
+(weight_average.py), and evaluation scores the average, swapped into the
+model for it and out after.
 When things happen (loops, evals, checkpoints) is decided in run.py.
 """
 
@@ -27,6 +30,7 @@ import tf_keras
 
 from common import distribution
 from resnet_keras import optimizers as optimizers_lib
+from resnet_keras import weight_average as weight_average_lib
 
 
 @dataclasses.dataclass
@@ -64,6 +68,8 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                weight_decay_path: str = 'none', use_tf_function: bool = True,
                use_tf_while_loop: bool = True, num_accumulation_steps: int = 1,
                eval_flip: bool = False,
+               weight_average: Optional[
+                   weight_average_lib.WeightAverage] = None,
                backend: Optional[distribution.Backend] = None,
                stop_requested: Optional[Callable[[], bool]] = None):
     """`program_batch_size` is the batch of `strategy`'s replicas together,
@@ -73,7 +79,8 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     `stop_requested` (host code, any thread) is polled before each step;
     when it is true on any worker, every worker ends the loop there.
     `eval_flip`: evaluation averages each image's and its mirror's logits
-    (flip_average)."""
+    (flip_average). `weight_average`: updated after each optimizer step, and
+    what evaluation scores (swapped into the model for it)."""
     self.strategy = strategy
     self.backend = backend or distribution.Backend(strategy)
     self.model = model
@@ -87,6 +94,7 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     self.weight_decay_path = weight_decay_path
     self.num_accumulation_steps = num_accumulation_steps
     self.eval_flip = eval_flip
+    self.weight_average = weight_average
     self._stop_requested = stop_requested
     self.uses_loss_scale = isinstance(
         optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
@@ -201,6 +209,8 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
                                                  expand_composites=True)):
       self._input_wait.assign_add(tf.timestamp() - waiting_since)
     cross_entropy, correct = self.strategy.run(step_fn, args=(inputs,))
+    if self.weight_average is not None:
+      self.weight_average.update(self.global_step)
     reduce = lambda t: self.strategy.reduce('SUM', t, axis=None)
     self._losses.scatter_nd_update([[index]], [reduce(cross_entropy)])
     self._correct.scatter_nd_update([[index]], [reduce(correct)])
@@ -304,6 +314,11 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     return tf_keras.backend.get_value(lr)
 
   # -- Evaluation ------------------------------------------------------------
+
+  def evaluate(self, num_steps):
+    """orbit's evaluation, of the weight average when there is one."""
+    with weight_average_lib.in_model(self.weight_average):
+      return super().evaluate(num_steps)
 
   def eval_begin(self):
     for metric in (self.eval_loss, self.eval_accuracy, self.eval_top5):

@@ -75,6 +75,8 @@ class CheckpointEvaluator:
     self.cfg, self.plan = basis.cfg, plan
     self.network, self.model = parts.network, parts.model
     self.optimizer, self.manager = parts.optimizer, parts.manager
+    # --ema_decay runs: what evaluation scores (swapped in for it).
+    self.weight_average = parts.weight_average
     self._evaluator = parts.trainer
 
   def restore(self, path: str) -> None:

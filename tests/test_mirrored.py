@@ -23,7 +23,10 @@ pytestmark = [pytest.mark.processes, pytest.mark.xdist_group('mirrored')]
 # a multiple of the global batch, nor of any replica count's share of it.
 ARGS = ['--resnet_depth=10', '--width_multiplier=0.25', '--image_size=32',
         '--batch_size=8', '--steps_per_loop=2', '--log_steps=1',
-        '--global_seed=3', '--enable_checkpoint_and_export', '--dtype=fp32']
+        '--global_seed=3', '--enable_checkpoint_and_export', '--dtype=fp32',
+        # What the runs evaluate, export and resume is then the weight
+        # average: one set over the replicas, as one replica's.
+        '--ema_decay=0.5']
 
 
 def _train(data_dir, model_dir, replicas, *extra, epochs=2,

@@ -1,0 +1,175 @@
+"""--ema_decay: the weight average kept during training (weight_average.py),
+against hand-computed values; what evaluation scores; checkpoints; and a
+run that resumes it exactly and exports it."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tf_keras
+
+from resnet_keras import checkpoints
+from resnet_keras import models
+from resnet_keras import run as run_lib
+from resnet_keras import trainer as trainer_lib
+from resnet_keras import weight_average
+from resnet_keras.config import RunConfig
+from resnet_keras.data import synthetic
+
+
+@pytest.fixture(autouse=True)
+def fresh_tensorflow_state():
+  yield
+  tf_keras.backend.clear_session()
+  tf_keras.mixed_precision.set_global_policy('float32')
+
+
+def test_decay_at_warms_up_to_the_decay():
+  assert float(weight_average.decay_at(1, 0.999, warmup=False)) == \
+      pytest.approx(0.999)
+  # (1 + t) / (10 + t) until it reaches the decay.
+  assert float(weight_average.decay_at(1, 0.999, True)) == pytest.approx(2 / 11)
+  assert float(weight_average.decay_at(90, 0.999, True)) == pytest.approx(0.91)
+  assert float(weight_average.decay_at(8, 0.5, True)) == pytest.approx(0.5)
+  assert float(weight_average.decay_at(10**6, 0.999, True)) == \
+      pytest.approx(0.999)
+
+
+@pytest.mark.parametrize('warmup', [False, True])
+def test_the_average_of_three_known_updates(warmup):
+  weight = tf.Variable([1.0, -2.0])
+  average = weight_average.WeightAverage([weight], 0.5, warmup=warmup)
+  np.testing.assert_array_equal(average.averages[0].numpy(), [1.0, -2.0])
+  expected = np.array([1.0, -2.0])
+  for step, value in enumerate(([2.0, 0.0], [4.0, 4.0], [8.0, 2.0]), 1):
+    weight.assign(value)
+    average.update(step)
+    decay = min(0.5, (1 + step) / (10 + step)) if warmup else 0.5
+    expected = decay * expected + (1 - decay) * np.array(value)
+    np.testing.assert_allclose(average.averages[0].numpy(), expected,
+                               rtol=1e-6)
+  if not warmup:  # 1 -> 1.5 -> 2.75 -> 5.375; -2 -> -1 -> 1.5 -> 1.75
+    np.testing.assert_allclose(average.averages[0].numpy(), [5.375, 1.75])
+
+
+def test_swapping_gives_the_weights_back_bit_for_bit_even_on_errors():
+  weight = tf.Variable(np.random.RandomState(0).normal(size=[5]),
+                       dtype=tf.float32)
+  original = weight.numpy()
+  average = weight_average.WeightAverage([weight], 0.9)
+  weight.assign(original * 3.7 + 0.1)
+  average.update(1)
+  trained, averaged = weight.numpy(), average.averages[0].numpy()
+  with pytest.raises(RuntimeError):
+    with weight_average.in_model(average):
+      np.testing.assert_array_equal(weight.numpy(), averaged)
+      raise RuntimeError('evaluation failed')
+  np.testing.assert_array_equal(weight.numpy(), trained)
+  np.testing.assert_array_equal(average.averages[0].numpy(), averaged)
+  with weight_average.in_model(None):  # no average: the model as it is
+    np.testing.assert_array_equal(weight.numpy(), trained)
+
+
+def _trainer(model, average, batch=4):
+  return trainer_lib.ResnetTrainer(
+      strategy=tf.distribute.get_strategy(), model=model,
+      optimizer=tf_keras.optimizers.legacy.SGD(0.02),
+      train_dataset=synthetic.train_dataset(batch, 32, 5, tf.float32),
+      eval_dataset=synthetic.eval_dataset(batch, 32, 5, tf.float32, 10),
+      program_batch_size=batch, num_classes=5, max_steps_per_loop=1,
+      weight_average=average)
+
+
+def test_the_trainer_averages_every_variable_and_evaluates_the_average(
+    tmp_path):
+  """After each step every model variable (batch-norm statistics included)
+  moves its average; evaluation scores the average and leaves the trained
+  weights as they were; a checkpoint holds both."""
+  net = models.resnet(10, 5, 32, filters=(16, 32, 64, 128))
+  average = weight_average.WeightAverage(net.variables, 0.6, warmup=True)
+  trainer = _trainer(net, average)
+  expected = [v.numpy() for v in net.variables]
+  for step in (1, 2, 3):
+    trainer.train(tf.constant(1))
+    decay = min(0.6, (1 + step) / (10 + step))
+    expected = [decay * e + (1 - decay) * v.numpy()
+                for e, v in zip(expected, net.variables)]
+  moving = [i for i, v in enumerate(net.variables) if 'moving_' in v.name]
+  assert moving  # the batch-norm statistics are averaged too
+  for e, a in zip(expected, average.averages):
+    np.testing.assert_allclose(a.numpy(), e, rtol=1e-5, atol=1e-6)
+
+  trained = [v.numpy() for v in net.variables]
+  scored = trainer.evaluate(tf.constant(-1))
+  for t, v in zip(trained, net.variables):
+    np.testing.assert_array_equal(v.numpy(), t)
+  # The same evaluation of a copy that holds the averages as its weights.
+  copy = models.resnet(10, 5, 32, filters=(16, 32, 64, 128))
+  copy.set_weights([a.numpy() for a in average.averages])
+  plain = _trainer(copy, None).evaluate(tf.constant(-1))
+  assert scored == pytest.approx(plain, rel=1e-5)
+  unaveraged = _trainer(net, None).evaluate(tf.constant(-1))
+  assert scored['eval_loss'] != pytest.approx(unaveraged['eval_loss'])
+
+  path = checkpoints.checkpoint_of(net, trainer.optimizer, average).save(
+      str(tmp_path / 'ckpt'))
+  assert checkpoints.has_weight_average(path)
+  assert not checkpoints.has_weight_average(
+      checkpoints.checkpoint_of(net).save(str(tmp_path / 'plain')))
+  fresh = models.resnet(10, 5, 32, filters=(16, 32, 64, 128))
+  restored = weight_average.WeightAverage(fresh.variables, 0.6)
+  checkpoints.checkpoint_of(fresh, weight_average=restored).restore(
+      path).expect_partial()
+  for a, r in zip(average.averages, restored.averages):
+    np.testing.assert_array_equal(r.numpy(), a.numpy())
+
+
+def _tiny(model_dir, **overrides) -> RunConfig:
+  return RunConfig(**{
+      'use_synthetic_data': True, 'resnet_depth': 10,
+      'width_multiplier': 0.25, 'image_size': 32, 'num_classes': 5,
+      'batch_size': 4, 'train_steps': 3, 'steps_per_loop': 3,
+      'log_steps': 1, 'num_eval_examples': 6, 'global_seed': 1,
+      'ema_decay': 0.7, 'ema_warmup': True,
+      'enable_checkpoint_and_export': True, 'model_dir': str(model_dir),
+      **overrides})
+
+
+def _averages(path):
+  return {n: tf.train.load_variable(path, n)
+          for n, _ in tf.train.list_variables(path)
+          if n.startswith('weight_average/')}
+
+
+@pytest.mark.slow
+def test_a_run_resumes_its_average_exactly_and_exports_it(tmp_path):
+  straight = run_lib.run(_tiny(tmp_path / 'straight', train_epochs=2))
+  tf_keras.backend.clear_session()
+  run_lib.run(_tiny(tmp_path / 'resumed'))
+  tf_keras.backend.clear_session()
+  resumed = run_lib.run(_tiny(tmp_path / 'resumed', train_epochs=2))
+  assert resumed['resumed_from_step'] == 3 and resumed['train_steps'] == 6
+  a, b = (_averages(str(tmp_path / d / 'ckpt-6'))
+          for d in ('straight', 'resumed'))
+  assert a and a.keys() == b.keys()
+  for name in a:
+    np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+  assert resumed['eval_accuracy'] == straight['eval_accuracy']
+  with open(tmp_path / 'straight' / 'config.json') as f:
+    recorded = json.load(f)['config']
+  assert recorded['ema_decay'] == 0.7 and recorded['ema_warmup']
+
+  # The export holds the averages, not the trained weights: compare each
+  # variable's sum of magnitudes, as multisets (checkpoint keys name
+  # objects, not layers).
+  path = str(tmp_path / 'straight' / 'ckpt-6')
+  exported = tf.saved_model.load(str(tmp_path / 'straight' / 'saved_model'))
+  sizes = lambda arrays: sorted(float(np.abs(x).sum()) for x in arrays)
+  trained = [tf.train.load_variable(path, n)
+             for n, _ in tf.train.list_variables(path)
+             if n.startswith('model/') and '.OPTIMIZER_SLOT' not in n]
+  assert len(trained) == len(a) == len(exported.variables)
+  np.testing.assert_allclose(sizes(v.numpy() for v in exported.variables),
+                             sizes(a.values()), rtol=1e-6)
+  assert not np.allclose(sizes(trained), sizes(a.values()), rtol=1e-6)
