@@ -123,6 +123,7 @@ class OptimizerConfig:
   base_learning_rate: float = 0.1
   warmup_epochs: float = 5.0
   lr_schedule: str = 'piecewise'
+  lr_per_epoch: bool = False  # a new learning rate an epoch, not a step
   end_learning_rate: float = 1e-4
   lars_decay_epochs: float = 0.0  # 0: decay over the whole run.
   lars_epsilon: float = 0.0

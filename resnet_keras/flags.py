@@ -264,6 +264,9 @@ def _define_optimizer_flags(values: flags.FlagValues) -> None:
           'constant, cosine, stepped (x lr_decay_factor at lr_decay_points), '
           'exponential (x lr_decay_factor every lr_decay_epochs) or linear '
           '(straight down to 0 at the last step, FFCV\'s); all with warmup.')
+  _define(values, flags.DEFINE_boolean, 'lr_per_epoch',
+          'Hold the learning rate through each epoch at the schedule\'s '
+          'value in the middle of the epoch; default: a new value each step.')
   _define(values, flags.DEFINE_float, 'end_learning_rate',
           'Where the polynomial and cosine decays end.')
   _define(values, flags.DEFINE_float, 'lars_decay_epochs',

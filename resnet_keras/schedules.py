@@ -6,7 +6,9 @@ All schedules ramp linearly from 0 at step 0 to the peak at `warmup_steps`
 `step - warmup_steps`, so the peak is exactly `--base_learning_rate` (scaled
 for SGD and RMSProp) when warmup ends; piecewise boundaries are absolute
 epochs, as in the reference recipes, and stepped ones absolute fractions of
-the run.
+the run. With --lr_per_epoch any of them is held through each epoch at its
+value in the epoch's middle, a new value an epoch (FFCV's recipes step
+theirs by epoch).
 """
 
 from typing import Sequence
@@ -56,6 +58,25 @@ class WarmupThenDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
     return {'peak': self.peak, 'warmup_steps': self.warmup_steps,
             'decay': tf_keras.optimizers.schedules.serialize(self.decay),
             'decay_offset': self.decay_offset}
+
+
+class PerEpoch(tf_keras.optimizers.schedules.LearningRateSchedule):
+  """`schedule` held through each epoch at its value in the epoch's middle
+  (--lr_per_epoch): no epoch at warmup's 0 or at a decay's end of 0."""
+
+  def __init__(self, schedule, steps_per_epoch: int):
+    super().__init__()
+    self.schedule = schedule
+    self.steps_per_epoch = int(steps_per_epoch)
+
+  def __call__(self, step):
+    epoch = tf.math.floordiv(tf.cast(step, tf.int64), self.steps_per_epoch)
+    return self.schedule((tf.cast(epoch, tf.float32) + 0.5) *
+                         self.steps_per_epoch)
+
+  def get_config(self):
+    return {'schedule': tf_keras.optimizers.schedules.serialize(self.schedule),
+            'steps_per_epoch': self.steps_per_epoch}
 
 
 class _Constant(tf_keras.optimizers.schedules.LearningRateSchedule):
@@ -151,7 +172,7 @@ def stepped_boundaries(points: Sequence[float], total_steps: int):
 def schedule_for_run(cfg: RunConfig, global_batch_size: int,
                      steps_per_epoch: int, total_steps: int):
   """The schedule the flags ask for, in steps of this run's global batch."""
-  return build_schedule(
+  schedule = build_schedule(
       name=cfg.lr_schedule,
       peak=peak_learning_rate(cfg.optimizer, cfg.base_learning_rate,
                               global_batch_size),
@@ -163,3 +184,4 @@ def schedule_for_run(cfg: RunConfig, global_batch_size: int,
       decay_factor=cfg.lr_decay_factor,
       decay_points=cfg.lr_decay_points,
       decay_epochs=cfg.lr_decay_epochs)
+  return PerEpoch(schedule, steps_per_epoch) if cfg.lr_per_epoch else schedule

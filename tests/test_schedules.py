@@ -92,6 +92,19 @@ def test_linear_warms_up_then_falls_to_zero_at_the_last_step():
   assert lr(cold, 20) == pytest.approx(1.0)
 
 
+def test_per_epoch_holds_each_epoch_at_its_middle():
+  # 4 epochs of 10 steps, linear: 1 epoch of warmup to 2.0, then to 0 at
+  # step 40. Each epoch takes the value at its step 5, 15, 25, 35.
+  cfg = RunConfig(optimizer='LARS', base_learning_rate=2.0, warmup_epochs=1,
+                  lr_schedule='linear', lr_per_epoch=True)
+  s = schedules.schedule_for_run(cfg, global_batch_size=256,
+                                 steps_per_epoch=10, total_steps=40)
+  for epoch, value in enumerate([1.0, 2 * 25 / 30, 2 * 15 / 30, 2 * 5 / 30]):
+    for step in (10 * epoch, 10 * epoch + 9):
+      assert lr(s, step) == pytest.approx(value), (epoch, step)
+  assert lr(s, 40) == pytest.approx(0.0, abs=1e-7)  # past the run
+
+
 def test_schedule_for_run_uses_flags():
   cfg = RunConfig(optimizer='LARS', base_learning_rate=9.5, warmup_epochs=3,
                   lr_schedule='polynomial', lars_decay_epochs=10,
