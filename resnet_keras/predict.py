@@ -10,7 +10,8 @@ evaluation did (aspect-preserving resize, central crop of the run's
 --eval_crop_fraction; see export.py). Classes are named from --labels, else
 from the labels.txt the export took from the training data, else shown as
 class indices. For each image: its path, then its 5 most likely classes, one
-per line, as probability and name.
+per line, as probability and name. --eval_flip averages each image's and its
+mirror's logits (test-time flip augmentation, as evaluation's --eval_flip).
 """
 
 from common import env
@@ -27,6 +28,7 @@ from absl import flags
 
 from common import cli
 from resnet_keras import export
+from resnet_keras import trainer
 from resnet_keras.data import imagenet
 from common.errors import UsageError
 # pylint: enable=g-import-not-at-top
@@ -45,6 +47,10 @@ def define_flags(values: flags.FlagValues) -> None:
                       'converter\'s labels.txt); default: the one exported '
                       'with the model, else class indices.',
                       flag_values=values)
+  flags.DEFINE_boolean('eval_flip', False,
+                       'Average each image\'s and its mirror\'s logits, as '
+                       'evaluation does with --eval_flip.',
+                       flag_values=values)
   flags.mark_flag_as_required('saved_model', flag_values=values)
 
 
@@ -99,6 +105,23 @@ def class_names(loaded, labels_file: Optional[str],
   return names + [f'class {i}' for i in range(len(names), num_classes)]
 
 
+def mirrored(encoded: bytes) -> bytes:
+  """The image mirrored left to right, as a (lossless) PNG. The signature's
+  resize and central crop are symmetric, so it preprocesses this into the
+  mirror of what it makes of the image."""
+  pixels = tf.io.decode_image(encoded, expand_animations=False)
+  return tf.io.encode_png(tf.image.flip_left_right(pixels)).numpy()
+
+
+def probabilities_of(predict, encoded: bytes, flip: bool) -> np.ndarray:
+  """The model's probabilities for one encoded image (flip-averaged)."""
+  views = [encoded, mirrored(encoded)] if flip else [encoded]
+  probs = predict(image_bytes=tf.constant(views))['probabilities']
+  if flip:
+    return trainer.flip_average(probs[0], probs[1]).numpy()
+  return probs[0].numpy()
+
+
 def main(argv):
   files = image_files(argv[1:])
   loaded = load(flags.FLAGS.saved_model)
@@ -109,8 +132,7 @@ def main(argv):
     with open(path, 'rb') as f:
       encoded = f.read()
     try:  # One image per call, so an undecodable file is named.
-      probabilities = predict(image_bytes=tf.constant([encoded]))[
-          'probabilities'][0].numpy()
+      probabilities = probabilities_of(predict, encoded, flags.FLAGS.eval_flip)
     except tf.errors.InvalidArgumentError:
       raise UsageError(f'{path} is not a JPEG or PNG image') from None
     print(path)

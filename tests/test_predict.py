@@ -139,3 +139,30 @@ def test_bad_inputs_fail_in_one_line(records_run, tmp_path, case, fragments):
   }[case]
   result = _predict(saved_model, *args)
   e2e.assert_one_line_error(result, *fragments)
+
+
+def test_eval_flip_averages_each_image_with_its_mirror(records_run, tmp_path):
+  """--eval_flip prints the flip average (trainer.flip_average) of the
+  model's probabilities for the image and for its mirror image."""
+  _, model_dir = records_run
+  saved_model = os.path.join(model_dir, 'saved_model')
+  path = _write_images(str(tmp_path / 'images'))[1]  # the RGB JPEG
+  result = _predict(saved_model, '--eval_flip', path)
+  assert result.returncode == 0, result.stderr[-3000:]
+  printed = _parse(result.stdout)[path]
+
+  predict = tf.saved_model.load(saved_model).signatures[
+      export.ENCODED_SIGNATURE]
+  with open(path, 'rb') as f:
+    encoded = f.read()
+  pixels = tf.io.decode_jpeg(encoded).numpy()
+  views = [encoded, _encode(np.ascontiguousarray(pixels[:, ::-1]), 'PNG')]
+  probs = predict(image_bytes=tf.constant(views))['probabilities'].numpy()
+  logits = np.log(probs)
+  expected = np.exp(logits.mean(0)) / np.exp(logits.mean(0)).sum()
+  top = np.argsort(-expected, kind='stable')[:5]
+  assert [n for _, n in printed] == [CLASS_NAMES[i] for i in top]
+  np.testing.assert_allclose([p for p, _ in printed], expected[top],
+                             atol=0.6e-4)
+  # Different from either view alone (the tiny model is not symmetric).
+  assert not np.allclose(expected, probs[0], atol=1e-4)
