@@ -82,6 +82,8 @@ class ModelConfig:
   enable_recompute: bool = False
   # The last norm of each residual branch starts at gamma 0 (Goyal et al.).
   zero_init_residual: bool = False
+  # Anti-aliased downsampling (models.Blur; Zhang 2019, as FFCV applies it).
+  blurpool: bool = False
   # Where the weights start when model_dir has no checkpoint (warm_start.py).
   restore_from: Optional[str] = None
   restore_optimizer: bool = False
@@ -340,7 +342,8 @@ class RunConfig(RuntimeConfig, OutputConfig, OptimizerConfig, LoopConfig,
       for name, wished in (('norm=group', self.norm == 'group'),
                            ('sync_batch_norm', self.sync_batch_norm),
                            ('enable_recompute', self.enable_recompute),
-                           ('zero_init_residual', self.zero_init_residual)):
+                           ('zero_init_residual', self.zero_init_residual),
+                           ('blurpool', self.blurpool)):
         if wished:
           raise UsageError(f'--{name} applies to this project\'s ResNets; '
                            '--keras_applications_model backbones have plain '

@@ -130,6 +130,12 @@ def _define_model_flags(values: flags.FlagValues) -> None:
           'the network as a shallow one (Goyal et al., "ImageNet in 1 '
           'hour"). Only the initial values change: checkpoints and exports '
           'are the same either way.')
+  _define(values, flags.DEFINE_boolean, 'blurpool',
+          'Anti-aliased downsampling (BlurPool, as in FFCV\'s ResNets): '
+          'inputs of strided convolutions blurred by a fixed 3x3 binomial '
+          'filter, the stem\'s max pooling at stride 1 then blurred and '
+          'subsampled. No new weights; part of the model\'s identity for '
+          'resume and warm start.')
   _define(values, flags.DEFINE_string, 'conv_impl',
           'How convolutions run: native (oneDNN/cuDNN), matmul (1x1 '
           'convolutions as one matmul, and kernel gradients of 3x3 '

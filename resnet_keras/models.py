@@ -90,6 +90,8 @@ class MatmulConv2D(layers.Conv2D):
       outputs = tf.matmul(pixels, tf.reshape(kernel, kernel.shape[2:]))
       return tf.reshape(outputs, tf.concat([shape[:-1], [self.filters]], 0))
     _, height, width, channels = inputs.shape
+    if height is None or width is None:  # Sizes known only when run.
+      return super().convolution_op(inputs, kernel)
     out_pixels = -(-height // stride) * -(-width // stride)
     if channels >= SMALL_MAP_MIN_CHANNELS and out_pixels <= SMALL_MAP_PIXELS:
       return _conv_with_patch_matmul_kernel_grad(inputs, kernel, stride)
@@ -199,6 +201,40 @@ def _conv(filters, kernel_size, strides, name, regularizer,
       name=name)
 
 
+# The binomial low-pass filter [1, 2, 1] x [1, 2, 1] / 16 of BlurPool
+# (Zhang, "Making Convolutional Networks Shift-Invariant Again", 2019).
+BLUR_TAPS = (1.0, 2.0, 1.0)
+# FFCV's rule: strided convolutions of fewer input channels (the stem's on
+# RGB) keep their aliasing; a blur there would only smear the pixels.
+BLUR_MIN_CHANNELS = 16
+
+
+def blur_filter() -> tf.Tensor:
+  """The 3x3 blur: an outer product of the binomial taps, summing to 1."""
+  taps = tf.constant(BLUR_TAPS)
+  kernel = taps[:, None] * taps[None, :]
+  return kernel / tf.reduce_sum(kernel)
+
+
+class Blur(layers.Layer):
+  """Each channel low-pass filtered by `blur_filter` ('same', zeros around,
+  as FFCV), then subsampled by `strides`: the anti-aliasing before a
+  subsampling that --blurpool adds. No weights: checkpoints are unchanged."""
+
+  def __init__(self, strides: int = 1, **kwargs):
+    super().__init__(**kwargs)
+    self.strides = strides
+
+  def call(self, inputs):
+    kernel = tf.tile(blur_filter()[:, :, None, None],
+                     [1, 1, inputs.shape[-1], 1])
+    return tf.nn.depthwise_conv2d(inputs, tf.cast(kernel, inputs.dtype),
+                                  [1, self.strides, self.strides, 1], 'SAME')
+
+  def get_config(self):
+    return {**super().get_config(), 'strides': self.strides}
+
+
 # (name, zero_init) -> a new layer; zero_init: its scale (gamma) starts at 0.
 NormFactory = Callable[..., layers.Layer]
 
@@ -240,15 +276,24 @@ def _gamma(zero_init: bool) -> str:
   return 'zeros' if zero_init else 'ones'
 
 
+def _blurred(x, strides, name, blurpool):
+  """`x` blurred before a convolution of `strides` (--blurpool), else `x`."""
+  if blurpool and strides != 1 and x.shape[-1] >= BLUR_MIN_CHANNELS:
+    return Blur(name=name)(x)
+  return x
+
+
 def _block(x, filters, strides, bottleneck, name, conv, norm, residual_relu,
-           zero_init_residual=False):
+           zero_init_residual=False, blurpool=False):
   """One residual block; projects the shortcut when the shape changes.
   With `zero_init_residual` the branch's last norm starts at gamma 0, so
-  the block starts as relu(shortcut)."""
+  the block starts as relu(shortcut). With `blurpool` the inputs of its
+  strided convolutions are blurred first (FFCV's BlurPool)."""
   out_filters = filters * 4 if bottleneck else filters
   shortcut = x
+  blurred_input = _blurred(x, strides, name + '_blur', blurpool)
   if strides != 1 or x.shape[-1] != out_filters:
-    shortcut = conv(out_filters, 1, strides, name + '_proj')(x)
+    shortcut = conv(out_filters, 1, strides, name + '_proj')(blurred_input)
     shortcut = norm(name + '_proj_bn')(shortcut)
   if bottleneck:
     convs = ((filters, 1, 1), (filters, 3, strides), (out_filters, 1, 1))
@@ -256,6 +301,9 @@ def _block(x, filters, strides, bottleneck, name, conv, norm, residual_relu,
     convs = ((filters, 3, strides), (filters, 3, 1))
   for i, (f, k, s) in enumerate(convs):
     last = i == len(convs) - 1
+    if s != 1:  # The block's input is blurred once for both its readers.
+      x = blurred_input if i == 0 else _blurred(x, s, f'{name}_blur{i + 1}',
+                                                blurpool)
     x = conv(f, k, s, f'{name}_conv{i + 1}')(x)
     x = norm(f'{name}_bn{i + 1}', zero_init=last and zero_init_residual)(x)
     if not last:
@@ -330,7 +378,8 @@ def resnet(depth: int, num_classes: int, image_size: int,
            norm: Optional[NormFactory] = None,
            recompute: bool = False,
            filters: Sequence[int] = STAGE_FILTERS,
-           zero_init_residual: bool = False) -> tf_keras.Model:
+           zero_init_residual: bool = False,
+           blurpool: bool = False) -> tf_keras.Model:
   """ResNet v1.5 of `depth` on normalised float images.
 
   Args:
@@ -353,6 +402,9 @@ def resnet(depth: int, num_classes: int, image_size: int,
       `RunConfig.stage_filters` scaled by --width_multiplier.
     zero_init_residual: each residual branch's last norm starts at gamma 0
       (Goyal et al., 2017): every block starts as its shortcut.
+    blurpool: anti-aliased downsampling (`Blur`): the inputs of strided
+      convolutions of 16 or more channels are blurred first, and the stem's
+      max pooling becomes a stride-1 max and a blurred subsampling.
   """
   norm = norm or norm_factory()
   blocks, bottleneck = _STAGES[depth]
@@ -364,7 +416,10 @@ def resnet(depth: int, num_classes: int, image_size: int,
   x = conv(filters[0], kernel, stride, 'stem_conv')(inputs)
   x = norm('stem_bn')(x)
   x = layers.Activation('relu', name='stem_relu')(x)
-  if pool:
+  if pool and blurpool:
+    x = layers.MaxPooling2D(3, strides=1, padding='same', name='stem_pool')(x)
+    x = Blur(strides=2, name='stem_pool_blur')(x)
+  elif pool:
     x = layers.MaxPooling2D(3, strides=2, padding='same', name='stem_pool')(x)
   boundaries = [x]
   for stage, (num_blocks, stage_filters) in enumerate(zip(blocks, filters)):
@@ -372,7 +427,7 @@ def resnet(depth: int, num_classes: int, image_size: int,
       strides = 2 if stage > 0 and b == 0 else 1
       x = _block(x, stage_filters, strides, bottleneck,
                  f'stage{stage + 1}_block{b + 1}', conv, norm, residual_relu,
-                 zero_init_residual)
+                 zero_init_residual, blurpool)
     boundaries.append(x)
   x = layers.GlobalAveragePooling2D(name='avg_pool')(x)
   outputs = _classifier_head(x, num_classes, regularizer)
@@ -436,7 +491,8 @@ def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
                      residual_relu=cfg.residual_relu(machine), norm=norm,
                      recompute=cfg.enable_recompute,
                      filters=cfg.stage_filters,
-                     zero_init_residual=cfg.zero_init_residual)
+                     zero_init_residual=cfg.zero_init_residual,
+                     blurpool=cfg.blurpool)
   # Also when validate or average rebuild the run: its checkpoints hold
   # optimizer slots for the trainable variables only.
   if cfg.freeze_backbone:

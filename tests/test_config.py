@@ -60,6 +60,11 @@ def test_bad_values_name_the_flag_and_the_choices(field, value, expected):
      '--enable_recompute applies'),
     (dict(keras_applications_model='ResNet50', zero_init_residual=True),
      '--zero_init_residual applies'),
+    (dict(keras_applications_model='ResNet50', blurpool=True),
+     '--blurpool applies'),
+    (dict(ema_decay=1.0), '--ema_decay is the decay of the weight average'),
+    (dict(ema_decay=-0.1), 'in [0, 1) (0: none), got -0.1'),
+    (dict(ema_warmup=True), '--ema_warmup ramps the decay of --ema_decay'),
     (dict(optimizer='RMSProp', nesterov=True), '--nesterov applies to SGD and '
      'LARS'),
     (dict(num_cpu_replicas=2), '--num_cpu_replicas=2 splits the CPU into '

@@ -155,13 +155,18 @@ def _kernels(network):
 
 
 def test_portable_copy_is_standard_layers_with_the_same_outputs():
-  """Kernels, distribution and freezing of training stay out of exports."""
+  """Kernels, distribution and freezing of training stay out of exports;
+  the architecture (here BlurPool's blurred downsampling) stays in."""
   cfg = dataclasses.replace(TINY, conv_impl='matmul', relu_impl='xla',
-                            sync_batch_norm=True, freeze_backbone=True)
+                            sync_batch_norm=True, freeze_backbone=True,
+                            blurpool=True)
   network = _network(cfg)
   copy = export.portable_copy(network, cfg)
   assert _kernels(network) == ({'MatmulConv2D'}, {True}, {'xla'}, False)
   assert _kernels(copy) == ({'Conv2D'}, {False}, {'native'}, True)
+  blurs = lambda net: [l.name for l in net.layers
+                       if isinstance(l, models.Blur)]
+  assert blurs(copy) == blurs(network) and blurs(copy)
   pixels = normalize_images(_pixels())
   np.testing.assert_allclose(copy(pixels), network(pixels), rtol=1e-4,
                              atol=1e-6)

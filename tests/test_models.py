@@ -324,6 +324,62 @@ def test_zero_init_residual_starts_each_block_as_its_shortcut(depth, norm):
     assert np.any(net.get_layer(name).gamma.numpy() != 0), name
 
 
+def test_blur_filter_is_a_normalised_symmetric_binomial():
+  kernel = models.blur_filter().numpy()
+  np.testing.assert_allclose(kernel * 16, [[1, 2, 1], [2, 4, 2], [1, 2, 1]])
+  assert kernel.sum() == pytest.approx(1.0)
+  np.testing.assert_array_equal(kernel, kernel.T)
+  np.testing.assert_array_equal(kernel, kernel[::-1, ::-1])
+  # A constant image stays constant inside ('same' pads with zeros), each
+  # channel on its own; stride 2 subsamples after blurring.
+  image = tf.ones([1, 6, 6, 2]) * tf.constant([3.0, -1.0])
+  blurred = models.Blur()(image).numpy()
+  np.testing.assert_allclose(blurred[0, 1:-1, 1:-1], image[0, 1:-1, 1:-1])
+  assert blurred[0, 0, 0, 0] == pytest.approx(3.0 * 9 / 16)  # a corner
+  strided = models.Blur(strides=2)(image)
+  assert strided.shape == (1, 3, 3, 2)
+  # TensorFlow's 'same' at stride 2 on an even size pads below and right
+  # only: output i is centred on input 2i + 1.
+  np.testing.assert_array_equal(strided, blurred[:, 1::2, 1::2])
+  # An impulse spreads into the filter itself.
+  impulse = np.zeros([1, 5, 5, 1], np.float32)
+  impulse[0, 2, 2, 0] = 1
+  np.testing.assert_allclose(models.Blur()(impulse)[0, 1:4, 1:4, 0], kernel)
+
+
+@pytest.mark.parametrize('depth,blurs', [(18, 4), (50, 7)])
+def test_blurpool_blurs_before_each_wide_strided_conv_with_the_same_weights(
+    depth, blurs):
+  """--blurpool: the stem's pool and each downsampling block's strided
+  convolutions read blurred inputs (a basic block's conv1 and projection
+  share one blur; a bottleneck's conv2 has its own); the weights are those
+  of the plain network, the function is not."""
+  tf_keras.mixed_precision.set_global_policy('float32')
+  cfg = RunConfig(resnet_depth=depth, width_multiplier=0.25, image_size=32)
+  plain = models.build_network(cfg, 10, use_regularizers=False)
+  blurred = models.build_network(dataclasses.replace(cfg, blurpool=True), 10,
+                                 use_regularizers=False)
+  names = [l.name for l in blurred.layers if isinstance(l, models.Blur)]
+  assert len(names) == blurs and 'stem_pool_blur' in names
+  assert blurred.get_layer('stem_pool').strides == (1, 1)
+  assert ([(v.name, v.shape) for v in plain.weights] ==
+          [(v.name, v.shape) for v in blurred.weights])
+  blurred.set_weights(plain.get_weights())
+  images = tf.random.normal([2, 32, 32, 3])
+  out = blurred(images, training=False)
+  assert out.shape == plain(images, training=False).shape
+  assert not np.allclose(out, plain(images, training=False), atol=1e-6)
+  if depth != 18:
+    return
+  # bf16 runs it too (the blur in the layer's compute dtype).
+  tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
+  bf16 = models.build_network(dataclasses.replace(cfg, blurpool=True), 10,
+                              use_regularizers=False)
+  bf16.set_weights(plain.get_weights())
+  np.testing.assert_allclose(bf16(images, training=False), out, atol=0.05)
+  tf_keras.mixed_precision.set_global_policy('float32')
+
+
 def _group_norm(groups=32):
   return models.norm_factory('group', groups)
 
