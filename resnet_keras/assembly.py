@@ -14,7 +14,7 @@ the rest; `build_model` is the model alone (export).
 import dataclasses
 import os
 import shutil
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import tensorflow as tf
 import tf_keras
@@ -63,6 +63,11 @@ class Parts:
   # Counts the records --skip_corrupt_records skipped; None: not counting.
   skipped: Optional[imagenet.SkippedRecords] = None
   guard: Optional[guards.LoopGuard] = None  # training only
+  # (image_size, data_start) -> the distributed training input at that size,
+  # from the batch after `data_start` batches of the run's data; training
+  # only (progressive resizing replaces the trainer's with it).
+  train_input: Optional[Callable[[int, int], Any]] = None
+  train_image_size: int = 0  # of the trainer's training input now
 
 
 def set_up(cfg: RunConfig, distributed: bool = True) -> Basis:
@@ -137,13 +142,21 @@ def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
     manager = _training_manager(cfg, backend, model, optimizer, averaged)
 
   skipped = datasets.skipped_records_counter(cfg)
-  train_fn, eval_fn = datasets.make_input_fns(
-      cfg, basis.info, plan.replica_batch_size, skipped,
-      start_step=warm_start.steps_of_data_read(cfg.model_dir))
   options = distribution.input_options(cfg.experimental_preloading,
                                        basis.machine.has_gpu)
-  train_ds = strategy.distribute_datasets_from_function(
-      lambda ctx: train_fn(backend.input_context(ctx)), options)
+
+  def train_input(image_size: int, data_start: int):
+    train_fn, _ = datasets.make_input_fns(
+        dataclasses.replace(cfg, image_size=image_size), basis.info,
+        plan.replica_batch_size, skipped, start_step=data_start)
+    return strategy.distribute_datasets_from_function(
+        lambda ctx: train_fn(backend.input_context(ctx)), options)
+
+  # The size of the epoch the run resumes in (a warm start's is set later).
+  train_image_size = schedules.image_size_for_run(
+      cfg, checkpoints.latest_step(cfg.model_dir) // plan.steps_per_epoch)
+  _, eval_fn = datasets.make_input_fns(cfg, basis.info,
+                                       plan.replica_batch_size, skipped)
   eval_ds = (None if cfg.skip_eval else
              strategy.distribute_datasets_from_function(
                  lambda ctx: eval_fn(backend.input_context(ctx)), options))
@@ -153,7 +166,9 @@ def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
       dtype=cfg.dtype)
   trainer = trainer_lib.ResnetTrainer(
       strategy=strategy, model=model, optimizer=optimizer,
-      train_dataset=train_ds, eval_dataset=eval_ds,
+      train_dataset=train_input(
+          train_image_size, warm_start.steps_of_data_read(cfg.model_dir)),
+      eval_dataset=eval_ds,
       program_batch_size=plan.program_batch_size,
       global_batch_size=plan.global_batch_size,
       num_classes=basis.info.num_classes,
@@ -166,7 +181,8 @@ def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
       stop_requested=guard.stop_requested)
   return Parts(plan=plan, schedule=schedule, network=network, model=model,
                optimizer=optimizer, manager=manager, trainer=trainer,
-               weight_average=averaged, skipped=skipped, guard=guard)
+               weight_average=averaged, skipped=skipped, guard=guard,
+               train_input=train_input, train_image_size=train_image_size)
 
 
 def assemble_evaluation(basis: Basis, plan: TrainingPlan) -> Parts:

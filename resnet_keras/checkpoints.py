@@ -65,10 +65,11 @@ def model_identity(cfg: RunConfig) -> Dict:
 
   `cfg.num_classes` must be resolved (the effective config's, not 0).
   """
-  return {'model': cfg.model_name, 'stem': cfg.stem,
-          'num_classes': cfg.num_classes, 'norm': cfg.norm_name,
-          # Same weights, another function: blurred or aliased downsampling.
-          'blurpool': cfg.blurpool}
+  identity = {'model': cfg.model_name, 'stem': cfg.stem,
+              'num_classes': cfg.num_classes, 'norm': cfg.norm_name}
+  if cfg.blurpool:  # Same weights, another function.
+    identity['blurpool'] = True
+  return identity
 
 
 def describe_identity(identity: Dict) -> str:

@@ -54,7 +54,12 @@ class DataConfig:
   data_dir: str = '/data/tensorflow_datasets/imagenet/tf_records'
   dataset: str = 'imagenet'
   use_synthetic_data: bool = False
-  image_size: int = 224
+  image_size: int = 224  # training's (progressive resizing: where it ends)
+  eval_image_size: int = 0  # 0: image_size.
+  # Progressive resizing (schedules.image_size_at); start size 0: off.
+  progressive_resize_start_size: int = 0
+  progressive_resize_epochs: Optional[Tuple[int, int]] = None  # None: all
+  progressive_resize_multiple: int = 0  # 0: 32 from 128 px, else 4.
   data_loader_image_type: str = 'fp32'
   experimental_preloading: bool = True
   num_classes: int = 0  # 0: from the dataset.
@@ -189,6 +194,30 @@ class RunConfig(RuntimeConfig, OutputConfig, OptimizerConfig, LoopConfig,
     return STAGE_STRIDE * STEM_STRIDES[self.stem]
 
   @property
+  def eval_size(self) -> int:
+    """Height and width of evaluation's and the export's input."""
+    return self.eval_image_size or self.image_size
+
+  @property
+  def input_size(self) -> Optional[int]:
+    """The one size every input of the network has, or None when training
+    resizes progressively or evaluation has a size of its own."""
+    if self.progressive_resize_start_size or self.eval_size != self.image_size:
+      return None
+    return self.image_size
+
+  @property
+  def resize_epochs(self) -> Tuple[int, int]:
+    """Progressive resizing's epochs, (first, last) counted from 0."""
+    return self.progressive_resize_epochs or (0, max(self.train_epochs - 1,
+                                                     0))
+
+  @property
+  def resize_multiple(self) -> int:
+    return self.progressive_resize_multiple or (
+        32 if self.image_size >= 128 else 4)
+
+  @property
   def model_name(self) -> str:
     if self.keras_applications_model:
       return self.keras_applications_model
@@ -280,12 +309,18 @@ class RunConfig(RuntimeConfig, OutputConfig, OptimizerConfig, LoopConfig,
     if self.num_classes == 1:
       raise UsageError('--num_classes=1 cannot be trained as a classifier; '
                        'use 0 (from the data) or >= 2')
-    if self.image_size < self.min_image_size:
-      raise UsageError(
-          f'--image_size={self.image_size} is too small for ResNet with '
-          f'--stem={self.stem}: it downsamples by {self.min_image_size}, use '
-          f'--image_size >= {self.min_image_size} (or a stem that '
-          'downsamples less)')
+    for name in ('image_size', 'eval_image_size',
+                 'progressive_resize_start_size'):
+      size = getattr(self, name)
+      if size == 0 and name != 'image_size':  # 0: not set
+        continue
+      if size < self.min_image_size:
+        raise UsageError(
+            f'--{name}={size} is too small for ResNet with '
+            f'--stem={self.stem}: it downsamples by {self.min_image_size}, '
+            f'use --{name} >= {self.min_image_size} (or a stem that '
+            'downsamples less)')
+    self._validate_progressive_resize()
     if self.base_learning_rate <= 0:
       raise UsageError('--base_learning_rate must be > 0, got '
                        f'{self.base_learning_rate}')
@@ -323,6 +358,27 @@ class RunConfig(RuntimeConfig, OutputConfig, OptimizerConfig, LoopConfig,
         raise UsageError('--profile_steps must be "start,stop" with '
                          f'0 <= start < stop, got {start},{stop}')
     self._validate_warm_start()
+
+  def _validate_progressive_resize(self) -> None:
+    if self.progressive_resize_multiple < 0:
+      raise UsageError('--progressive_resize_multiple must be >= 0 (0: '
+                       f'auto), got {self.progressive_resize_multiple}')
+    epochs = self.progressive_resize_epochs
+    if epochs is not None and not (
+        len(epochs) == 2 and 0 <= epochs[0] <= epochs[1]):
+      raise UsageError('--progressive_resize_epochs must be "START,END" with '
+                       '0 <= START <= END (epochs counted from 0), got '
+                       f'{",".join(map(str, epochs))}')
+    start = self.progressive_resize_start_size
+    if start > self.image_size:
+      raise UsageError(
+          f'--progressive_resize_start_size={start} is larger than '
+          f'--image_size={self.image_size}, where progressive resizing '
+          'ends; start smaller')
+    if epochs is not None and not start:
+      raise UsageError('--progressive_resize_epochs needs '
+                       '--progressive_resize_start_size (the size training '
+                       'starts at)')
 
   def _validate_warm_start(self) -> None:
     if self.restore_from and self.pretrained_checkpoint:

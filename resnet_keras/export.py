@@ -14,7 +14,8 @@ trainable=True)` and TF Hub models use): the loaded object is called as
 `obj(images, training=False)` and has `variables`, `trainable_variables` (the
 whole network, to fine-tune or freeze) and `regularization_losses` (the run's
 weight decay as one L2 term, empty without it). Images are RGB pixels in
-0-255, `[N, image_size, image_size, 3]` float32, everywhere: the mean the
+0-255, `[N, size, size, 3]` float32 (size: the run's evaluation size,
+--eval_image_size or --image_size), everywhere: the mean the
 model was trained with is subtracted inside, so no caller needs to know it.
 
 Serving signatures, the same pixels as uint8 (`serving_uint8`) or float32
@@ -186,7 +187,7 @@ def export_run(network: tf_keras.Model, cfg: RunConfig, output_dir: str,
   output_dir/saved_model (and, with `feature_vector`,
   output_dir/feature_vector); returns the paths."""
   copy = portable_copy(network, cfg)
-  common = dict(image_size=cfg.image_size,
+  common = dict(image_size=cfg.eval_size,
                 eval_crop_fraction=datasets.eval_crop_fraction(cfg),
                 labels_file=datasets.labels_file(cfg),
                 weight_decay=cfg.weight_decay)

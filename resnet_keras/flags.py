@@ -70,7 +70,26 @@ def _define_data_flags(values: flags.FlagValues) -> None:
   _alias(values, 'synth', 'use_synthetic_data')
   _define(values, flags.DEFINE_integer, 'image_size',
           'Height and width of the model input (>= 32 with the imagenet '
-          'stem, 16 small, 8 cifar).')
+          'stem, 16 small, 8 cifar); with progressive resizing, the size it '
+          'ends at.')
+  _define(values, flags.DEFINE_integer, 'eval_image_size',
+          'Height and width of evaluation\'s (and the export\'s) input; 0: '
+          '--image_size. Larger than the training size makes up for the '
+          'random crops\' zoom (FixRes; FFCV trains at 192 and tests at '
+          '256).')
+  _define(values, flags.DEFINE_integer, 'progressive_resize_start_size',
+          'Progressive resizing: training starts at this height and width '
+          'and rises to --image_size over --progressive_resize_epochs, in '
+          'steps of --progressive_resize_multiple; 0: off.')
+  flags.DEFINE(_NumberListParser(int), 'progressive_resize_epochs',
+               _D.progressive_resize_epochs,
+               '"START,END": the size rises from the start size at epoch '
+               'START (counted from 0) to --image_size at epoch END; '
+               'default: over the whole run.',
+               serializer=flags.CsvListSerializer(','), flag_values=values)
+  _define(values, flags.DEFINE_integer, 'progressive_resize_multiple',
+          'Progressive sizes are multiples of this; 0: 32 for images of '
+          '128 px or more, else 4.')
   _define(values, flags.DEFINE_string, 'data_loader_image_type',
           'dtype images leave the input pipeline in: fp32, bf16, or uint8 '
           '(cast and mean subtraction run on the device).')
@@ -280,7 +299,7 @@ def _define_optimizer_flags(values: flags.FlagValues) -> None:
           'the end of the run).')
   _define(values, flags.DEFINE_float, 'lars_epsilon',
           'Epsilon in the LARS trust-ratio denominator.')
-  flags.DEFINE(_FloatListParser(), 'lr_decay_points', _D.lr_decay_points,
+  flags.DEFINE(_NumberListParser(), 'lr_decay_points', _D.lr_decay_points,
                'stepped: fractions of the run\'s steps where the learning '
                'rate is multiplied by lr_decay_factor, e.g. 0.3,0.6,0.8.',
                serializer=flags.CsvListSerializer(','), flag_values=values)
@@ -372,20 +391,26 @@ def _define_distribution_flags(values: flags.FlagValues) -> None:
           'Threads inside one op; 0: TensorFlow picks.')
 
 
-class _FloatListParser(flags.ListParser):
-  """Comma-separated floats, as a tuple (RunConfig holds no lists)."""
+class _NumberListParser(flags.ListParser):
+  """Comma-separated numbers of one type, as a tuple (RunConfig holds no
+  lists)."""
+
+  def __init__(self, kind=float):
+    super().__init__()
+    self.kind = kind
 
   def parse(self, argument):
     if isinstance(argument, (tuple, list)):
       return tuple(argument)
     try:
-      return tuple(float(p) for p in super().parse(argument))
+      return tuple(self.kind(p) for p in super().parse(argument))
     except ValueError:
-      raise ValueError(f'expected comma-separated numbers, got "{argument}"'
-                       ) from None
+      raise ValueError(f'expected comma-separated {self.flag_type()[16:]}, '
+                       f'got "{argument}"') from None
 
   def flag_type(self):
-    return 'comma-separated floats'
+    return ('comma-separated integers' if self.kind is int else
+            'comma-separated floats')
 
 
 RUN_CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(RunConfig))

@@ -372,7 +372,7 @@ class StagewiseRecompute(tf_keras.Model):
     return head(x, training=True)
 
 
-def resnet(depth: int, num_classes: int, image_size: int,
+def resnet(depth: int, num_classes: int, image_size: Optional[int],
            weight_decay: float = 0.0, stem: str = 'imagenet',
            matmul_convs: bool = False, residual_relu: str = 'native',
            norm: Optional[NormFactory] = None,
@@ -385,7 +385,7 @@ def resnet(depth: int, num_classes: int, image_size: int,
   Args:
     depth: 10, 18, 34, 50, 101 or 152.
     num_classes: units of the output layer.
-    image_size: height and width of the input.
+    image_size: height and width of the input (None: any).
     weight_decay: if > 0, per-layer L2 regularisers with the strength defined
       in `resnet_keras.optimizers` (0: decay is applied elsewhere, or not).
     stem: 'imagenet', 'small' or 'cifar' (see `_STEMS`).
@@ -438,7 +438,7 @@ def resnet(depth: int, num_classes: int, image_size: int,
 
 
 def keras_application(name: str, num_classes: int,
-                      image_size: int) -> tf_keras.Model:
+                      image_size: Optional[int]) -> tf_keras.Model:
   """A keras.applications ResNet backbone with this project's head.
 
   The backbone is built without its top so the head matches ours: one unit
@@ -481,10 +481,10 @@ def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
   machine = machine or hardware.detect()
   if cfg.keras_applications_model:
     network = keras_application(cfg.keras_applications_model, num_classes,
-                                cfg.image_size)
+                                cfg.input_size)
   else:
     norm = norm_factory(cfg.norm, cfg.groups, cfg.sync_batch_norm, hvd)
-    network = resnet(cfg.resnet_depth, num_classes, cfg.image_size,
+    network = resnet(cfg.resnet_depth, num_classes, cfg.input_size,
                      weight_decay=cfg.weight_decay if use_regularizers else 0.0,
                      stem=cfg.stem,
                      matmul_convs=cfg.uses_matmul_convs(machine),
@@ -500,11 +500,12 @@ def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
   return network
 
 
-def build_training_model(network: tf_keras.Model, image_size: int,
+def build_training_model(network: tf_keras.Model, image_size: Optional[int],
                          input_dtype: tf.DType,
                          normalize_on_device: bool,
                          compute_dtype: Optional[str] = None) -> tf_keras.Model:
-  """Wraps `network` with the input the data pipeline delivers."""
+  """Wraps `network` with the input the data pipeline delivers (of
+  `image_size`; None: any)."""
   inputs = layers.Input((image_size, image_size, 3), dtype=input_dtype,
                         name='pipeline_images')
   x = inputs
@@ -525,7 +526,7 @@ def build_models(cfg: RunConfig, num_classes: int, use_regularizers: bool,
   """
   network = build_network(cfg, num_classes, use_regularizers, machine, hvd)
   model = build_training_model(
-      network, cfg.image_size, datasets.loader_dtype(cfg),
+      network, cfg.input_size, datasets.loader_dtype(cfg),
       normalize_on_device=cfg.data_loader_image_type == 'uint8',
       compute_dtype=tf_keras.mixed_precision.global_policy().compute_dtype)
   return network, model

@@ -30,6 +30,7 @@ from resnet_keras import guards
 from resnet_keras import metrics
 from resnet_keras import optimizers
 from resnet_keras import plots
+from resnet_keras import schedules
 from resnet_keras import tracking
 from resnet_keras import warm_start
 from resnet_keras import weight_average
@@ -131,6 +132,12 @@ def _log_plan(basis: assembly.Basis, plan: TrainingPlan) -> None:
       backend.name, plan.replicas_per_program, plan.steps_per_epoch,
       cfg.train_epochs, plan.total_train_steps, plan.steps_per_loop, cfg.dtype,
       cfg.optimizer, cfg.lr_schedule)
+  if cfg.progressive_resize_start_size:
+    first, last = cfg.resize_epochs
+    logging.info('progressive resizing: training at %d px until epoch %d, '
+                 'rising to %d px at epoch %d in multiples of %d; evaluation '
+                 'at %d px', cfg.progressive_resize_start_size, first,
+                 cfg.image_size, last, cfg.resize_multiple, cfg.eval_size)
   if plan.num_micro_batches > 1:
     logging.info('gradient accumulation: %d micro-batches of %d per replica '
                  'per optimizer step', plan.num_micro_batches,
@@ -331,7 +338,13 @@ def _train_and_evaluate(cfg: RunConfig, parts: assembly.Parts,
   plan, optimizer, manager = parts.plan, parts.optimizer, parts.manager
   saves = manager is not None
   outcome = _Outcome(step=start_step, eval_results={})
+  data_read = warm_start.steps_of_data_read(cfg.model_dir) - start_step
+  resized_at = None
   while outcome.step < plan.total_train_steps and not outcome.target_reached:
+    if cfg.progressive_resize_start_size and outcome.step != resized_at:
+      _resize_training_input(cfg, parts, outcome.step, data_read,
+                             announce=resized_at is None)
+      resized_at = outcome.step
     try:
       controller.train(plan.next_stop(outcome.step),
                        checkpoint_at_completion=False)
@@ -361,6 +374,25 @@ def _train_and_evaluate(cfg: RunConfig, parts: assembly.Parts,
     outcome.eval_results = _evaluate(controller, plan, outcome.step,
                                      reporting.metrics_log)
   return outcome
+
+
+def _resize_training_input(cfg: RunConfig, parts: assembly.Parts, step: int,
+                           data_read: int, announce: bool) -> None:
+  """Progressive resizing: gives the trainer the input at the size of the
+  epoch `step` is in, if that is a new size (stops fall on epoch ends), and
+  says so (or, with `announce`, the size it starts at). The input goes on
+  from the batch after `step + data_read` batches of the run's data, as one
+  input of changing size would (exact resume); each size traces the
+  training loop once."""
+  epoch = step // parts.plan.steps_per_epoch
+  size = schedules.image_size_for_run(cfg, epoch)
+  if size != parts.train_image_size:
+    parts.trainer.train_dataset = parts.train_input(size, step + data_read)
+    parts.train_image_size = size
+  elif not announce:
+    return
+  logging.info('progressive resizing: training at %d px from epoch %d (step '
+               '%d)', size, epoch, step)
 
 
 def _data_error(cfg: RunConfig, info: datasets.DatasetInfo,

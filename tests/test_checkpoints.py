@@ -83,6 +83,14 @@ def test_a_model_dir_of_another_model_is_refused(tmp_path):
   with pytest.raises(UsageError, match='holds checkpoints of another model'):
     checkpoints.check_resumable(str(tmp_path),
                                 dataclasses.replace(CFG, resnet_depth=50))
+  # BlurPool's network has the same weights but computes another function.
+  with pytest.raises(UsageError, match='this run: blurpool True'):
+    checkpoints.check_resumable(str(tmp_path),
+                                dataclasses.replace(CFG, blurpool=True))
+  # Options that only change how it trains or evaluates resume.
+  checkpoints.check_resumable(str(tmp_path), dataclasses.replace(
+      CFG, ema_decay=0.9, zero_init_residual=True, eval_image_size=48,
+      progressive_resize_start_size=32))
 
 
 def test_restore_fills_every_variable_or_refuses(tmp_path):

@@ -65,6 +65,17 @@ def test_bad_values_name_the_flag_and_the_choices(field, value, expected):
     (dict(ema_decay=1.0), '--ema_decay is the decay of the weight average'),
     (dict(ema_decay=-0.1), 'in [0, 1) (0: none), got -0.1'),
     (dict(ema_warmup=True), '--ema_warmup ramps the decay of --ema_decay'),
+    (dict(eval_image_size=16), '--eval_image_size=16 is too small'),
+    (dict(progressive_resize_start_size=16),
+     '--progressive_resize_start_size=16 is too small'),
+    (dict(image_size=64, progressive_resize_start_size=96),
+     'larger than --image_size=64, where progressive resizing ends'),
+    (dict(progressive_resize_start_size=160, progressive_resize_epochs=(3, 1)),
+     '0 <= START <= END (epochs counted from 0), got 3,1'),
+    (dict(progressive_resize_epochs=(1, 3)),
+     '--progressive_resize_epochs needs --progressive_resize_start_size'),
+    (dict(progressive_resize_start_size=160, progressive_resize_multiple=-4),
+     '--progressive_resize_multiple must be >= 0'),
     (dict(optimizer='RMSProp', nesterov=True), '--nesterov applies to SGD and '
      'LARS'),
     (dict(num_cpu_replicas=2), '--num_cpu_replicas=2 splits the CPU into '

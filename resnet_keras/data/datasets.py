@@ -153,7 +153,7 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo, replica_batch_size: int,
   def eval_input_fn(ctx: tf.distribute.InputContext):
     share = _shard_count(info.num_eval_examples, ctx.input_pipeline_id,
                          ctx.num_input_pipelines)
-    return synthetic.eval_dataset(replica_batch_size, cfg.image_size,
+    return synthetic.eval_dataset(replica_batch_size, cfg.eval_size,
                                   info.num_classes, dtype, share,
                                   seed=seed + 1000)
 
@@ -173,7 +173,8 @@ def _file_input_fns(cfg: RunConfig, info: DatasetInfo, batch: int,
         list(info.train_files if is_training else info.eval_files),
         start_record=start_step * batch * replicas_fed if is_training else 0,
         is_training=is_training, batch_size=batch,
-        image_size=cfg.image_size, dtype=dtype,
+        image_size=cfg.image_size if is_training else cfg.eval_size,
+        dtype=dtype,
         input_pipeline_id=ctx.input_pipeline_id,
         num_input_pipelines=ctx.num_input_pipelines, seed=cfg.global_seed,
         limit=cfg.num_train_examples if is_training else cfg.num_eval_examples)
