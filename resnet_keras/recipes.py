@@ -23,7 +23,8 @@ META_KEYS = ('description',)
 # absl flag type -> the YAML types a value may have (int for float: YAML
 # writes 40.0 as 40).
 _YAML_TYPES = {'bool': (bool,), 'int': (int,), 'float': (int, float),
-               'string': (str,), 'comma-separated floats': (str, list)}
+               'string': (str,), 'comma-separated floats': (str, list),
+               'comma-separated integers': (str, list)}
 
 
 def available() -> List[str]:

@@ -188,3 +188,26 @@ def test_a_small_recipe_trains_with_overrides(tmp_path):
           effective['resnet_depth'], effective['width_multiplier']) == (
               'small', 28, 'cosine', 4, 10, 0.25)
   assert e2e.read_summary(model_dir)['train_steps'] == 4
+
+
+@pytest.mark.slow
+def test_an_ffcv_recipe_trains_at_its_sizes_on_synthetic_data(tmp_path):
+  """resnet50_ffcv_16epochs as written (ResNet-50, BlurPool, flip
+  evaluation at 256 px, linear schedule), its batch and run shortened: two
+  epochs of one step, its ramp moved to them, so both sizes train."""
+  model_dir = str(tmp_path / 'run')
+  result = e2e.run_main([
+      '--config', 'resnet50_ffcv_16epochs', '-synth', '-md', model_dir,
+      '-bs', '2', '-te', '2', '--train_steps', '1', '--steps_per_loop', '1',
+      '--num_eval_examples', '2', '--num_classes', '10',
+      '--progressive_resize_epochs', '0,1', '--dtype', 'fp32'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  for size, epoch in ((160, 0), (192, 1)):
+    assert (f'progressive resizing: training at {size} px from epoch '
+            f'{epoch}') in result.stderr
+  with open(os.path.join(model_dir, 'config.json')) as f:
+    effective = json.load(f)['config']
+  assert (effective['resnet_depth'], effective['blurpool'],
+          effective['eval_image_size'], effective['eval_flip'],
+          effective['lr_schedule']) == (50, True, 256, True, 'linear')
+  assert e2e.read_summary(model_dir)['eval_examples'] == 2
