@@ -31,13 +31,25 @@ def _summaries(model_dir):
           e2e.read_summary(os.path.join(model_dir, 'worker_1')))
 
 
+# The time-to-accuracy techniques together (test_training_techniques.py):
+# two epochs at 24 then 32 px, evaluation and export at 40 px, the weight
+# average swapped in for them.
+TECHNIQUES = ['--stem=small', '--train_epochs=2',
+              '--progressive_resize_start_size=24', '--eval_image_size=40',
+              '--zero_init_residual', '--blurpool', '--ema_decay=0.5',
+              '--ema_warmup', '--eval_flip', '--lr_schedule=linear',
+              '--lr_per_epoch', '--label_smoothing=0.1']
+
+
 @pytest.mark.parametrize('backend_args,batch_flag,global_batch', [
     # -bs per worker; Horovod's batch norm synchronises over the workers.
     (['--use_horovod', '--sync_batch_norm'], '--batch_size=8', 16),
-    (['-ds', 'multi_worker_mirrored'], '--batch_size=16', 16),  # -bs global
+    (['-ds', 'multi_worker_mirrored'] + TECHNIQUES, '--batch_size=16',
+     16),  # -bs global
     # Accumulated gradients take Horovod's explicit all-reduce: without it
     # the workers' weights would drift apart.
-    (['--use_horovod', '--num_accumulation_steps=2'], '--batch_size=8', 16),
+    (['--use_horovod', '--num_accumulation_steps=2'] + TECHNIQUES,
+     '--batch_size=8', 16),
 ])
 def test_two_workers_train_in_lockstep(tmp_path, backend_args, batch_flag,
                                        global_batch):
@@ -47,17 +59,22 @@ def test_two_workers_train_in_lockstep(tmp_path, backend_args, batch_flag,
                             f'--model_dir={model_dir}',
                             '--enable_checkpoint_and_export'] + TINY,
       timeout=300)
+  techniques = '--ema_decay=0.5' in backend_args
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   chief, worker = _summaries(model_dir)
   # The chief alone exports, and the export needs no Horovod (not imported
   # here) nor any collective to load and run in training mode.
   assert not os.path.exists(os.path.join(model_dir, 'worker_1', 'saved_model'))
   loaded = tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
-  assert loaded(tf.zeros([2, 32, 32, 3]), training=True).shape == (2, 10)
+  size = 40 if techniques else 32
+  assert loaded(tf.zeros([2, size, size, 3]), training=True).shape == (2, 10)
   assert chief['num_workers'] == worker['num_workers'] == 2
   assert (chief['worker_index'], worker['worker_index']) == (0, 1)
   assert chief['global_batch_size'] == global_batch
-  assert chief['train_steps'] == 4
+  assert chief['train_steps'] == (8 if techniques else 4)
+  if techniques:  # Both workers trained at both sizes, in step.
+    assert result.stderr.count('training at 32 px from epoch 1') + \
+        result.stdout.count('training at 32 px from epoch 1') >= 1
   assert chief['eval_examples'] == 13  # Every example once, over both.
   assert chief['weights_sha256'] == worker['weights_sha256']
   # Losses and accuracies are reduced over the workers: both log the same.

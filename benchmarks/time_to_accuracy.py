@@ -1,0 +1,105 @@
+"""Time to accuracy: recipes and their ablations, several seeds each.
+
+  python benchmarks/time_to_accuracy.py --data_dir DIR [--seeds 3]
+      [--rows baseline,recipe] [--out_dir /tmp/tta]
+
+Each row is a recipe plus flags (ROWS); each (row, seed) is one training run
+of resnet_ctl_imagenet_main.py in a process of its own, on the data already
+converted, one at a time. Prints a Markdown table: accuracy (mean and range
+over the seeds), epochs, wall seconds (training plus evaluations, from the
+run summary) and training images/s, and the time relative to the first row.
+Rows run seed-major (every row's first seed, then every row's second, ...)
+so a slow stretch of a shared machine spreads over the rows.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from typing import Dict, List
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MAIN = os.path.join(REPO, 'resnet_ctl_imagenet_main.py')
+
+BASELINE = ['--config', 'fashion_mnist_resnet18_w025']
+SHORT = BASELINE + ['--train_epochs=4', '--epochs_between_evals=4']
+
+# Name -> trainer flags. The baseline recipe as it is; then its model on half
+# the epochs, adding the time-to-accuracy techniques one at a time.
+ROWS: Dict[str, List[str]] = {
+    'baseline': BASELINE,
+    'half': SHORT,
+    '+linear': SHORT + ['--lr_schedule=linear'],
+    '+ema': SHORT + ['--lr_schedule=linear', '--ema_decay=0.99',
+                     '--ema_warmup'],
+    '+flip': SHORT + ['--lr_schedule=linear', '--ema_decay=0.99',
+                      '--ema_warmup', '--eval_flip'],
+    '+progressive': SHORT + ['--lr_schedule=linear', '--ema_decay=0.99',
+                             '--ema_warmup', '--eval_flip',
+                             '--progressive_resize_start_size=20'],
+    '+zero_init': SHORT + ['--lr_schedule=linear', '--ema_decay=0.99',
+                           '--ema_warmup', '--eval_flip',
+                           '--zero_init_residual'],
+    '+blurpool': SHORT + ['--lr_schedule=linear', '--ema_decay=0.99',
+                          '--ema_warmup', '--eval_flip', '--blurpool'],
+    'recipe': ['--config', 'fashion_mnist_fast'],
+}
+
+
+def run(row: str, seed: int, data_dir: str, out_dir: str) -> Dict:
+  model_dir = os.path.join(out_dir, f'{row}_s{seed}')
+  summary_path = os.path.join(model_dir, 'run_summary.json')
+  if not os.path.exists(summary_path):
+    result = subprocess.run(
+        [sys.executable, MAIN] + ROWS[row] +
+        ['-dd', data_dir, '-md', model_dir, '--clean',
+         f'--global_seed={seed}'], capture_output=True, text=True, check=False)
+    if result.returncode:
+      sys.exit(f'{row} seed {seed} failed:\n{result.stderr[-3000:]}')
+  with open(summary_path) as f:
+    return json.load(f)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument('--data_dir', required=True,
+                      help='Fashion-MNIST as ImageNet-format TFRecords '
+                      '(scripts/fashion_mnist_demo.sh converts it).')
+  parser.add_argument('--seeds', type=int, default=3)
+  parser.add_argument('--rows', default=','.join(ROWS),
+                      help='Comma-separated names of ROWS.')
+  parser.add_argument('--out_dir', default='/tmp/time_to_accuracy',
+                      help='Runs go here; a finished run is reused.')
+  args = parser.parse_args()
+  rows = args.rows.split(',')
+  unknown = set(rows) - set(ROWS)
+  if unknown:
+    sys.exit(f'unknown rows {sorted(unknown)}; choose from {list(ROWS)}')
+  results = {row: [] for row in rows}
+  for seed in range(1, args.seeds + 1):
+    for row in rows:
+      summary = run(row, seed, args.data_dir, args.out_dir)
+      results[row].append(summary)
+      print(f'{row} seed {seed}: {100 * summary["eval_accuracy"]:.2f}% in '
+            f'{summary["wall_seconds"]:.0f} s', flush=True)
+  machine = results[rows[0]][0]['runtime']['machine']
+  print(f'\n{args.seeds} seeds each on {machine}\n')
+  print('| row | top-1 % (mean, min-max) | epochs | wall s (mean) | '
+        'img/s | time vs first row |')
+  print('|---|---|---|---|---|---|')
+  first = None
+  for row in rows:
+    runs = results[row]
+    accuracy = [100 * r['eval_accuracy'] for r in runs]
+    wall = sum(r['wall_seconds'] for r in runs) / len(runs)
+    first = first or wall
+    rate = sum(r['avg_exp_per_second'] for r in runs) / len(runs)
+    print(f'| {row} | {sum(accuracy) / len(accuracy):.2f} '
+          f'({min(accuracy):.2f}-{max(accuracy):.2f}) | '
+          f'{runs[0]["epochs_completed"]:.0f} | {wall:.0f} | {rate:.0f} | '
+          f'{wall / first:.2f}x |')
+
+
+if __name__ == '__main__':
+  main()
