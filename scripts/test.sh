@@ -35,6 +35,11 @@ if [ "$(id -u)" -eq 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 fi
+# The whole tests/ unless the arguments name test files or directories.
+paths=(tests)
+for arg in "$@"; do
+  if [ -e "${arg%%::*}" ]; then paths=(); break; fi
+done
 workers=${TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
 # loadgroup: the tests of one xdist_group (one mpirun job at a time; a
 # module's shared runs) stay in one worker, the rest go test by test.
@@ -42,4 +47,5 @@ workers=${TEST_WORKERS:-$(( $(nproc) < 4 ? $(nproc) : 4 ))}
 # xdist waiting with no test running, which no per-test limit sees: the whole
 # run is bounded well inside CI's 90 minutes (exit 124 when it fires).
 timeout --kill-after=60 70m \
-  python3 -m pytest tests -q -n "$workers" --dist loadgroup "${select[@]}" "$@"
+  python3 -m pytest "${paths[@]}" -q -n "$workers" --dist loadgroup \
+  "${select[@]}" "$@"
