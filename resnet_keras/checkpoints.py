@@ -1,8 +1,9 @@
 """Checkpoints in model_dir: what is saved, how often, how a rerun resumes.
 
 The model and the optimizer (slots, iteration count, loss scale), and the
-weight average of --ema_decay, are saved together, so a rerun with the same model_dir continues at the saved step with
-the same optimizer state and learning-rate position. config.json says what
+weight average of --ema_decay, are saved together, so a rerun with the same
+model_dir continues at the saved step with the same optimizer state,
+learning-rate position and average. config.json says what
 they are checkpoints of: a run refuses another model's checkpoints, and
 `python -m resnet_keras.validate` rebuilds the model and its data from it.
 """

@@ -398,6 +398,7 @@ class _NumberListParser(flags.ListParser):
   def __init__(self, kind=float):
     super().__init__()
     self.kind = kind
+    self.kind_name = 'integers' if kind is int else 'floats'
 
   def parse(self, argument):
     if isinstance(argument, (tuple, list)):
@@ -405,12 +406,11 @@ class _NumberListParser(flags.ListParser):
     try:
       return tuple(self.kind(p) for p in super().parse(argument))
     except ValueError:
-      raise ValueError(f'expected comma-separated {self.flag_type()[16:]}, '
-                       f'got "{argument}"') from None
+      raise ValueError(f'expected comma-separated {self.kind_name}, got '
+                       f'"{argument}"') from None
 
   def flag_type(self):
-    return ('comma-separated integers' if self.kind is int else
-            'comma-separated floats')
+    return f'comma-separated {self.kind_name}'
 
 
 RUN_CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(RunConfig))

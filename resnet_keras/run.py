@@ -339,12 +339,10 @@ def _train_and_evaluate(cfg: RunConfig, parts: assembly.Parts,
   saves = manager is not None
   outcome = _Outcome(step=start_step, eval_results={})
   data_read = warm_start.steps_of_data_read(cfg.model_dir) - start_step
-  resized_at = None
   while outcome.step < plan.total_train_steps and not outcome.target_reached:
-    if cfg.progressive_resize_start_size and outcome.step != resized_at:
+    if cfg.progressive_resize_start_size:
       _resize_training_input(cfg, parts, outcome.step, data_read,
-                             announce=resized_at is None)
-      resized_at = outcome.step
+                             announce=outcome.step == start_step)
     try:
       controller.train(plan.next_stop(outcome.step),
                        checkpoint_at_completion=False)

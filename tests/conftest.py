@@ -20,6 +20,19 @@ from tests import e2e  # pylint: disable=g-import-not-at-top,wrong-import-positi
 CLASS_NAMES = ('ant', 'bee', 'cat', 'dog', 'eel', 'fox')
 
 
+@pytest.fixture
+def fresh_tensorflow_state():
+  """What a run changes process-wide, restored after the test: the Keras
+  session and precision policy, and TensorFlow's Python log level."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  import tf_keras  # pylint: disable=g-import-not-at-top
+  level = tf.get_logger().level
+  yield
+  tf_keras.backend.clear_session()
+  tf_keras.mixed_precision.set_global_policy('float32')
+  tf.get_logger().setLevel(level)
+
+
 @pytest.fixture(scope='session')
 def synthetic_run(tmp_path_factory):
   """model_dir of a tiny synthetic run: 2 epochs, ckpt-4, ckpt-8, export.

@@ -26,6 +26,7 @@ from absl import flags
 from absl import logging
 
 from common import cli
+from resnet_keras.config import RunConfig
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN = os.path.join(REPO_ROOT, 'resnet_ctl_imagenet_main.py')
@@ -36,6 +37,19 @@ TINY = ['--use_synthetic_data', '--resnet_depth=10', '--width_multiplier=0.25',
         '--image_size=32', '--num_classes=10', '--batch_size=8',
         '--train_steps=4', '--steps_per_loop=2', '--log_steps=2',
         '--num_eval_examples=13']
+
+
+
+
+def tiny_config(model_dir, **overrides) -> RunConfig:
+  """TINY as a RunConfig, for calling run.run in this process: 2 steps of 4
+  synthetic images, 5 classes, a seed."""
+  return RunConfig(**{
+      'use_synthetic_data': True, 'resnet_depth': 10,
+      'width_multiplier': 0.25, 'image_size': 32, 'num_classes': 5,
+      'batch_size': 4, 'train_steps': 2, 'steps_per_loop': 2,
+      'log_steps': 1, 'num_eval_examples': 6, 'global_seed': 1,
+      'model_dir': str(model_dir), **overrides})
 
 
 @dataclasses.dataclass

@@ -5,7 +5,6 @@ import dataclasses
 
 import pytest
 import tensorflow as tf
-import tf_keras
 
 from resnet_keras import assembly
 from resnet_keras.config import RunConfig
@@ -15,11 +14,7 @@ CFG = RunConfig(use_synthetic_data=True, resnet_depth=10,
                 num_train_examples=16, num_eval_examples=6)
 
 
-@pytest.fixture(autouse=True)
-def fresh_keras_state():
-  yield
-  tf_keras.backend.clear_session()
-  tf_keras.mixed_precision.set_global_policy('float32')
+pytestmark = pytest.mark.usefixtures('fresh_tensorflow_state')
 
 
 def test_set_up_decides_the_dtype_and_resolves_the_classes():

@@ -73,8 +73,7 @@ def test_two_workers_train_in_lockstep(tmp_path, backend_args, batch_flag,
   assert chief['global_batch_size'] == global_batch
   assert chief['train_steps'] == (8 if techniques else 4)
   if techniques:  # Both workers trained at both sizes, in step.
-    assert result.stderr.count('training at 32 px from epoch 1') + \
-        result.stdout.count('training at 32 px from epoch 1') >= 1
+    assert 'training at 32 px from epoch 1' in result.stdout + result.stderr
   assert chief['eval_examples'] == 13  # Every example once, over both.
   assert chief['weights_sha256'] == worker['weights_sha256']
   # Losses and accuracies are reduced over the workers: both log the same.

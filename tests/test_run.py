@@ -10,37 +10,19 @@ import os
 
 import numpy as np
 import pytest
-import tensorflow as tf
 import tf_keras
 
 from common.errors import UsageError
 from resnet_keras import run as run_lib
-from resnet_keras.config import RunConfig
+from tests import e2e
 
 
-def _tiny(model_dir, **overrides) -> RunConfig:
-  return RunConfig(**{
-      'use_synthetic_data': True, 'resnet_depth': 10,
-      'width_multiplier': 0.25, 'image_size': 32, 'num_classes': 5,
-      'batch_size': 4, 'train_steps': 2, 'steps_per_loop': 2,
-      'log_steps': 1, 'num_eval_examples': 6, 'global_seed': 1,
-      'model_dir': str(model_dir), **overrides})
-
-
-@pytest.fixture(autouse=True)
-def fresh_tensorflow_state():
-  """What a run changes process-wide, restored after each test: the Keras
-  session and precision policy, and TensorFlow's Python log level."""
-  level = tf.get_logger().level
-  yield
-  tf_keras.backend.clear_session()
-  tf_keras.mixed_precision.set_global_policy('float32')
-  tf.get_logger().setLevel(level)
-
+pytestmark = pytest.mark.usefixtures('fresh_tensorflow_state')
 
 def test_a_run_trains_evaluates_records_and_resumes(tmp_path):
   model_dir = tmp_path / 'run'
-  summary = run_lib.run(_tiny(model_dir, enable_checkpoint_and_export=True))
+  summary = run_lib.run(e2e.tiny_config(model_dir,
+                                        enable_checkpoint_and_export=True))
   assert summary['train_steps'] == 2 and summary['resumed_from_step'] == 0
   assert summary['global_batch_size'] == 4 and summary['num_replicas'] == 1
   assert summary['eval_examples'] == 6  # the partial last batch counts
@@ -56,7 +38,7 @@ def test_a_run_trains_evaluates_records_and_resumes(tmp_path):
   assert (model_dir / 'saved_model' / 'saved_model.pb').exists()
 
   tf_keras.backend.clear_session()
-  resumed = run_lib.run(_tiny(model_dir, train_epochs=2))
+  resumed = run_lib.run(e2e.tiny_config(model_dir, train_epochs=2))
   assert resumed['resumed_from_step'] == 2
   assert resumed['train_steps'] == 4
   with open(model_dir / 'metrics.jsonl') as f:
@@ -66,5 +48,5 @@ def test_a_run_trains_evaluates_records_and_resumes(tmp_path):
 
 def test_a_batch_the_replicas_cannot_share_stops_before_training(tmp_path):
   with pytest.raises(UsageError, match='micro-batches'):
-    run_lib.run(_tiny(tmp_path / 'run', num_accumulation_steps=3))
+    run_lib.run(e2e.tiny_config(tmp_path / 'run', num_accumulation_steps=3))
   assert not os.path.exists(tmp_path / 'run' / 'metrics.jsonl')

@@ -16,13 +16,10 @@ from resnet_keras import trainer as trainer_lib
 from resnet_keras import weight_average
 from resnet_keras.config import RunConfig
 from resnet_keras.data import synthetic
+from tests import e2e
 
 
-@pytest.fixture(autouse=True)
-def fresh_tensorflow_state():
-  yield
-  tf_keras.backend.clear_session()
-  tf_keras.mixed_precision.set_global_policy('float32')
+pytestmark = pytest.mark.usefixtures('fresh_tensorflow_state')
 
 
 def test_decay_at_warms_up_to_the_decay():
@@ -126,13 +123,9 @@ def test_the_trainer_averages_every_variable_and_evaluates_the_average(
 
 
 def _tiny(model_dir, **overrides) -> RunConfig:
-  return RunConfig(**{
-      'use_synthetic_data': True, 'resnet_depth': 10,
-      'width_multiplier': 0.25, 'image_size': 32, 'num_classes': 5,
-      'batch_size': 4, 'train_steps': 3, 'steps_per_loop': 3,
-      'log_steps': 1, 'num_eval_examples': 6, 'global_seed': 1,
-      'ema_decay': 0.7, 'ema_warmup': True,
-      'enable_checkpoint_and_export': True, 'model_dir': str(model_dir),
+  return e2e.tiny_config(model_dir, **{
+      'train_steps': 3, 'steps_per_loop': 3, 'ema_decay': 0.7,
+      'ema_warmup': True, 'enable_checkpoint_and_export': True,
       **overrides})
 
 
