@@ -366,9 +366,13 @@ def test_blurpool_blurs_before_each_wide_strided_conv_with_the_same_weights(
           [(v.name, v.shape) for v in blurred.weights])
   blurred.set_weights(plain.get_weights())
   images = tf.random.normal([2, 32, 32, 3])
-  out = blurred(images, training=False)
-  assert out.shape == plain(images, training=False).shape
-  assert not np.allclose(out, plain(images, training=False), atol=1e-6)
+  # Logits, not probabilities: a deep random network's softmax saturates to
+  # the same one-hot either way.
+  logits = lambda net: tf_keras.Model(net.input, net.get_layer('probs').input)(
+      images, training=False)
+  out = logits(blurred)
+  assert out.shape == logits(plain).shape
+  assert not np.allclose(out, logits(plain), atol=1e-3)
   if depth != 18:
     return
   # bf16 runs it too (the blur in the layer's compute dtype).
@@ -376,7 +380,8 @@ def test_blurpool_blurs_before_each_wide_strided_conv_with_the_same_weights(
   bf16 = models.build_network(dataclasses.replace(cfg, blurpool=True), 10,
                               use_regularizers=False)
   bf16.set_weights(plain.get_weights())
-  np.testing.assert_allclose(bf16(images, training=False), out, atol=0.05)
+  np.testing.assert_allclose(tf.cast(logits(bf16), tf.float32), out,
+                             rtol=0.05, atol=0.05)
   tf_keras.mixed_precision.set_global_policy('float32')
 
 
