@@ -55,6 +55,13 @@ def checkpoint_of(model, optimizer=None,
       **{k: v for k, v in objects.items() if v is not None})
 
 
+def step_of(path: str) -> int:
+  """The training step the checkpoint at `path` was written at (its
+  optimizer's iteration count), without building anything."""
+  return int(tf.train.load_variable(
+      path, 'optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE'))
+
+
 def has_weight_average(path: str) -> bool:
   """Whether the checkpoint at `path` holds a weight average (--ema_decay)."""
   return any(name.startswith('weight_average/')

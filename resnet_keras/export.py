@@ -31,6 +31,14 @@ recomputation and nothing frozen, whatever kernels, distribution or
 any device, and its `training=True` path has no collective ops. Each export is
 written to a temporary directory and swapped in: an existing one is only
 replaced by a complete one.
+
+For serving elsewhere, --format onnx,tflite writes model.onnx and
+model[_QUANTISATION].tflite beside them (deploy.py: uint8 pixels in,
+probabilities out, float32 or quantised with --quantize), and checks each
+file against the network on the first validation images as it writes it:
+
+  python -m resnet_keras.export --model_dir DIR --format onnx,tflite \
+      --quantize none,float16,dynamic,int8
 """
 
 from common import env
@@ -41,8 +49,9 @@ env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 import dataclasses
 import os
 import shutil
-from typing import List, Optional
+from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 import tf_keras
 from absl import flags
@@ -51,6 +60,7 @@ from absl import logging
 from common import cli
 from resnet_keras import assembly
 from resnet_keras import checkpoints
+from resnet_keras import deploy
 from resnet_keras import models
 from resnet_keras import optimizers
 from resnet_keras import runtime
@@ -210,16 +220,120 @@ def define_flags(values: flags.FlagValues) -> None:
                       flag_values=values)
   flags.DEFINE_string('output_dir', None,
                       'Each checkpoint goes to OUTPUT_DIR/<checkpoint name>/'
-                      '{saved_model,feature_vector}; default: '
+                      '{saved_model,feature_vector,model.onnx,...}; default: '
                       'MODEL_DIR/exports.',
+                      flag_values=values)
+  flags.DEFINE_list('format', ['saved_model'],
+                    'What to write, comma-separated: saved_model (the '
+                    'classifier and the feature vector), onnx (model.onnx), '
+                    'tflite (model[_QUANTIZE].tflite).',
+                    flag_values=values)
+  flags.DEFINE_list('quantize', ['none'],
+                    'TFLite files to write, one per value: none (float32), '
+                    'float16 (weights), dynamic (int8 weights), int8 (int8 '
+                    'weights and activations, calibrated).',
+                    flag_values=values)
+  flags.DEFINE_integer('representative_images', 200,
+                       '--quantize int8 calibrates its activation ranges on '
+                       'this many training images.',
+                       flag_values=values, lower_bound=1)
+  flags.DEFINE_string('data_dir', None,
+                      'Read the run\'s data here instead of its data_dir '
+                      '(ONNX and TFLite exports are checked on its validation '
+                      'images; int8 calibrates on its training images).',
                       flag_values=values)
 
 
+# A file is checked against the network on this many validation images.
+CHECK_IMAGES = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class DeployPlan:
+  """The ONNX and TFLite files to write, and the images they need."""
+  files: Tuple[Tuple[str, str], ...]  # (format, quantisation)
+  check_images: np.ndarray  # uint8 [CHECK_IMAGES, size, size, 3]
+  representative: Optional[np.ndarray]  # the same, for int8 calibration
+  labels: List[str]
+
+
+def plan_deployment(cfg: RunConfig, formats: Sequence[str],
+                    quantizations: Sequence[str],
+                    representative_images: int) -> Optional[DeployPlan]:
+  """What --format and --quantize ask beside the SavedModel, with the
+  run's images it takes; None for a SavedModel alone."""
+  for flag, values, known in (('format', formats, deploy.FORMATS),
+                              ('quantize', quantizations,
+                               deploy.QUANTIZATIONS)):
+    unknown = [v for v in values if v not in known]
+    if unknown or not values:
+      raise UsageError(f'--{flag}={",".join(unknown)}: choose from '
+                       f'{", ".join(known)}')
+  if 'tflite' not in formats and set(quantizations) != {'none'}:
+    raise UsageError('--quantize applies to --format tflite (ONNX files '
+                     'are float32); add tflite to --format')
+  files = tuple((fmt, q) for fmt in deploy.FORMATS[1:] if fmt in formats
+                for q in (dict.fromkeys(quantizations) if fmt == 'tflite'
+                          else ['none']))
+  if not files:
+    return None
+  try:
+    info = datasets.describe(cfg)
+  except UsageError as e:
+    raise UsageError(f'{e} (ONNX and TFLite exports are checked on the '
+                     'run\'s validation images: pass --data_dir)') from None
+  check = deploy.stacked(datasets.pixel_batches(cfg, info, CHECK_IMAGES),
+                         CHECK_IMAGES)
+  representative = None
+  if ('tflite', 'int8') in files:
+    representative = deploy.stacked(
+        datasets.pixel_batches(cfg, info, 64, from_training=True,
+                               limit=representative_images),
+        representative_images)
+  labels_file = datasets.labels_file(cfg)
+  return DeployPlan(files, check, representative,
+                    imagenet.read_labels(labels_file) if labels_file else [])
+
+
+def write_deployables(network: tf_keras.Model, cfg: RunConfig,
+                      output_dir: str, plan: DeployPlan, checkpoint: str,
+                      step: int) -> List[str]:
+  """Writes the files `plan` names from `network`'s float32 portable copy,
+  each checked against that copy on the plan's validation images; returns
+  their paths."""
+  with deploy.float32_layers():
+    copy = portable_copy(network, cfg)
+  reference = copy(normalize_images(plan.check_images), training=False)
+  meta = deploy.Metadata(image_size=cfg.eval_size,
+                         eval_crop_fraction=datasets.eval_crop_fraction(cfg),
+                         labels=plan.labels, checkpoint=checkpoint, step=step)
+  written = []
+  for fmt, quantize in plan.files:
+    path = os.path.join(output_dir, deploy.file_name(fmt, quantize))
+    file_meta = dataclasses.replace(meta, quantize=quantize)
+    if fmt == 'onnx':
+      deploy.to_onnx(copy, path, file_meta)
+    else:
+      deploy.to_tflite(copy, path, file_meta, plan.representative)
+    probs = deploy.load(path)(plan.check_images)
+    same = int(np.sum(np.argmax(probs, -1) == np.argmax(reference, -1)))
+    print(f'wrote {path} ({os.path.getsize(path) / 2**20:.2f} MiB): '
+          f'max |p - p_keras| {np.max(np.abs(probs - reference)):.2g}, '
+          f'same top-1 on {same}/{len(probs)} validation images')
+    written.append(path)
+  return written
+
+
 def export_checkpoints(cfg: RunConfig, which: Optional[str],
-                       output_dir: str) -> List[str]:
+                       output_dir: str,
+                       formats: Sequence[str] = ('saved_model',),
+                       quantizations: Sequence[str] = ('none',),
+                       representative_images: int = 200) -> List[str]:
   """Exports the checkpoints `which` names (see --checkpoint) of the run
-  `cfg` describes; returns the directories written."""
+  `cfg` describes, in `formats` (see --format); returns the paths
+  written."""
   cfg, machine, _ = runtime.set_up(cfg)  # No data: config.json has it all.
+  plan = plan_deployment(cfg, formats, quantizations, representative_images)
   network, model = assembly.build_model(cfg, cfg.num_classes, machine)
   averaged = assembly.build_weight_average(cfg, model)
   checkpoint = checkpoints.checkpoint_of(model, weight_average=averaged)
@@ -228,27 +342,38 @@ def export_checkpoints(cfg: RunConfig, which: Optional[str],
   written = []
   for path in checkpoints.checkpoint_paths(manager, cfg.model_dir, which):
     checkpoints.restore(checkpoint, path, cfg)
-    target = os.path.join(output_dir, os.path.basename(path))
+    name = os.path.basename(path)
+    target = os.path.join(output_dir, name)
     # An --ema_decay run's export is its weight average, as at its end.
     with weight_average.in_model(averaged):
-      for exported in export_run(network, cfg, target, feature_vector=True):
-        logging.info('exported %s to %s', os.path.basename(path), exported)
-    written.append(target)
+      if 'saved_model' in formats:
+        for exported in export_run(network, cfg, target, feature_vector=True):
+          logging.info('exported %s to %s', name, exported)
+          written.append(exported)
+      if plan:
+        os.makedirs(target, exist_ok=True)
+        written.extend(write_deployables(network, cfg, target, plan, name,
+                                         checkpoints.step_of(path)))
   return written
 
 
 def main(argv):
   model_dir = cli.start_tool(argv, flags.FLAGS.model_dir)
   cfg, _ = checkpoints.read_config(model_dir)
+  if flags.FLAGS.data_dir:
+    cfg = dataclasses.replace(cfg, data_dir=flags.FLAGS.data_dir,
+                              use_synthetic_data=False)
   output_dir = flags.FLAGS.output_dir or os.path.join(model_dir, EXPORTS_DIR)
   try:
     os.makedirs(output_dir, exist_ok=True)
   except OSError as e:
     raise UsageError(f'--output_dir={output_dir} cannot be created '
                      f'({e.strerror}); choose a writable directory') from None
-  for target in export_checkpoints(cfg, flags.FLAGS.checkpoint, output_dir):
-    print(f'exported {target}/{CLASSIFIER_DIR} and {target}/'
-          f'{FEATURE_VECTOR_DIR}')
+  for path in export_checkpoints(cfg, flags.FLAGS.checkpoint, output_dir,
+                                 flags.FLAGS.format, flags.FLAGS.quantize,
+                                 flags.FLAGS.representative_images):
+    if os.path.isdir(path):
+      print(f'exported {path}')
 
 
 if __name__ == '__main__':

@@ -209,12 +209,16 @@ def read_metrics_log(model_dir: str) -> List[Dict]:
   return records
 
 
-def write_text_atomically(path: str, text: str) -> None:
-  """Writes `text` so a reader never sees a half-written file."""
+def write_bytes_atomically(path: str, content: bytes) -> None:
+  """Writes `content` so a reader never sees a half-written file."""
   tmp = path + '.tmp'
-  with open(tmp, 'w') as f:
-    f.write(text)
+  with open(tmp, 'wb') as f:
+    f.write(content)
   os.replace(tmp, path)
+
+
+def write_text_atomically(path: str, text: str) -> None:
+  write_bytes_atomically(path, text.encode())
 
 
 def write_json_atomically(path: str, content: Dict) -> None:

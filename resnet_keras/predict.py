@@ -1,15 +1,17 @@
-"""Top-5 classes of image files, from an exported SavedModel.
+"""Top-5 classes of image files, from an export: a SavedModel, ONNX or TFLite.
 
   python -m resnet_keras.predict --saved_model DIR/saved_model cat.jpg photos/
   python -m resnet_keras.predict --saved_model DIR/saved_model --labels L img.png
+  python -m resnet_keras.predict --saved_model DIR/exports/ckpt-8/model.onnx x.jpg
 
 Images are JPEG or PNG files of any size, colour or grayscale; a folder
-stands for its .jpg, .jpeg and .png files, sorted. The SavedModel's
-`serving_encoded` signature preprocesses them exactly as the run's
-evaluation did (aspect-preserving resize, central crop of the run's
---eval_crop_fraction; see export.py). Classes are named from --labels, else
-from the labels.txt the export took from the training data, else shown as
-class indices. For each image: its path, then its 5 most likely classes, one
+stands for its .jpg, .jpeg and .png files, sorted. They are preprocessed
+exactly as the run's evaluation did (aspect-preserving resize, central crop
+of the run's --eval_crop_fraction): by the SavedModel's `serving_encoded`
+signature (see export.py), or here for an ONNX or TFLite file, from what it
+records (deploy.py). Classes are named from --labels, else from the
+labels.txt the export took from the training data, else shown as class
+indices. For each image: its path, then its 5 most likely classes, one
 per line, as probability and name. --eval_flip averages each image's and its
 mirror's logits (test-time flip augmentation, as evaluation's --eval_flip).
 """
@@ -27,7 +29,7 @@ import tensorflow as tf
 from absl import flags
 
 from common import cli
-from resnet_keras import export
+from resnet_keras import deploy
 from resnet_keras import trainer
 from resnet_keras.data import imagenet
 from common.errors import UsageError
@@ -40,7 +42,8 @@ TOP_K = 5
 def define_flags(values: flags.FlagValues) -> None:
   flags.DEFINE_string('saved_model', None,
                       'SavedModel directory (model_dir/saved_model of a run '
-                      'with --enable_checkpoint_and_export).',
+                      'with --enable_checkpoint_and_export), or an .onnx or '
+                      '.tflite file (python -m resnet_keras.export --format).',
                       flag_values=values)
   flags.DEFINE_string('labels', None,
                       'Class names, one per line in label order (the '
@@ -73,36 +76,19 @@ def image_files(args: List[str]) -> List[str]:
   return files
 
 
-def load(saved_model_dir: str):
-  """The SavedModel, refusing one without the encoded-image signature."""
-  if not os.path.isfile(os.path.join(saved_model_dir, 'saved_model.pb')):
-    raise UsageError(
-        f'--saved_model={saved_model_dir} is not a SavedModel (no '
-        'saved_model.pb); training with --enable_checkpoint_and_export '
-        'exports one to model_dir/saved_model')
-  loaded = tf.saved_model.load(saved_model_dir)
-  if export.ENCODED_SIGNATURE not in loaded.signatures:
-    raise UsageError(
-        f'--saved_model={saved_model_dir} has no {export.ENCODED_SIGNATURE} '
-        'signature (exported by an older version); rerun its training '
-        'command with --enable_checkpoint_and_export to export it again')
-  return loaded
-
-
-def class_names(loaded, labels_file: Optional[str],
+def class_names(labels: List[str], labels_file: Optional[str],
                 num_classes: int) -> List[str]:
-  """A name per model output: --labels, the exported labels, or indices."""
-  if labels_file and not os.path.isfile(labels_file):
-    raise UsageError(f'--labels={labels_file} does not exist')
-  if not labels_file and hasattr(loaded, 'labels'):
-    labels_file = loaded.labels.asset_path.numpy().decode()
-  names = imagenet.read_labels(labels_file) if labels_file else []
-  if len(names) > num_classes:
-    raise UsageError(f'{labels_file} names {len(names)} classes but the model '
-                     f'has {num_classes}; pass its training data\'s '
-                     'labels.txt with --labels')
+  """A name per model output: --labels, the exported `labels`, or indices."""
+  if labels_file:
+    if not os.path.isfile(labels_file):
+      raise UsageError(f'--labels={labels_file} does not exist')
+    labels = imagenet.read_labels(labels_file)
+  if len(labels) > num_classes:
+    raise UsageError(f'{labels_file or "the export"} names {len(labels)} '
+                     f'classes but the model has {num_classes}; pass its '
+                     'training data\'s labels.txt with --labels')
   # A model may have more outputs than its data had classes (--num_classes).
-  return names + [f'class {i}' for i in range(len(names), num_classes)]
+  return list(labels) + [f'class {i}' for i in range(len(labels), num_classes)]
 
 
 def mirrored(encoded: bytes) -> bytes:
@@ -113,26 +99,25 @@ def mirrored(encoded: bytes) -> bytes:
   return tf.io.encode_png(tf.image.flip_left_right(pixels)).numpy()
 
 
-def probabilities_of(predict, encoded: bytes, flip: bool) -> np.ndarray:
+def probabilities_of(model: deploy.Deployed, encoded: bytes,
+                     flip: bool) -> np.ndarray:
   """The model's probabilities for one encoded image (flip-averaged)."""
   views = [encoded, mirrored(encoded)] if flip else [encoded]
-  probs = predict(image_bytes=tf.constant(views))['probabilities']
+  probs = model.predict_encoded(views)
   if flip:
     return trainer.flip_average(probs[0], probs[1]).numpy()
-  return probs[0].numpy()
+  return probs[0]
 
 
 def main(argv):
   files = image_files(argv[1:])
-  loaded = load(flags.FLAGS.saved_model)
-  predict = loaded.signatures[export.ENCODED_SIGNATURE]
-  num_classes = int(predict.structured_outputs['probabilities'].shape[-1])
-  names = class_names(loaded, flags.FLAGS.labels, num_classes)
+  model = deploy.load(flags.FLAGS.saved_model)
+  names = class_names(model.labels, flags.FLAGS.labels, model.num_classes)
   for path in files:
     with open(path, 'rb') as f:
       encoded = f.read()
     try:  # One image per call, so an undecodable file is named.
-      probabilities = probabilities_of(predict, encoded, flags.FLAGS.eval_flip)
+      probabilities = probabilities_of(model, encoded, flags.FLAGS.eval_flip)
     except tf.errors.InvalidArgumentError:
       raise UsageError(f'{path} is not a JPEG or PNG image') from None
     print(path)

@@ -5,6 +5,8 @@
   python -m resnet_keras.validate --model_dir DIR --checkpoint ckpt-4
   python -m resnet_keras.validate --model_dir DIR --data_dir /data/tf_records
   python -m resnet_keras.validate --model_dir DIR --eval_flip   # flip TTA
+  python -m resnet_keras.validate --model_dir DIR \
+      --saved_model DIR/saved_model,DIR/exports/ckpt-8/model_int8.tflite
 
 The model and data flags come from DIR/config.json, which training writes
 when it starts, so none are repeated; --data_dir reads other (or moved) data
@@ -12,6 +14,11 @@ of the run's --dataset format instead. The evaluation is the trainer's own:
 the same input pipeline and the same metrics, every validation example once,
 so the run's last checkpoint scores what its last evaluation logged. Prints
 a table and writes DIR/validation.csv (one row per checkpoint evaluated).
+
+--saved_model scores exports instead (SavedModel directories, ONNX or TFLite
+files: deploy.py), each on the same uint8 pixels of the same validation
+images, with the largest difference of its probabilities from the first
+export's: DIR/validation_exports.csv.
 """
 
 from common import env
@@ -23,21 +30,30 @@ import csv
 import dataclasses
 import io
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
+import numpy as np
 import tensorflow as tf
+import tf_keras
 from absl import flags
 from absl import logging
 
 from common import cli
+from common.errors import UsageError
 from resnet_keras import assembly
 from resnet_keras import checkpoints
+from resnet_keras import deploy
 from resnet_keras import metrics
+from resnet_keras import trainer
 from resnet_keras.config import RunConfig, TrainingPlan
+from resnet_keras.data import datasets
 # pylint: enable=g-import-not-at-top
 
 RESULTS_FILE = 'validation.csv'
 COLUMNS = ('checkpoint', 'step', 'epoch', 'top1', 'top5', 'loss', 'examples')
+EXPORTS_RESULTS_FILE = 'validation_exports.csv'
+EXPORTS_COLUMNS = ('export', 'kind', 'step', 'top1', 'top5', 'loss',
+                   'examples', 'max_prob_diff')
 
 
 def define_flags(values: flags.FlagValues) -> None:
@@ -57,6 +73,11 @@ def define_flags(values: flags.FlagValues) -> None:
                        '(test-time flip augmentation), or not; default: as '
                        'the run evaluated (its --eval_flip).',
                        flag_values=values)
+  flags.DEFINE_list('saved_model', None,
+                    'Score these exports instead of checkpoints: SavedModel '
+                    'directories, .onnx or .tflite files (comma-separated); '
+                    'each compared with the first.',
+                    flag_values=values)
 
 
 class CheckpointEvaluator:
@@ -105,6 +126,60 @@ def evaluate_checkpoints(cfg: RunConfig, plan: TrainingPlan,
           checkpoints.checkpoint_paths(evaluator.manager, cfg.model_dir, which)]
 
 
+def score_exports(cfg: RunConfig, paths: Sequence[str],
+                  batch_size: int = 64) -> List[Dict]:
+  """Scores each export at `paths` on the run's validation data as its
+  evaluation does (every image once; --eval_flip: with its mirror), and
+  the largest difference of its probabilities from the first export's."""
+  exports = [deploy.load(path) for path in paths]
+  info = datasets.describe(cfg)
+  for path, export in zip(paths, exports):
+    if (export.image_size, export.num_classes) != (cfg.eval_size,
+                                                   info.num_classes):
+      raise UsageError(
+          f'{path} takes {export.image_size} px images to '
+          f'{export.num_classes} classes, the run evaluates {cfg.eval_size} '
+          f'px images of {info.num_classes}: export this run\'s checkpoint')
+  sums = [dict(top1=0, top5=0, loss=0.0, examples=0, max_prob_diff=0.0)
+          for _ in exports]
+  for images, labels in datasets.pixel_batches(cfg, info, batch_size):
+    images, labels = images.numpy(), labels.numpy()
+    first = None
+    for export, total in zip(exports, sums):
+      probs = export(images)
+      if cfg.eval_flip:
+        probs = trainer.flip_average(
+            probs, export(np.ascontiguousarray(images[:, :, ::-1]))).numpy()
+      first = probs if first is None else first
+      top5 = np.argsort(-probs, axis=-1, kind='stable')[:, :5]
+      total['top1'] += int(np.sum(top5[:, 0] == labels))
+      total['top5'] += int(np.sum(top5 == labels[:, None]))
+      total['loss'] += float(np.sum(
+          tf_keras.losses.sparse_categorical_crossentropy(labels, probs)))
+      total['examples'] += len(labels)
+      total['max_prob_diff'] = max(total['max_prob_diff'],
+                                   float(np.max(np.abs(probs - first))))
+  rows = []
+  for path, export, total in zip(paths, exports, sums):
+    n = max(total['examples'], 1)
+    rows.append({'export': path, 'kind': export.kind, 'step': export.step,
+                 'top1': total['top1'] / n, 'top5': total['top5'] / n,
+                 'loss': total['loss'] / n, 'examples': total['examples'],
+                 'max_prob_diff': total['max_prob_diff']})
+  return rows
+
+
+def format_exports_table(rows: List[Dict]) -> str:
+  width = max(len('export'), *(len(r['export']) for r in rows))
+  lines = [f'{"export":<{width}}  {"kind":<14}  {"top-1":>6}  {"top-5":>6}  '
+           f'{"loss":>8}  max |p - p_first|']
+  for r in rows:
+    lines.append(f'{r["export"]:<{width}}  {r["kind"]:<14}  {r["top1"]:>6.4f}'
+                 f'  {r["top5"]:>6.4f}  {r["loss"]:>8.4f}  '
+                 f'{r["max_prob_diff"]:.2g}')
+  return '\n'.join(lines)
+
+
 def format_table(rows: List[Dict]) -> str:
   width = max(len('checkpoint'), *(len(r['checkpoint']) for r in rows))
   lines = [f'{"checkpoint":<{width}}  {"step":>8}  {"epoch":>7}  '
@@ -116,9 +191,9 @@ def format_table(rows: List[Dict]) -> str:
   return '\n'.join(lines)
 
 
-def write_csv(path: str, rows: List[Dict]) -> None:
+def write_csv(path: str, rows: List[Dict], columns=COLUMNS) -> None:
   text = io.StringIO()
-  writer = csv.DictWriter(text, fieldnames=COLUMNS, lineterminator='\n')
+  writer = csv.DictWriter(text, fieldnames=columns, lineterminator='\n')
   writer.writeheader()
   writer.writerows(rows)
   metrics.write_text_atomically(path, text.getvalue())
@@ -132,10 +207,19 @@ def main(argv):
                               use_synthetic_data=False)
   if flags.FLAGS.eval_flip is not None:
     cfg = dataclasses.replace(cfg, eval_flip=flags.FLAGS.eval_flip)
-  rows = evaluate_checkpoints(cfg, plan, flags.FLAGS.checkpoint)
-  print(format_table(rows))
-  path = os.path.join(model_dir, RESULTS_FILE)
-  write_csv(path, rows)
+  if flags.FLAGS.saved_model:
+    if flags.FLAGS.checkpoint:
+      raise UsageError('--checkpoint scores checkpoints, --saved_model '
+                       'exports: pass one of them')
+    rows = score_exports(cfg, flags.FLAGS.saved_model)
+    print(format_exports_table(rows))
+    path = os.path.join(model_dir, EXPORTS_RESULTS_FILE)
+    write_csv(path, rows, EXPORTS_COLUMNS)
+  else:
+    rows = evaluate_checkpoints(cfg, plan, flags.FLAGS.checkpoint)
+    print(format_table(rows))
+    path = os.path.join(model_dir, RESULTS_FILE)
+    write_csv(path, rows)
   print(f'wrote {path}')
 
 

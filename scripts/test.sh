@@ -16,7 +16,7 @@ if [ "${1:-}" = "--quick" ]; then
   select=(-m "not processes and not slow")
 fi
 python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt \
-  -r requirements-test.txt
+  -r requirements-test.txt -r requirements-deploy.txt
 # OpenMPI + Horovod (built against our TensorFlow), so the 2-process tests
 # run for real. Does nothing when already installed.
 ./scripts/install_horovod.sh

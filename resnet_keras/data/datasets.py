@@ -160,6 +160,22 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo, replica_batch_size: int,
   return train_input_fn, eval_input_fn
 
 
+def pixel_batches(cfg: RunConfig, info: DatasetInfo, batch_size: int,
+                  from_training: bool = False,
+                  limit: int = 0) -> tf.data.Dataset:
+  """Batches of (uint8 pixels, labels) preprocessed as evaluation does: what
+  exports take. The validation data, or with `from_training` the first
+  `limit` training examples (int8 calibration); every example once."""
+  cfg = dataclasses.replace(cfg, data_loader_image_type='uint8')
+  if from_training:
+    cfg = dataclasses.replace(cfg, num_eval_examples=limit)
+    info = dataclasses.replace(
+        info, eval_files=info.train_files,
+        num_eval_examples=_limited(info.num_train_examples, limit))
+  _, eval_input_fn = make_input_fns(cfg, info, batch_size)
+  return eval_input_fn(tf.distribute.InputContext())
+
+
 def _file_input_fns(cfg: RunConfig, info: DatasetInfo, batch: int,
                     dtype: tf.DType, build, start_step: int):
   """Input fns over `info`'s files, `batch` examples per replica; `build` is
