@@ -109,20 +109,23 @@ def float32_layers():
 
 
 def pixel_function(network: tf_keras.Model, image_size: int,
-                   pin_input_range: bool = False):
+                   quantized_input: bool = False):
   """`network` (float32, on normalised images) as a tf.function on uint8
   pixels returning {OUTPUT_NAME: probabilities}.
 
-  `pin_input_range`: declares the pixels' range 0-255 to the int8
-  converter, which otherwise calibrates it from the images it sees and could
-  give the uint8 input a scale other than 1.
+  `quantized_input`: for the int8 converter, float32 pixels declared to
+  range over 0-255 (which it makes a uint8 input of scale 1, zero point 0:
+  the pixels themselves). Calibrated instead, the range would be what the
+  representative images happen to span, and a uint8 input of another scale
+  would take other values than pixels.
   """
+  dtype = tf.float32 if quantized_input else tf.uint8
 
   @tf.function(input_signature=[tf.TensorSpec(
-      [None, image_size, image_size, 3], tf.uint8, name=INPUT_NAME)])
+      [None, image_size, image_size, 3], dtype, name=INPUT_NAME)])
   def probabilities(images):
     pixels = tf.cast(images, tf.float32)
-    if pin_input_range:
+    if quantized_input:
       pixels = tf.quantization.fake_quant_with_min_max_args(
           pixels, min=0.0, max=255.0, num_bits=8)
     return {OUTPUT_NAME: network(normalize_images(pixels), training=False)}
@@ -150,7 +153,7 @@ def to_tflite(network: tf_keras.Model, path: str, meta: Metadata,
   `meta.quantize` says, and `meta` to path.json. int8 needs
   `representative`: uint8 pixels [N, size, size, 3] to calibrate on."""
   int8 = meta.quantize == 'int8'
-  function = pixel_function(network, meta.image_size, pin_input_range=int8)
+  function = pixel_function(network, meta.image_size, quantized_input=int8)
   converter = tf.lite.TFLiteConverter.from_concrete_functions(
       [function.get_concrete_function()], function)
   if meta.quantize != 'none':
@@ -162,9 +165,10 @@ def to_tflite(network: tf_keras.Model, path: str, meta: Metadata,
       raise UsageError('--quantize int8 needs training images to calibrate '
                        'on (--representative_images > 0)')
     converter.representative_dataset = lambda: (
-        [image[None]] for image in representative)
+        [image[None].astype(np.float32)] for image in representative)
     # Every op int8 (conversion fails rather than leave one in float).
     converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    converter.inference_input_type = tf.uint8
   metrics.write_bytes_atomically(path, converter.convert())
   metrics.write_json_atomically(path + '.json', meta.to_strings())
   return path

@@ -235,6 +235,30 @@ class Blur(layers.Layer):
     return {**super().get_config(), 'strides': self.strides}
 
 
+class GroupNormalization(layers.GroupNormalization):
+  """Keras's group norm, its moments plain rather than mask-weighted.
+
+  Without a mask, Keras weights the moments by a tensor of ones: a multiply
+  per element for nothing, and a graph the TFLite converter folds at batch
+  1 (its BROADCAST_TO then refuses any other batch size). Same variables,
+  same results. (Keras 2.20's grouping and weight reshapes, reused.)
+  """
+
+  def call(self, inputs, mask=None):
+    if mask is not None:
+      return super().call(inputs, mask)
+    grouped = self._reshape_into_groups(inputs)
+    # Over each group's positions and channels: all but batch and group
+    # (the group axis is inserted before the channel axis).
+    axes = list(range(1, grouped.shape.rank))
+    axes.pop(self.axis - 1)
+    mean, variance = tf.nn.moments(grouped, axes, keepdims=True)
+    gamma, beta = self._get_reshaped_weights(tf.shape(inputs))
+    normalised = tf.nn.batch_normalization(grouped, mean, variance, beta,
+                                           gamma, self.epsilon)
+    return tf.reshape(normalised, tf.shape(inputs))
+
+
 # (name, zero_init) -> a new layer; zero_init: its scale (gamma) starts at 0.
 NormFactory = Callable[..., layers.Layer]
 
@@ -255,7 +279,7 @@ def norm_factory(norm: str = 'batch', groups: int = 32,
   if norm == 'group':
     # float32 even under mixed precision, like batch norm's statistics:
     # per-image moments summed in bf16 lose too much.
-    return lambda name, zero_init=False: layers.GroupNormalization(
+    return lambda name, zero_init=False: GroupNormalization(
         groups, epsilon=BN_EPSILON, dtype='float32', name=name,
         gamma_initializer=_gamma(zero_init))
   if sync_batch_norm and hvd is not None:

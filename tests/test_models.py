@@ -385,6 +385,25 @@ def test_blurpool_blurs_before_each_wide_strided_conv_with_the_same_weights(
   tf_keras.mixed_precision.set_global_policy('float32')
 
 
+def test_group_normalization_is_keras_without_the_mask_weighting():
+  x = tf.random.normal([3, 5, 7, 16], seed=1) * 3 + 1
+  ours = models.GroupNormalization(4, epsilon=1e-3)
+  keras = tf_keras.layers.GroupNormalization(4, epsilon=1e-3)
+  for layer in (ours, keras):
+    layer.build(x.shape)
+    layer.set_weights([np.arange(16, dtype=np.float32) / 8 - 1,
+                       np.linspace(-1, 1, 16).astype(np.float32)])
+  np.testing.assert_allclose(ours(x), keras(x), rtol=1e-5, atol=1e-5)
+  # Each group of 4 channels has mean beta and scale gamma per channel.
+  unit = models.GroupNormalization(4, epsilon=0.0)(x).numpy()
+  grouped = unit.reshape(3, 5 * 7, 4, 4)
+  np.testing.assert_allclose(grouped.mean(axis=(1, 3)), 0, atol=1e-5)
+  np.testing.assert_allclose(grouped.std(axis=(1, 3)), 1, atol=1e-3)
+  mask = tf.cast(tf.random.uniform(x.shape, seed=2) > 0.3, tf.float32)
+  np.testing.assert_allclose(ours(x, mask=mask), keras(x, mask=mask),
+                             rtol=1e-5, atol=1e-5)
+
+
 def _group_norm(groups=32):
   return models.norm_factory('group', groups)
 
