@@ -18,7 +18,6 @@ from resnet_keras import deploy
 from resnet_keras import export
 from resnet_keras import models
 from resnet_keras import validate
-from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data.preprocessing import normalize_images
 from tests import e2e

@@ -10,6 +10,7 @@ import tensorflow as tf
 import tf_keras
 
 from resnet_keras import checkpoints
+from resnet_keras import deploy
 from resnet_keras import models
 from resnet_keras import run as run_lib
 from resnet_keras import trainer as trainer_lib
@@ -166,3 +167,15 @@ def test_a_run_resumes_its_average_exactly_and_exports_it(tmp_path):
   np.testing.assert_allclose(sizes(v.numpy() for v in exported.variables),
                              sizes(a.values()), rtol=1e-6)
   assert not np.allclose(sizes(trained), sizes(a.values()), rtol=1e-6)
+  # The ONNX file of the last checkpoint is that same average.
+  tf_keras.backend.clear_session()
+  result = e2e.run_tool('resnet_keras.export', [
+      '--model_dir', str(tmp_path / 'straight'), '--format', 'onnx'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  pixels = np.random.RandomState(0).randint(0, 256, (3, 32, 32, 3), np.uint8)
+  onnx_file = deploy.load(str(tmp_path / 'straight' / 'exports' / 'ckpt-6' /
+                              'model.onnx'))
+  np.testing.assert_allclose(
+      onnx_file(pixels), deploy.load(str(tmp_path / 'straight' /
+                                          'saved_model'))(pixels),
+      atol=1e-5)
