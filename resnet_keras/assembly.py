@@ -33,6 +33,7 @@ from resnet_keras import weight_average as weight_average_lib
 from resnet_keras.config import RunConfig, TrainingPlan, make_training_plan
 from resnet_keras.data import datasets
 from resnet_keras.data import imagenet
+from resnet_keras.data import service as data_service
 
 
 @dataclasses.dataclass(frozen=True)
@@ -145,10 +146,20 @@ def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
   options = distribution.input_options(cfg.experimental_preloading,
                                        basis.machine.has_gpu)
 
+  if cfg.tf_data_service:  # Before anything waits on it.
+    data_service.check_reachable(cfg.tf_data_service,
+                                 cfg.tf_data_service_timeout)
+
   def train_input(image_size: int, data_start: int):
+    sized = dataclasses.replace(cfg, image_size=image_size)
+    if cfg.tf_data_service:
+      return strategy.distribute_datasets_from_function(
+          data_service.training_input_fn(sized, basis.info,
+                                         plan.replica_batch_size, data_start),
+          options)
     train_fn, _ = datasets.make_input_fns(
-        dataclasses.replace(cfg, image_size=image_size), basis.info,
-        plan.replica_batch_size, skipped, start_step=data_start)
+        sized, basis.info, plan.replica_batch_size, skipped,
+        start_step=data_start)
     return strategy.distribute_datasets_from_function(
         lambda ctx: train_fn(backend.input_context(ctx)), options)
 

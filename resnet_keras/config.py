@@ -38,6 +38,7 @@ RELU_IMPLS = ('auto', 'native', 'bitwise', 'xla')
 STEM_STRIDES = {'imagenet': 4, 'small': 2, 'cifar': 1}
 KERAS_APPLICATIONS_MODELS = ('ResNet50', 'ResNet101', 'ResNet152',
                              'ResNet50V2', 'ResNet101V2', 'ResNet152V2')
+DATA_SERVICE_SHARDING = ('off', 'dynamic')
 DISTRIBUTION_STRATEGIES = ('off', 'one_device', 'mirrored',
                            'multi_worker_mirrored')
 STAGE_STRIDE = 8
@@ -70,6 +71,11 @@ class DataConfig:
   training_dataset_cache: bool = False
   datasets_num_private_threads: int = 0  # 0: tf.data's shared pool.
   skip_corrupt_records: bool = False
+  # Training input from a tf.data service (data/service.py); '': local.
+  tf_data_service: str = ''
+  tf_data_service_sharding: str = 'off'
+  tf_data_service_timeout: int = 300  # seconds without a batch; 0: wait
+  tf_data_service_workers: int = 0  # how many the launcher started; 0: ?
 
 
 @dataclasses.dataclass(frozen=True)
@@ -254,6 +260,23 @@ class RunConfig(RuntimeConfig, OutputConfig, OptimizerConfig, LoopConfig,
     checkpoint mean (sync batch norm has batch norm's)."""
     return f'group{self.groups}' if self.norm == 'group' else self.norm
 
+  def _validate_data_service(self) -> None:
+    _check_choice('tf_data_service_sharding', self.tf_data_service_sharding,
+                  DATA_SERVICE_SHARDING)
+    for name in ('tf_data_service_timeout', 'tf_data_service_workers'):
+      if getattr(self, name) < 0:
+        raise UsageError(f'--{name} must be >= 0, got {getattr(self, name)}')
+    if not self.tf_data_service:
+      return
+    if self.skip_corrupt_records:
+      raise UsageError('--skip_corrupt_records counts skipped records in the '
+                       'trainer, which a tf.data service worker cannot do: '
+                       'drop one of it and --tf_data_service')
+    if self.use_synthetic_data:
+      raise UsageError('--use_synthetic_data makes its batches in the '
+                       'trainer; --tf_data_service serves real data: drop '
+                       'one of them')
+
   @property
   def uses_lars(self) -> bool:
     return self.optimizer == 'LARS'
@@ -272,6 +295,7 @@ class RunConfig(RuntimeConfig, OutputConfig, OptimizerConfig, LoopConfig,
     _check_choice('relu_impl', self.relu_impl, RELU_IMPLS)
     _check_choice('norm', self.norm, NORMS)
     self._validate_model_options()
+    self._validate_data_service()
     if self.distribution_strategy == 'hpu':
       raise UsageError('--distribution_strategy=hpu is Gaudi-only; use '
                        'mirrored (GPUs of one host), multi_worker_mirrored '

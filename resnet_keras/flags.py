@@ -122,6 +122,20 @@ def _define_data_flags(values: flags.FlagValues) -> None:
   _define(values, flags.DEFINE_integer, 'datasets_num_private_threads',
           'Threads of a private tf.data pool for the input pipeline; 0: '
           'tf.data\'s shared pool.')
+  _define(values, flags.DEFINE_string, 'tf_data_service',
+          'grpc://HOST:PORT of a tf.data service dispatcher: the training '
+          'input pipeline runs on its workers (python -m '
+          'resnet_keras.data.service); evaluation stays here. Empty: local.')
+  _define(values, flags.DEFINE_string, 'tf_data_service_sharding',
+          'off: every data worker serves the whole shuffled stream (batches '
+          'at least once; survives a lost data worker); dynamic: files '
+          'split among data workers (each record once an epoch).')
+  _define(values, flags.DEFINE_integer, 'tf_data_service_timeout',
+          'Seconds training may wait for one batch from the tf.data service '
+          'before the run ends naming it; 0: wait for it.')
+  _define(values, flags.DEFINE_integer, 'tf_data_service_workers',
+          'How many data workers serve the run (set by demo_resnet_keras.py '
+          '--data_service_hosts; recorded, 0: not known).')
 
 
 def _define_model_flags(values: flags.FlagValues) -> None:

@@ -36,6 +36,7 @@ from resnet_keras import warm_start
 from resnet_keras import weight_average
 from resnet_keras.config import RunConfig, TrainingPlan
 from resnet_keras.data import datasets
+from resnet_keras.data import service as data_service
 from common.errors import RunStopped, UsageError
 
 # orbit's Controller logs every status twice (log and stdout) as multi-line
@@ -168,6 +169,10 @@ def run(cfg: RunConfig) -> Dict:
     reporting.metrics_log.resume_at(start_step)
 
   parts.guard.install()
+  watchdog = data_service.InputWatchdog(
+      cfg.tf_data_service_timeout if cfg.tf_data_service else 0,
+      parts.trainer.input_waiting_since,
+      data_service.end_stalled_run(cfg.tf_data_service)).start()
   logging.info('training to step %d; SIGTERM or Ctrl-C: checkpoint after the '
                'current step, then stop', plan.total_train_steps)
   try:
@@ -179,6 +184,7 @@ def run(cfg: RunConfig) -> Dict:
       raise
     raise error from None
   finally:
+    watchdog.stop()
     parts.guard.uninstall()
     reporting.close()
   _export(basis, parts)
@@ -448,6 +454,12 @@ def _summary(basis: assembly.Basis, parts: assembly.Parts,
       'avg_exp_per_second': logger.average_examples_per_second,
       'input_wait_fraction': logger.input_wait_fraction,
       'skipped_corrupt_records': parts.skipped.count if parts.skipped else 0,
+      # Where the training input came from; its wait: input_wait_fraction.
+      'tf_data_service': ({
+          'address': cfg.tf_data_service,
+          'sharding': cfg.tf_data_service_sharding,
+          'data_workers': cfg.tf_data_service_workers or None,
+      } if cfg.tf_data_service else None),
       'dtype': cfg.dtype,
       'optimizer': cfg.optimizer,
       'lr_schedule': cfg.lr_schedule,

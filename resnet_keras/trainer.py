@@ -116,6 +116,9 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
       self._loss_scales = tf.Variable(tf.zeros([max_steps_per_loop]),
                                       trainable=False)
       self._input_wait = tf.Variable(0.0, dtype=tf.float64, trainable=False)
+      # When the current step began waiting for its input; 0: not waiting.
+      self._waiting_since = tf.Variable(0.0, dtype=tf.float64,
+                                        trainable=False)
       self._stopped_early = tf.Variable(False, trainable=False)
     with strategy.scope():
       self.eval_loss = tf_keras.metrics.Mean('eval_loss')
@@ -203,11 +206,12 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
     # The step's previous updates come first (automatic control dependencies
     # order stateful ops), so this measures only time blocked on the input.
     waiting_since = tf.timestamp()
-    with tf.control_dependencies([waiting_since]):
+    with tf.control_dependencies([self._waiting_since.assign(waiting_since)]):
       inputs = next(iterator)
     with tf.control_dependencies(tf.nest.flatten(inputs,
                                                  expand_composites=True)):
       self._input_wait.assign_add(tf.timestamp() - waiting_since)
+      self._waiting_since.assign(0.0)
     cross_entropy, correct = self.strategy.run(step_fn, args=(inputs,))
     if self.weight_average is not None:
       self.weight_average.update(self.global_step)
@@ -278,6 +282,11 @@ class ResnetTrainer(orbit.StandardTrainer, orbit.StandardEvaluator):
       grads = [g if d is None else g + d
                for g, d in zip(grads, tape.gradient(decay, variables))]
     return self.backend.allreduce_gradients(grads), cross_entropy, correct
+
+  def input_waiting_since(self) -> float:
+    """The wall time (time.time()) since which training has been waiting for
+    a batch; 0 while it is not (read from another thread: the watchdog)."""
+    return float(self._waiting_since.numpy())
 
   def train_loop_end(self):
     num_steps = int(self.global_step.numpy() - self._loop_start.numpy())
