@@ -37,11 +37,15 @@ INPUT_BOUND_ADVICE = ('try --training_dataset_cache (if the data fits in RAM), '
 def format_step_line(step: int, total_steps: int, epoch: float, loss: float,
                      accuracy: float, learning_rate: float,
                      examples_per_second: float,
-                     loss_scale: Optional[float] = None) -> str:
+                     loss_scale: Optional[float] = None,
+                     input_wait: float = 0.0) -> str:
+  """One log line; `input_wait`: the share of the loop's time its steps
+  waited for their batches (what more input workers would win back)."""
   scale = '' if loss_scale is None else f'loss scale {loss_scale:g} | '
   return (f'step {step}/{total_steps} | epoch {epoch:.2f} | loss {loss:.4f} | '
           f'accuracy {accuracy:.4f} | lr {learning_rate:.6g} | {scale}'
-          f'{examples_per_second:.1f} examples/sec')
+          f'{examples_per_second:.1f} examples/sec | input wait '
+          f'{100 * input_wait:.0f}%')
 
 
 class StepLogger:
@@ -81,6 +85,7 @@ class StepLogger:
     loop = self._get_loop()
     num_steps = len(loop.losses)
     rate = num_steps * self._batch / loop.seconds if loop.seconds else 0.0
+    wait = loop.input_wait_seconds / loop.seconds if loop.seconds else 0.0
     self._loops_seen += 1
     self.all_examples += num_steps * self._batch
     self.all_seconds += loop.seconds
@@ -105,7 +110,7 @@ class StepLogger:
         line = format_step_line(
             step, self._total_steps, record['epoch'], record['train_loss'],
             record['train_accuracy'], record['learning_rate'], rate,
-            record.get('loss_scale'))
+            record.get('loss_scale'), wait)
         if self._bar is not None:
           self._bar.write(line)
         logging.info(line)

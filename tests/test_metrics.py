@@ -61,20 +61,25 @@ def test_write_json_atomically(tmp_path):
 
 
 def test_warns_once_when_steps_wait_for_input(monkeypatch):
-  warnings = []
+  warnings, lines = [], []
   monkeypatch.setattr(logging, 'warning',
                       lambda msg, *a: warnings.append(msg % a))
+  monkeypatch.setattr(logging, 'info',
+                      lambda msg, *a: lines.append(msg % a if a else msg))
   loops = iter([
       LoopRecord(1, np.ones(2), np.ones(2), 10.0, input_wait_seconds=9.0),
       LoopRecord(3, np.ones(2), np.ones(2), 2.0, input_wait_seconds=0.2),
       LoopRecord(5, np.ones(2), np.ones(2), 2.0, input_wait_seconds=1.0),
       LoopRecord(7, np.ones(2), np.ones(2), 2.0, input_wait_seconds=1.5)])
   logger = metrics.StepLogger(
-      get_loop=lambda: next(loops), log_steps=100, total_steps=8,
+      get_loop=lambda: next(loops), log_steps=2, total_steps=8,
       steps_per_epoch=8, global_batch_size=4,
       learning_rate_at=lambda s: 0.0, progress_bar=False)
   for _ in range(4):
     logger({})
+  # Every line says how much of its loop waited for input.
+  assert [l.split(' | ')[-1] for l in lines] == [
+      'input wait 90%', 'input wait 10%', 'input wait 50%', 'input wait 75%']
   # The first loop (pipeline start-up) is not judged; 10% is fine; 50% warns
   # once, naming the steps and what to try; 75% does not repeat it.
   assert len(warnings) == 1

@@ -31,6 +31,7 @@ from common import env
 env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 
 # pylint: disable=g-import-not-at-top
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -193,6 +194,20 @@ def check_servable(dataset: tf.data.Dataset) -> None:
                      'cannot run: drop --tf_data_service')
 
 
+@contextlib.contextmanager
+def _global_seed_unset(unset: bool, global_seed: Optional[int]):
+  """With `unset`, TensorFlow's global seed is unset inside (random ops
+  built there draw their seeds where they run) and `global_seed` after."""
+  if not unset or global_seed is None:
+    yield
+    return
+  tf.random.set_seed(None)
+  try:
+    yield
+  finally:
+    tf.random.set_seed(global_seed)
+
+
 def training_input_fn(cfg, info, replica_batch_size: int, start_step: int):
   """An input fn for distribute_datasets_from_function whose every pipeline
   reads the run's training pipeline (at cfg.image_size) from the service,
@@ -200,15 +215,17 @@ def training_input_fn(cfg, info, replica_batch_size: int, start_step: int):
   # Here, not at the top: datasets is the local pipelines' module.
   from resnet_keras.data import datasets  # pylint: disable=g-import-not-at-top
   job = f'{job_name(cfg.model_dir, start_step)}_{cfg.image_size}px'
-  # One pipeline over all the data (the service's workers share it out, not
-  # the input contexts), the same graph in every process of the run: an
-  # unseeded run gets a seed from its job's name.
-  seed = cfg.global_seed
-  if seed is None:
-    seed = int(hashlib.sha1(job.encode()).hexdigest()[:7], 16)
+  # One pipeline over all the data: the service's workers share it out, not
+  # the input contexts. Without sharding every data worker runs all of it,
+  # so each must shuffle in its own order, or all would serve the same
+  # batches: unseeded (the shuffle then draws its seed where it runs), with
+  # TensorFlow's global seed (--global_seed) out of the way while it is
+  # built. (The first registration of a job's id is the one served.)
+  seed = None if cfg.tf_data_service_sharding == 'off' else cfg.global_seed
   train_fn, _ = datasets.make_input_fns(
       dataclasses.replace(cfg, global_seed=seed), info, replica_batch_size)
-  pipeline = train_fn(tf.distribute.InputContext())
+  with _global_seed_unset(seed is None, cfg.global_seed):
+    pipeline = train_fn(tf.distribute.InputContext())
   check_servable(pipeline)
   dataset_id = register(pipeline, cfg.tf_data_service, job)
   return lambda ctx: reader(cfg.tf_data_service, dataset_id,
