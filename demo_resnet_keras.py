@@ -30,6 +30,7 @@ The exit code is the training job's (its last attempt's).
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -42,6 +43,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 from absl import logging  # pylint: disable=g-import-not-at-top
 
 from common import cli  # pylint: disable=g-import-not-at-top
+from common import data_servers  # pylint: disable=g-import-not-at-top
 from common import launch  # pylint: disable=g-import-not-at-top
 from common import preflight  # pylint: disable=g-import-not-at-top
 from common import supervisor  # pylint: disable=g-import-not-at-top
@@ -86,6 +88,21 @@ def define_flags(values: flags.FlagValues) -> None:
                        'Usage errors, a non-finite loss and a signal to the '
                        'launcher are never retried.',
                        flag_values=values)
+  flags.DEFINE_list('data_service_hosts', [],
+                    'Run the training input pipeline on these hosts '
+                    '(comma-separated): a tf.data service dispatcher on the '
+                    'first, a data worker on each, started over ssh '
+                    '(DOCKER_SSHD_PORT) before training and stopped after; '
+                    'the trainer gets --tf_data_service.',
+                    flag_values=values)
+  flags.DEFINE_integer('data_service_port', launch.DEFAULT_DATA_SERVICE_PORT,
+                       'The dispatcher\'s port; data workers listen on the '
+                       'next one.',
+                       flag_values=values, lower_bound=1, upper_bound=65534)
+  flags.DEFINE_string('data_service_work_dir', '/tmp/resnet_keras_data_service',
+                      'The dispatcher\'s journal on its host: a dispatcher '
+                      'restarted with it resumes its jobs.',
+                      flag_values=values)
   flags.DEFINE_integer('failure_timeout', launch.DEFAULT_FAILURE_TIMEOUT,
                        'Seconds within which a lost host or rank ends a '
                        'multi-worker job (mpirun\'s keepalive probes; '
@@ -192,28 +209,54 @@ def _print_tf_configs(environ, total_workers: int) -> None:
     print(f'TF_CONFIG rank {rank}: {json.dumps(config)}')
 
 
-def _preflight(environ, hosts, dry_run: bool) -> int:
-  """Several hosts: each must be ready before anything starts. Returns how
-  many of them share one machine (1 when unchecked)."""
-  if not hosts or FLAGS.kubernetes_run:
-    return 1
+def _ssh(environ):
+  """(ssh argv, its port) as mpirun and the data service hosts use it."""
   port = environ.get('DOCKER_SSHD_PORT', str(launch.DEFAULT_SSH_PORT))
-  ssh = preflight.ssh_command(environ, port)
-  want = preflight.expected(TRAINER, FLAGS.use_horovod)
-  ports = {}
-  if FLAGS.distribution_strategy == 'multi_worker_mirrored':
-    tf_config = launch.tf_config_from_env(0, _total_workers(hosts), environ)
-    ports = preflight.ports_by_host(tf_config['cluster']['worker'])
+  return preflight.ssh_command(environ, port), port
+
+
+def _data_servers(environ):
+  """The tf.data service servers --data_service_hosts asks for."""
+  if not FLAGS.data_service_hosts:
+    return []
+  return launch.data_service_servers(
+      FLAGS.data_service_hosts, _ssh(environ)[0], sys.executable,
+      os.path.dirname(TRAINER), FLAGS.data_service_port,
+      FLAGS.data_service_work_dir)
+
+
+def _preflight(environ, hosts, servers, dry_run: bool) -> int:
+  """Several hosts (training's and the data service's): each must be ready
+  before anything starts. Returns how many training hosts share one
+  machine (1 when unchecked)."""
+  checks = []  # (hosts, what they must have, ports that must be free)
+  if hosts and not FLAGS.kubernetes_run:
+    ports = {}
+    if FLAGS.distribution_strategy == 'multi_worker_mirrored':
+      tf_config = launch.tf_config_from_env(0, _total_workers(hosts), environ)
+      ports = preflight.ports_by_host(tf_config['cluster']['worker'])
+    checks.append((hosts, preflight.expected(TRAINER, FLAGS.use_horovod),
+                   ports))
+  if servers:
+    ports = {}
+    for server in servers:
+      ports.setdefault(server.host, []).append(server.port)
+    checks.append((list(ports), preflight.expected(TRAINER, False), ports))
+  ssh, port = _ssh(environ)
   if dry_run:
-    print('\n'.join(preflight.describe(hosts, ssh, want, ports)))
+    for check_hosts, want, ports in checks:
+      print('\n'.join(preflight.describe(check_hosts, ssh, want, ports)))
     return 1
-  report = preflight.check(hosts, ssh, want, ports, port)
-  for problem in report.problems:
+  reports = [preflight.check(check_hosts, ssh, want, ports, port)
+             for check_hosts, want, ports in checks]
+  problems = [line for report in reports for line in report.problems]
+  for problem in problems:
     print(f'error: {problem}', file=sys.stderr)
-  if report.problems:
-    cli.fail(f'pre-flight check failed on {len(hosts)} host(s) '
-             f'({", ".join(hosts)}): nothing was started')
-  return report.hosts_per_machine
+  if problems:
+    every = sorted({h for check_hosts, _, _ in checks for h in check_hosts})
+    cli.fail(f'pre-flight check failed on {len(every)} host(s) '
+             f'({", ".join(every)}): nothing was started')
+  return reports[0].hosts_per_machine if hosts and reports else 1
 
 
 def main(argv):
@@ -222,6 +265,17 @@ def main(argv):
   hosts = launch.parse_hosts(environ.get('MULTI_HLS_IPS'))
   filled = fill_in_settings(hosts)
   total_workers = _total_workers(hosts)
+  servers = _data_servers(environ)
+  if servers:
+    if FLAGS.tf_data_service:
+      raise UsageError('--data_service_hosts starts a tf.data service and '
+                       'points the trainer at it; --tf_data_service names '
+                       'one started elsewhere: give one of them')
+    filled['tf_data_service'] = FLAGS.tf_data_service = (
+        launch.data_service_address(FLAGS.data_service_hosts,
+                                    FLAGS.data_service_port))
+    filled['tf_data_service_workers'] = FLAGS.tf_data_service_workers = (
+        len(FLAGS.data_service_hosts))
   cfg = flags_lib.config_from_flags(FLAGS)  # Bad trainer flags fail before launch.
   if FLAGS.print_config:
     print(recipes.dump(cfg, {name: FLAGS[name].value
@@ -233,10 +287,14 @@ def main(argv):
       print(f'note: {note}')
     print(plan.describe())
     _print_tf_configs(environ, total_workers)
-    _preflight(environ, hosts, dry_run=True)
+    for server in servers:
+      print(f'data service {server.role} on {server.host}: '
+            f'{shlex.join(server.argv)}')
+      print(f'  stopped at the end with: {shlex.join(server.stop_argv)}')
+    _preflight(environ, hosts, servers, dry_run=True)
     return 0
   _check_tools(plan)
-  hosts_per_machine = _preflight(environ, hosts, dry_run=False)
+  hosts_per_machine = _preflight(environ, hosts, servers, dry_run=False)
   if hosts_per_machine > 1:
     plan = build_launch(sys.argv, environ, hosts, total_workers, filled,
                         hosts_per_machine)
@@ -246,10 +304,21 @@ def main(argv):
     with open(path, 'w') as f:
       f.write(content)
   sys.stdout.flush()
-  return supervisor.Supervisor(
-      plan.argv, {**environ, **plan.env}, max_restarts=FLAGS.max_restarts,
-      hosts=hosts, workers_per_host=FLAGS.num_workers_per_hls,
-      parse_output=plan.argv[0] == 'mpirun', log=logging.error).run()
+  running = data_servers.DataServers(servers, logging.error)
+  try:
+    running.start()
+    exit_code = supervisor.Supervisor(
+        plan.argv, {**environ, **plan.env}, max_restarts=FLAGS.max_restarts,
+        hosts=hosts, workers_per_host=FLAGS.num_workers_per_hls,
+        parse_output=plan.argv[0] == 'mpirun', log=logging.error).run()
+  finally:
+    running.stop()
+  if exit_code and running.lost_hosts():
+    logging.error('the tf.data service lost its servers on %s during the '
+                  'job: restart them there (or drop them from '
+                  '--data_service_hosts) and rerun to resume',
+                  ', '.join(running.lost_hosts()))
+  return exit_code
 
 
 if __name__ == '__main__':

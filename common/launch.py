@@ -21,12 +21,15 @@ from common.errors import UsageError
 LAUNCHER_BOOLEANS = ('kubernetes_run', 'horovod_hierarchical_allreduce',
                      'dry_run', 'print_config')
 LAUNCHER_VALUED = ('num_workers_per_hls', 'config', 'max_restarts',
-                   'failure_timeout')
+                   'failure_timeout', 'data_service_hosts',
+                   'data_service_port', 'data_service_work_dir')
 # The launcher settings a recipe may hold.
 LAUNCHER_RECIPE_KEYS = ('num_workers_per_hls', 'horovod_hierarchical_allreduce',
                         'kubernetes_run')
 
 DEFAULT_SSH_PORT = 3022
+# The tf.data service's dispatcher; each data worker listens on the next.
+DEFAULT_DATA_SERVICE_PORT = 5050
 DEFAULT_TF_BASE_PORT = 2410
 DEFAULT_FAILURE_TIMEOUT = 60
 # multi_worker_mirrored's collective timeout (seconds), read by the trainer.
@@ -305,3 +308,45 @@ def physical_core_count() -> int:
     with open(os.path.join(topology, 'core_id')) as f:
       cores.add((package, f.read().strip()))
   return len(cores) or os.cpu_count() or 1
+
+
+@dataclasses.dataclass(frozen=True)
+class DataServer:
+  """A tf.data service server the launcher starts on a host over ssh."""
+  host: str
+  role: str  # 'dispatcher' or 'worker'
+  port: int
+  argv: List[str]  # ssh ... HOST 'cd REPO && exec python -m ...'
+  stop_argv: List[str]  # ssh ... HOST 'pkill ...': what ends it there
+
+
+def data_service_servers(hosts: Sequence[str], ssh: Sequence[str],
+                         python: str, repo: str, port: int,
+                         work_dir: str) -> List[DataServer]:
+  """The dispatcher on the first of `hosts` (at `port`, journaling to
+  `work_dir` there) and a data worker on each (at port + 1), started over
+  `ssh` in the project at `repo` (the same path on every host)."""
+  servers = [('dispatcher', hosts[0], port, ['--work_dir', work_dir])]
+  servers += [('worker', host, port + 1, ['--dispatcher', f'{hosts[0]}:{port}'])
+              for host in hosts]
+  built = []
+  for role, host, server_port, args in servers:
+    command = [python, '-m', 'resnet_keras.data.service', role, '--port',
+               str(server_port)] + args
+    # '[r]' keeps the pattern from matching the shell that runs it. SIGTERM
+    # (the server stops itself), then SIGKILL for what is left after 10 s.
+    pattern = shlex.quote(
+        f'[r]esnet_keras.data.service {role} --port {server_port}')
+    stop = (f'pkill -f {pattern}; for _ in $(seq 50); do pgrep -f {pattern} '
+            f'>/dev/null || exit 0; sleep 0.2; done; pkill -KILL -f {pattern}')
+    built.append(DataServer(
+        host=host, role=role, port=server_port,
+        argv=list(ssh) + [host, f'cd {shlex.quote(repo)} && exec '
+                          f'{shlex.join(command)}'],
+        stop_argv=list(ssh) + [host, stop]))
+  return built
+
+
+def data_service_address(hosts: Sequence[str], port: int) -> str:
+  """The dispatcher's address, as the trainer's --tf_data_service."""
+  return f'grpc://{hosts[0]}:{port}'

@@ -103,6 +103,26 @@ def test_multi_host_dry_run_contacts_nobody_and_prints_tf_configs():
   assert configs[3]['cluster']['worker'][3] == '192.0.2.2:7001'
 
 
+def test_data_service_hosts_dry_run_shows_the_servers_and_contacts_nobody():
+  out = dry_run(['--data_service_hosts', '192.0.2.5,192.0.2.6',
+                 '--data_service_port', '6000'])
+  args = trainer_args(command_of(out))
+  assert values_of(args, 'tf_data_service') == ['grpc://192.0.2.5:6000']
+  assert values_of(args, 'tf_data_service_workers') == ['2']
+  assert not any('data_service_hosts' in a for a in args)
+  servers = [l for l in out.splitlines() if l.startswith('data service ')]
+  assert [l.split(':')[0] for l in servers] == [
+      'data service dispatcher on 192.0.2.5', 'data service worker on 192.0.2.5',
+      'data service worker on 192.0.2.6']
+  assert '-m resnet_keras.data.service worker --port 6001 --dispatcher ' \
+         '192.0.2.5:6000' in servers[2]
+  assert 'pre-flight on 192.0.2.5: ports 6000, 6001 free' in out
+  result = e2e.spawn_script(DEMO, ['--dry_run', '--data_service_hosts',
+                                   'h2', '--tf_data_service', 'grpc://h3:1'],
+                            timeout=120)
+  e2e.assert_one_line_error(result, 'give one of them')
+
+
 def test_kubernetes_run_starts_this_rank_in_process():
   out = dry_run(['--use_horovod', '--num_workers_per_hls', '8',
                  '--kubernetes_run=True'])

@@ -154,3 +154,26 @@ def test_hosts_on_one_machine_are_not_bound_to_the_same_cores():
   argv = ' '.join(_mpirun(hosts=['a', 'b'], workers_per_host=2,
                           physical_cores=2, hosts_per_machine=2).argv)
   assert '--mca mpi_yield_when_idle 1' in argv
+
+
+def test_data_service_servers_start_and_stop_over_ssh():
+  servers = launch.data_service_servers(
+      ['h2', 'h3'], ['ssh', '-p', '3022'], '/py/bin/python3', '/repo dir',
+      5050, '/tmp/journal')
+  assert [(s.host, s.role, s.port) for s in servers] == [
+      ('h2', 'dispatcher', 5050), ('h2', 'worker', 5051),
+      ('h3', 'worker', 5051)]
+  dispatcher, _, worker = servers
+  assert dispatcher.argv[:4] == ['ssh', '-p', '3022', 'h2']
+  assert dispatcher.argv[4] == (
+      "cd '/repo dir' && exec /py/bin/python3 -m resnet_keras.data.service "
+      'dispatcher --port 5050 --work_dir /tmp/journal')
+  assert worker.argv[4].endswith('worker --port 5051 --dispatcher h2:5050')
+  # Stopped by its own command line, never the shell that looks for it.
+  stop = worker.stop_argv[4]
+  assert worker.stop_argv[:4] == ['ssh', '-p', '3022', 'h3']
+  assert stop.startswith(
+      "pkill -f '[r]esnet_keras.data.service worker --port 5051';")
+  assert stop.endswith("pkill -KILL -f '[r]esnet_keras.data.service worker "
+                       "--port 5051'")
+  assert launch.data_service_address(['h2', 'h3'], 5050) == 'grpc://h2:5050'

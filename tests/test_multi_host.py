@@ -319,3 +319,87 @@ def test_a_restarted_job_ends_with_an_uninterrupted_runs_weights(
   assert summary['train_steps'] == STEPS
   uninterrupted = e2e.read_summary(horovod_run[0])
   assert summary['weights_sha256'] == uninterrupted['weights_sha256']
+
+
+def _last_step(log_path):
+  steps = re.findall(r' I step (\d+)/', open(log_path).read())
+  return int(steps[-1]) if steps else 0
+
+
+def _wait_for_step(job, log_path, step, timeout=300):
+  deadline = time.monotonic() + timeout
+  while _last_step(log_path) < step:
+    assert job.poll() is None, open(log_path).read()[-3000:]
+    assert time.monotonic() < deadline, open(log_path).read()[-3000:]
+    time.sleep(0.5)
+  return _last_step(log_path)
+
+
+def test_data_service_hosts_lose_a_worker_and_the_dispatcher_then_the_last(
+    healthy, tmp_path):
+  """--data_service_hosts h2,h1: a dispatcher on h2, data workers on h2 and
+  h1, one trainer on h1. h2's worker killed: training goes on and the log
+  says so; the dispatcher killed and restarted by hand from its work_dir:
+  goes on; h1's worker, the last, killed: the job ends within the
+  trainer's --tf_data_service_timeout, naming both hosts; no server is
+  left on either host."""
+  from tests import imagenet_fixture  # pylint: disable=g-import-not-at-top
+  h1, h2 = healthy.hosts
+  data_dir = str(tmp_path / 'data')
+  imagenet_fixture.write_dataset(data_dir, num_classes=4,
+                                 train_per_shard=(32, 32),
+                                 eval_per_shard=(5, 4))
+  work_dir, timeout = str(tmp_path / 'dispatcher'), 15
+  args = [a for a in TINY if not a.startswith(('--use_synthetic_data',
+                                               '--num_classes'))] + [
+      f'--data_dir={data_dir}', '--batch_size=8', '--train_steps=1000000',
+      '--train_epochs=100000', '--epochs_between_evals=100000',
+      '--log_steps=2', f'--model_dir={tmp_path / "model"}',
+      f'--data_service_hosts={h2.address},{h1.address}',
+      f'--data_service_work_dir={work_dir}',
+      f'--tf_data_service_timeout={timeout}']
+  log = str(tmp_path / 'job.log')
+  # One trainer, on h1: no MULTI_HLS_IPS.
+  job = _start(healthy, args, log, env={'MULTI_HLS_IPS': ''})
+  try:
+    step = _wait_for_step(job, log, 10)
+    text = open(log).read()
+    assert (f'[data dispatcher {h2.address}] tf.data service dispatcher '
+            'ready at') in text
+    assert f'--tf_data_service=grpc://{h2.address}:5050' not in text  # argv
+    # The servers' own command lines (arguments NUL-separated), not the
+    # launcher's ssh commands that start them.
+    dispatcher = 'resnet_keras.data.service\0dispatcher'
+    worker = 'resnet_keras.data.service\0worker'
+    assert len(healthy.processes(h2, worker)) == 1
+    for pid in healthy.processes(h2, worker):
+      os.kill(pid, signal.SIGKILL)
+    _wait_for_line(job, log, f'data worker on {h2.address} exited')
+    assert 'training goes on with 1 data worker' in open(log).read()
+    step = _wait_for_step(job, log, step + 30)
+
+    for pid in healthy.processes(h2, dispatcher):
+      os.kill(pid, signal.SIGKILL)
+    _wait_for_line(job, log, f'dispatcher on {h2.address} exited')
+    healthy.popen(h2, [sys.executable, '-m', 'resnet_keras.data.service',
+                       'dispatcher', '--port', '5050', '--work_dir',
+                       work_dir], env=dict(os.environ), cwd=e2e.REPO_ROOT,
+                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    step = _wait_for_step(job, log, step + 30)
+
+    for pid in healthy.processes(h1, worker):
+      os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    assert job.wait(timeout=timeout + 90) == 1
+    assert time.monotonic() - killed < timeout + 45
+  finally:
+    if job.poll() is None:
+      job.kill()
+  lines = open(log).read().strip().splitlines()
+  assert 'no batch from the tf.data service at' in '\n'.join(lines[-6:])
+  assert lines[-1].endswith(
+      f'the tf.data service lost its servers on {h1.address}, {h2.address} '
+      'during the job: restart them there (or drop them from '
+      '--data_service_hosts) and rerun to resume')
+  for host in (h1, h2):
+    assert not healthy.processes(host, 'resnet_keras.data.service')

@@ -1,0 +1,110 @@
+"""The tf.data service servers a launch starts on other hosts, for its whole
+length: started over ssh and awaited, watched, and stopped on every path.
+
+demo_resnet_keras.py --data_service_hosts builds their commands
+(launch.data_service_servers), starts them here before the training job,
+and stops them when the job ends, however it ends (success, failure,
+Ctrl-C). Each server's output passes through prefixed with its host and
+role; a server that exits while the job runs is said at once (a lost data
+worker: training goes on with the others; the dispatcher: training waits
+for it up to the trainer's --tf_data_service_timeout).
+"""
+
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, List, Optional
+
+from common.errors import UsageError
+from common.launch import DataServer
+
+READY = 'ready at'
+_STOP_TIMEOUT = 15
+
+
+class DataServers:
+  """`servers`, running; `log` gets the launcher's lines about them."""
+
+  def __init__(self, servers: List[DataServer],
+               log: Callable[[str], None]):
+    self._servers = servers
+    self._log = log
+    self._processes: List[Optional[subprocess.Popen]] = [None] * len(servers)
+    self._ready = [threading.Event() for _ in servers]
+    self._last_line = [''] * len(servers)
+    self._stopping = False
+    self.lost: List[DataServer] = []
+
+  def start(self, timeout: float = 120) -> 'DataServers':
+    """Starts every server and waits until each says it is ready."""
+    for i, server in enumerate(self._servers):
+      self._processes[i] = subprocess.Popen(
+          server.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+          stderr=subprocess.STDOUT, text=True)
+      threading.Thread(target=self._follow, args=(i,), daemon=True).start()
+      # Workers register with the dispatcher: it goes first.
+      self._await(i, timeout)
+    return self
+
+  def _await(self, i: int, timeout: float) -> None:
+    server, deadline = self._servers[i], time.monotonic() + timeout
+    while not self._ready[i].wait(0.2):
+      if self._processes[i].poll() is not None or time.monotonic() > deadline:
+        self.stop()
+        why = (f'exited: {self._last_line[i]}'
+               if self._processes[i].poll() is not None
+               else f'not ready within {timeout:.0f} s')
+        raise UsageError(f'the tf.data service {server.role} on '
+                         f'{server.host} did not start ({why}); nothing '
+                         'else was started')
+
+  def _follow(self, i: int) -> None:
+    """Passes server i's output through and notes its readiness and exit."""
+    server, process = self._servers[i], self._processes[i]
+    for line in process.stdout:
+      line = line.rstrip('\n')
+      if line.strip():
+        self._last_line[i] = line.strip()
+      if READY in line:
+        self._ready[i].set()
+      sys.stdout.write(f'[data {server.role} {server.host}] {line}\n')
+      sys.stdout.flush()
+    code = process.wait()
+    if self._stopping or not self._ready[i].is_set():
+      return
+    self.lost.append(server)
+    if server.role == 'dispatcher':
+      self._log(f'the tf.data service dispatcher on {server.host} exited '
+                f'(code {code}): training waits for a dispatcher restarted '
+                'with the same --work_dir, up to --tf_data_service_timeout')
+    else:
+      left = sum(1 for s in self._servers
+                 if s.role == 'worker' and s not in self.lost)
+      self._log(f'the tf.data service data worker on {server.host} exited '
+                f'(code {code}); training goes on with {left} data '
+                f'worker{"" if left == 1 else "s"}')
+
+  def lost_hosts(self) -> List[str]:
+    return sorted({server.host for server in self.lost})
+
+  def stop(self) -> None:
+    """Ends every server: its ssh session, then whatever of it outlived
+    that on its host."""
+    self._stopping = True
+    for process in self._processes:
+      if process is not None and process.poll() is None:
+        process.terminate()
+    for server, process in zip(self._servers, self._processes):
+      if process is None:
+        continue
+      try:
+        subprocess.run(server.stop_argv, stdin=subprocess.DEVNULL,
+                       capture_output=True, timeout=_STOP_TIMEOUT)
+      except subprocess.TimeoutExpired:
+        self._log(f'could not reach {server.host} to stop its tf.data '
+                  f'service {server.role}: stop it there')
+      try:
+        process.wait(timeout=_STOP_TIMEOUT)
+      except subprocess.TimeoutExpired:
+        process.kill()
