@@ -8,6 +8,7 @@
       --num_workers_per_hls 2 -bs 512
   MULTI_HLS_IPS=10.0.0.1,10.0.0.2 python demo_resnet_keras.py --use_horovod \\
       --num_workers_per_hls 8 --optimizer LARS
+  python demo_resnet_keras.py ... --data_service_hosts h2,h3  # remote input
   python demo_resnet_keras.py ... --dry_run   # print the command, run nothing
 
 Every flag of resnet_ctl_imagenet_main.py is accepted and forwarded as typed.
@@ -25,6 +26,9 @@ MPI_TCP_INCLUDE, DOCKER_SSHD_PORT (3022), MPI_ROOT, TF_BASE_PORT (2410).
 Several hosts are checked (ssh, Python, TensorFlow, Horovod, the project,
 ports) before anything starts. A failed job ends with one line naming the
 lost rank or host; --max_restarts starts it again from the last checkpoint.
+--data_service_hosts starts a tf.data service (a dispatcher on the first
+host, a data worker on each) over the same ssh before the job, points the
+trainer at it and stops it when the job ends (common/data_servers.py).
 The exit code is the training job's (its last attempt's).
 """
 
