@@ -76,11 +76,14 @@ def set_up(cfg: RunConfig, distributed: bool = True) -> Basis:
   its backend built (`distributed` False: this process alone, as the tools
   run)."""
   cfg, machine, runtime_record = runtime.set_up(cfg)
-  info = datasets.describe(cfg)
+  # The backend before anything runs a TensorFlow op: multi_worker_mirrored
+  # configures collectives, which TensorFlow allows only before its context
+  # starts (describe reads the TFRecords).
   backend = (distribution.build_backend(cfg.distribution_strategy,
                                         cfg.num_gpus, cfg.use_horovod)
              if distributed else
              distribution.Backend(tf.distribute.get_strategy()))
+  info = datasets.describe(cfg)
   return Basis(cfg=cfg,
                effective_cfg=dataclasses.replace(
                    cfg, num_classes=info.num_classes),

@@ -73,6 +73,7 @@ class DataConfig:
   skip_corrupt_records: bool = False
   # Training input from a tf.data service (data/service.py); '': local.
   tf_data_service: str = ''
+  tf_data_service_job_name: str = ''  # '': from model_dir (service.job_name)
   tf_data_service_sharding: str = 'off'
   tf_data_service_timeout: int = 300  # seconds without a batch; 0: wait
   tf_data_service_workers: int = 0  # how many the launcher started; 0: ?

@@ -126,6 +126,10 @@ def _define_data_flags(values: flags.FlagValues) -> None:
           'grpc://HOST:PORT of a tf.data service dispatcher: the training '
           'input pipeline runs on its workers (python -m '
           'resnet_keras.data.service); evaluation stays here. Empty: local.')
+  _define(values, flags.DEFINE_string, 'tf_data_service_job_name',
+          'The tf.data service job the run\'s workers share (each gets '
+          'other batches); empty: one named after --model_dir. Each resume '
+          'and image size gets a job of its own under it.')
   _define(values, flags.DEFINE_string, 'tf_data_service_sharding',
           'off: every data worker serves the whole shuffled stream (batches '
           'at least once; survives a lost data worker); dynamic: files '

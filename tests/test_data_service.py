@@ -34,10 +34,15 @@ def test_dispatcher_addresses_and_job_names():
               'grpc://h2:5050/x', 'grpc://h2:port'):
     with pytest.raises(UsageError, match='give grpc://HOST:PORT'):
       service.parse_address(bad)
-  # Every worker of a run agrees on its job; a resume starts another.
-  assert service.job_name('/m/run', 0) == service.job_name('/m/run/', 0)
-  assert service.job_name('/m/run', 0) != service.job_name('/m/run', 40)
-  assert service.job_name('/m/run', 0) != service.job_name('/m/other', 0)
+  # Every worker of a run agrees on its job; a resume or another image
+  # size starts another; a name the user gives is the base.
+  job = lambda base, model_dir, step, size: service.job_name(
+      base, model_dir, step, size)
+  assert job('', '/m/run', 0, 64) == job('', '/m/run/', 0, 64)
+  assert job('', '/m/run', 0, 64) != job('', '/m/run', 40, 64)
+  assert job('', '/m/run', 0, 64) != job('', '/m/run', 0, 96)
+  assert job('', '/m/run', 0, 64) != job('', '/m/other', 0, 64)
+  assert job('mine', '/m/run', 40, 64) == 'mine_step40_64px'
 
 
 @pytest.mark.parametrize('overrides,fragment', [
@@ -169,10 +174,19 @@ def test_a_run_trains_from_the_service_and_resumes_without_it(
       'address': dispatcher.target, 'sharding': 'off', 'data_workers': None}
   # Its batches came from the service's workers.
   assert sum(w._num_tasks() for w in workers) >= 1  # pylint: disable=protected-access
-  resumed = run_lib.run(dataclasses.replace(cfg, train_steps=4,
-                                            tf_data_service=''))
+  # Resumed from its checkpoint through the service (a new job), then
+  # without it.
+  resumed = run_lib.run(dataclasses.replace(cfg, train_steps=4))
   assert resumed['resumed_from_step'] == 2 and resumed['train_steps'] == 4
-  assert resumed['tf_data_service'] is None
+  local = run_lib.run(dataclasses.replace(cfg, train_steps=6,
+                                          tf_data_service=''))
+  assert local['resumed_from_step'] == 4 and local['train_steps'] == 6
+  assert local['tf_data_service'] is None
+  # A dispatcher that is not there: one line before anything trains.
+  with pytest.raises(UsageError, match='no tf.data service dispatcher'):
+    run_lib.run(dataclasses.replace(
+        cfg, train_steps=8, tf_data_service=f'grpc://127.0.0.1:{_closed_port()}'))
+  assert not os.path.exists(os.path.join(str(tmp_path), 'ckpt-8.index'))
 
 
 # -- The servers as processes, and faults -------------------------------------
@@ -299,3 +313,30 @@ def test_faults_a_lost_worker_a_restarted_dispatcher_the_last_worker(
           process.wait(timeout=10)
         except subprocess.TimeoutExpired:
           process.kill()
+
+
+@pytest.mark.processes
+@pytest.mark.xdist_group('mpirun')
+@pytest.mark.parametrize('backend_args,batch', [
+    (['--use_horovod'], 8), (['-ds', 'multi_worker_mirrored'], 16)])
+def test_two_workers_read_one_job(records, tmp_path, in_process_service,
+                                  backend_args, batch):
+  """Horovod and multi_worker_mirrored workers (2 processes through the
+  launcher) read their batches from one job and train in step."""
+  dispatcher, workers = in_process_service
+  model_dir = str(tmp_path / 'model')
+  args = [a for a in e2e.TINY if not a.startswith(
+      ('--use_synthetic_data', '--num_classes', '--batch_size'))]
+  result = e2e.spawn_script(
+      os.path.join(e2e.REPO_ROOT, 'demo_resnet_keras.py'),
+      backend_args + ['--num_workers_per_hls=2', f'--batch_size={batch}',
+                      f'--data_dir={records}', f'--model_dir={model_dir}',
+                      f'--tf_data_service={dispatcher.target}'] + args,
+      timeout=300)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  chief = e2e.read_summary(model_dir)
+  worker = e2e.read_summary(os.path.join(model_dir, 'worker_1'))
+  assert chief['tf_data_service']['address'] == dispatcher.target
+  assert worker['tf_data_service'] == chief['tf_data_service']
+  assert chief['weights_sha256'] == worker['weights_sha256']
+  assert sum(w._num_tasks() for w in workers) >= 1  # pylint: disable=protected-access

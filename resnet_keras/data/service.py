@@ -69,12 +69,16 @@ def parse_address(address: str) -> Tuple[str, int]:
   return parsed.hostname, port
 
 
-def job_name(model_dir: str, start_step: int) -> str:
-  """The run's job: the same in every worker of the run (they know its
-  model_dir and the step it starts at), another on each resume, since a
-  finished job's name cannot be reused for a new one."""
-  digest = hashlib.sha1(os.path.abspath(model_dir).encode()).hexdigest()[:12]
-  return f'resnet_keras_{digest}_step{start_step}'
+def job_name(base: str, model_dir: str, start_step: int,
+             image_size: int) -> str:
+  """The job the run's workers read: the same in each of them (they know
+  its model_dir, the step it starts at and its size), another for each
+  resume and image size (a job serves one dataset). `base`: the user's
+  --tf_data_service_job_name, '' for one named after model_dir."""
+  if not base:
+    digest = hashlib.sha1(os.path.abspath(model_dir).encode()).hexdigest()
+    base = f'resnet_keras_{digest[:12]}'
+  return f'{base}_step{start_step}_{image_size}px'
 
 
 def check_reachable(address: str, timeout: float) -> None:
@@ -214,7 +218,8 @@ def training_input_fn(cfg, info, replica_batch_size: int, start_step: int):
   as one job: registered here, once per process, under the job's name."""
   # Here, not at the top: datasets is the local pipelines' module.
   from resnet_keras.data import datasets  # pylint: disable=g-import-not-at-top
-  job = f'{job_name(cfg.model_dir, start_step)}_{cfg.image_size}px'
+  job = job_name(cfg.tf_data_service_job_name, cfg.model_dir, start_step,
+                 cfg.image_size)
   # One pipeline over all the data: the service's workers share it out, not
   # the input contexts. Without sharding every data worker runs all of it,
   # so each must shuffle in its own order, or all would serve the same
