@@ -15,8 +15,8 @@ batch goes to one consumer: workers see distinct batches.
 Sharding (--tf_data_service_sharding): `off` (default) gives each data
 worker the whole shuffled, repeated stream, so batches are visited at least
 once across workers, never waiting on a slow one; `dynamic` splits the files
-among data workers, each record once per epoch, and cannot survive a lost
-data worker. Neither keeps --global_seed's order: a service run is not
+among data workers, each record once per epoch (at most once: a lost data
+worker's share of the epoch is lost with it). Neither keeps --global_seed's order: a service run is not
 bit-reproducible, and its resume does not skip what was read (it starts a
 new job).
 
