@@ -340,3 +340,34 @@ def test_two_workers_read_one_job(records, tmp_path, in_process_service,
   assert worker['tf_data_service'] == chief['tf_data_service']
   assert chief['weights_sha256'] == worker['weights_sha256']
   assert sum(w._num_tasks() for w in workers) >= 1  # pylint: disable=protected-access
+
+
+@pytest.mark.processes
+def test_mirrored_replicas_read_the_service(records, tmp_path,
+                                            in_process_service):
+  """Two replicas of one process (-ds mirrored over logical CPUs) each
+  read their batches from the job."""
+  dispatcher, workers = in_process_service
+  model_dir = str(tmp_path / 'model')
+  args = [a for a in e2e.TINY if not a.startswith(
+      ('--use_synthetic_data', '--num_classes', '--batch_size'))]
+  result = e2e.spawn_main(
+      args + ['-ds', 'mirrored', '--num_cpu_replicas=2', '--batch_size=8',
+              f'--data_dir={records}', f'--model_dir={model_dir}',
+              f'--tf_data_service={dispatcher.target}'], timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  summary = e2e.read_summary(model_dir)
+  assert summary['num_replicas'] == 2 and summary['train_steps'] == 4
+  assert summary['tf_data_service']['address'] == dispatcher.target
+  assert sum(w._num_tasks() for w in workers) >= 1  # pylint: disable=protected-access
+
+
+def test_a_server_that_is_not_a_dispatcher_is_one_line(in_process_service):
+  """What a client meets at a server of another protocol (another
+  TensorFlow version's dispatcher answers the same way): a data worker's
+  port does not serve the dispatcher's calls."""
+  _, workers = in_process_service
+  address = f'grpc://{workers[0]._address}'  # pylint: disable=protected-access
+  with pytest.raises(UsageError, match='does not answer as a tf.data service '
+                     'dispatcher of TensorFlow'):
+    service.register(tf.data.Dataset.range(3), address, 'job')
