@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -190,3 +191,43 @@ def test_port_in_use_is_one_line(tmp_path):
   e2e.assert_one_line_error(result, f'port {port}', 'not free',
                             'TF_BASE_PORT')
   assert not model_dir.exists()
+
+
+def test_two_workers_resume_the_techniques_exactly(records_run, tmp_path):
+  """The time-to-accuracy techniques under Horovod's 2 processes
+  (test_training_techniques.py's run, its per-worker batch halved): 1 epoch
+  then resumed to 3 ends as 3 straight: both workers' weights, and every
+  variable of the last checkpoint, the weight average's included.
+
+  (Not the evaluations: under Horovod the resumed run's eval loss differs
+  from the straight run's in the 3rd decimal with the same weights and
+  averages on both workers, found here and not yet explained.)"""
+  from tests.test_training_techniques import TECHNIQUES as ALL  # pylint: disable=g-import-not-at-top
+  data_dir, _ = records_run
+  techniques = [a for a in ALL if not a.startswith('--batch_size')]
+
+  def train(model_dir, epochs):
+    result = e2e.spawn_script(
+        DEMO, ['--use_horovod', '--num_workers_per_hls=2', '--batch_size=2',
+               f'--data_dir={data_dir}', f'--model_dir={model_dir}',
+               f'--train_epochs={epochs}'] + techniques, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return _summaries(model_dir)
+
+  straight = train(str(tmp_path / 'straight'), 3)
+  train(str(tmp_path / 'resumed'), 1)
+  resumed = train(str(tmp_path / 'resumed'), 3)
+  assert resumed[0]['resumed_from_step'] == 4
+  assert straight[0]['global_batch_size'] == 4
+  hashes = {s['weights_sha256'] for s in straight + resumed}
+  assert len(hashes) == 1
+  final = [{n: tf.train.load_variable(path, n)
+            for n, _ in tf.train.list_variables(path)}
+           for path in (str(tmp_path / d / 'ckpt-12')
+                        for d in ('straight', 'resumed'))]
+  assert any(n.startswith('weight_average/') for n in final[0])
+  assert final[0].keys() == final[1].keys()
+  for name in final[0]:
+    np.testing.assert_array_equal(final[0][name], final[1][name],
+                                  err_msg=name)
+  assert straight[0]['eval_examples'] == resumed[0]['eval_examples'] == 9
