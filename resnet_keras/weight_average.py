@@ -19,7 +19,9 @@ One set of averages on every backend: each average is a variable of its
 weight's kind (mirrored for trainable weights, per-replica sync-on-read for
 batch-norm statistics, read as their mean like the statistics themselves)
 and is updated on each device from that device's copy. Horovod's workers
-hold the same weights after each step, so their averages agree too.
+hold the same trained weights after each step, so those averages agree;
+batch-norm statistics (and their averages) are each worker's own until the
+loop's end, when every worker takes the chief's (trainer.py).
 
 tf-models-official's ExponentialMovingAverage optimizer does the same job
 differently: its averages are optimizer slots that start at zero (biased
@@ -71,6 +73,12 @@ class WeightAverage:
     self._swap = tf.function(lambda: self._on_each_device(_exchange),
                              autograph=False)
     self.reset()
+
+  def averages_of(self, variables: Sequence[tf.Variable]) -> list:
+    """The averages of those of the model's `variables`."""
+    wanted = {id(v) for v in variables}
+    return [a for a, w in zip(self.averages, self._weights)
+            if id(w) in wanted]
 
   def reset(self) -> None:
     """Averages := the weights (a new start, or a warm start)."""
