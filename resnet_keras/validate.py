@@ -169,26 +169,38 @@ def score_exports(cfg: RunConfig, paths: Sequence[str],
   return rows
 
 
-def format_exports_table(rows: List[Dict]) -> str:
-  width = max(len('export'), *(len(r['export']) for r in rows))
-  lines = [f'{"export":<{width}}  {"kind":<14}  {"top-1":>6}  {"top-5":>6}  '
-           f'{"loss":>8}  max |p - p_first|']
-  for r in rows:
-    lines.append(f'{r["export"]:<{width}}  {r["kind"]:<14}  {r["top1"]:>6.4f}'
-                 f'  {r["top5"]:>6.4f}  {r["loss"]:>8.4f}  '
-                 f'{r["max_prob_diff"]:.2g}')
+# A table's columns: (header, row key, alignment and width, value format).
+# The first column is as wide as its widest entry.
+_CHECKPOINT_TABLE = (('checkpoint', 'checkpoint', '<', ''),
+                     ('step', 'step', '>8', ''),
+                     ('epoch', 'epoch', '>7', '.2f'),
+                     ('top-1', 'top1', '>6', '.4f'),
+                     ('top-5', 'top5', '>6', '.4f'),
+                     ('loss', 'loss', '>8', '.4f'))
+_EXPORTS_TABLE = (('export', 'export', '<', ''),
+                  ('kind', 'kind', '<14', ''),
+                  ('top-1', 'top1', '>6', '.4f'),
+                  ('top-5', 'top5', '>6', '.4f'),
+                  ('loss', 'loss', '>8', '.4f'),
+                  ('max |p - p_first|', 'max_prob_diff', '', '.2g'))
+
+
+def _format(rows: List[Dict], columns) -> str:
+  (header, key, align, _), *rest = columns
+  width = max(len(header), *(len(str(r[key])) for r in rows))
+  columns = [(header, key, f'{align}{width}', '')] + rest
+  lines = ['  '.join(format(h, a) for h, _, a, _ in columns)]
+  lines += ['  '.join(format(r[k], a + f) for _, k, a, f in columns)
+            for r in rows]
   return '\n'.join(lines)
+
+
+def format_exports_table(rows: List[Dict]) -> str:
+  return _format(rows, _EXPORTS_TABLE)
 
 
 def format_table(rows: List[Dict]) -> str:
-  width = max(len('checkpoint'), *(len(r['checkpoint']) for r in rows))
-  lines = [f'{"checkpoint":<{width}}  {"step":>8}  {"epoch":>7}  '
-           f'{"top-1":>6}  {"top-5":>6}  {"loss":>8}']
-  for r in rows:
-    lines.append(f'{r["checkpoint"]:<{width}}  {r["step"]:>8}  '
-                 f'{r["epoch"]:>7.2f}  {r["top1"]:>6.4f}  {r["top5"]:>6.4f}  '
-                 f'{r["loss"]:>8.4f}')
-  return '\n'.join(lines)
+  return _format(rows, _CHECKPOINT_TABLE)
 
 
 def write_csv(path: str, rows: List[Dict], columns=COLUMNS) -> None:

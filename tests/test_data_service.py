@@ -70,14 +70,20 @@ def test_python_in_the_pipeline_is_refused():
     service.check_servable(nested)
 
 
-def _closed_port():
-  with socket.socket() as s:
+def _free_ports(n):
+  """n distinct loopback ports nothing listens on (bound together, so
+  distinct, then released)."""
+  sockets = [socket.socket() for _ in range(n)]
+  for s in sockets:
     s.bind(('127.0.0.1', 0))
-    return s.getsockname()[1]
+  ports = [s.getsockname()[1] for s in sockets]
+  for s in sockets:
+    s.close()
+  return ports
 
 
 def test_no_dispatcher_is_one_line_and_quick():
-  port = _closed_port()
+  port = _free_ports(1)[0]
   start = time.monotonic()
   with pytest.raises(UsageError) as raised:
     service.check_reachable(f'grpc://127.0.0.1:{port}', timeout=5)
@@ -185,7 +191,7 @@ def test_a_run_trains_from_the_service_and_resumes_without_it(
   # A dispatcher that is not there: one line before anything trains.
   with pytest.raises(UsageError, match='no tf.data service dispatcher'):
     run_lib.run(dataclasses.replace(
-        cfg, train_steps=8, tf_data_service=f'grpc://127.0.0.1:{_closed_port()}'))
+        cfg, train_steps=8, tf_data_service=f'grpc://127.0.0.1:{_free_ports(1)[0]}'))
   assert not os.path.exists(os.path.join(str(tmp_path), 'ckpt-8.index'))
 
 
@@ -216,16 +222,6 @@ def _wait_for_line(process, fragment, timeout=120):
     time.sleep(0.2)
   raise AssertionError(f'no "{fragment}" in:\n' +
                        open(process.log_path).read()[-3000:])
-
-
-def _free_ports(n):
-  sockets = [socket.socket() for _ in range(n)]
-  for s in sockets:
-    s.bind(('127.0.0.1', 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
 
 
 class _Log:
