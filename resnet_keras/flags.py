@@ -118,7 +118,9 @@ def _define_data_flags(values: flags.FlagValues) -> None:
           'names the file.')
   _define(values, flags.DEFINE_boolean, 'training_dataset_cache',
           'Cache the training records in memory after the first epoch (for '
-          'datasets that fit in RAM).')
+          'datasets that fit in RAM). With --train_crop_min_area=1 (no '
+          'crop) the decoded, resized images are cached instead, and only '
+          'the flip runs per epoch.')
   _define(values, flags.DEFINE_integer, 'datasets_num_private_threads',
           'Threads of a private tf.data pool for the input pipeline; 0: '
           'tf.data\'s shared pool.')

@@ -57,6 +57,18 @@ def test_skipping_counts_undecodable_images_and_keeps_the_rest(clean_dir,
                           image_size=32, dtype=tf.float32, num_classes=3))
 
 
+def test_a_decoded_cache_skips_undecodable_images_once(clean_dir, tmp_path):
+  root = _copy(clean_dir, tmp_path)
+  files = imagenet.find_shards(root, 'validation')
+  append_undecodable(files[0])
+  skipped = imagenet.SkippedRecords()
+  ds = imagenet.dataset(files, is_training=True, batch_size=7, image_size=32,
+                        dtype=tf.uint8, num_classes=3, skipped=skipped,
+                        cache=True, crop_min_area=1.0, seed=1)
+  assert [int(labels.shape[0]) for _, labels in ds.take(3)] == [7, 7, 7]
+  assert skipped.count == 1   # decoded once, before the cache
+
+
 def _train(root, model_dir, *extra):
   return e2e.run_main(['-dd', root, '-md', model_dir, '--resnet_depth=10',
                        '--width_multiplier=0.25', '--image_size=32',
