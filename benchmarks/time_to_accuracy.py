@@ -24,6 +24,9 @@ MAIN = os.path.join(REPO, 'resnet_ctl_imagenet_main.py')
 
 BASELINE = ['--config', 'fashion_mnist_resnet18_w025']
 SHORT = BASELINE + ['--train_epochs=4', '--epochs_between_evals=4']
+SHORT3 = BASELINE + ['--train_epochs=3', '--epochs_between_evals=3',
+                     '--batch_size=256', '--base_learning_rate=0.8',
+                     '--lr_schedule=linear', '--eval_flip']
 
 # Name -> trainer flags. The baseline recipe as it is; then its model on half
 # the epochs, adding the time-to-accuracy techniques one at a time.
@@ -43,7 +46,13 @@ ROWS: Dict[str, List[str]] = {
                            '--zero_init_residual'],
     '+blurpool': SHORT + ['--lr_schedule=linear', '--ema_decay=0.99',
                           '--ema_warmup', '--eval_flip', '--blurpool'],
-    'recipe': ['--config', 'fashion_mnist_fast'],
+    # The path to configs/fashion_mnist_fast.yaml: 3 epochs of batch 256
+    # with FFCV's schedule and flip TTA, then each change the recipe keeps.
+    'short': SHORT3,
+    '+whole_images': SHORT3 + ['--train_crop_min_area=1.0'],
+    '+weight_decay_5e-5': SHORT3 + ['--train_crop_min_area=1.0',
+                                    '--weight_decay=0.00005'],
+    'fast (+resnet10_w0.5)': ['--config', 'fashion_mnist_fast'],
 }
 
 

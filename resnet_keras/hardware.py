@@ -111,22 +111,5 @@ def emulated_bf16_warning(dtype: str, machine: Machine) -> Optional[str]:
           '--dtype=auto (or fp32) is faster here')
 
 
-# The quick start's recipes (configs/): ResNet-18 where bf16 is fast; a
-# quarter-width ResNet-18 in fp32 elsewhere, which keeps scripts/
-# fashion_mnist_demo.sh within minutes on a 2-core AVX2 CPU.
-QUICK_START_RECIPE = 'fashion_mnist_resnet18'
-QUICK_START_CPU_RECIPE = 'fashion_mnist_resnet18_w025'
-
-
-def quick_start_recipe(machine: Machine) -> Tuple[str, str]:
-  """(recipe, why) of scripts/fashion_mnist_demo.sh on `machine`."""
-  if machine.has_gpu or machine.cpu.has_bf16:
-    return QUICK_START_RECIPE, (
-        f'{machine.describe()} trains ResNet-18 in bf16 at full speed')
-  return QUICK_START_CPU_RECIPE, (
-      f'{machine.cpu.describe()} has no bf16 hardware: ResNet-18 at a '
-      'quarter of its width trains several times faster in fp32 there')
-
-
 def _cc(capability: Tuple[int, int]) -> str:
   return f'{capability[0]}.{capability[1]}'

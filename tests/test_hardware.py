@@ -81,17 +81,3 @@ def test_this_cpu_reads_proc_cpuinfo(tmp_path):
                                   vendor='x'))
   assert hardware.this_cpu(str(path)).describe() == 'Test CPU (avx2)'
   assert hardware.this_cpu(str(tmp_path / 'missing')).features == frozenset()
-
-
-@pytest.mark.parametrize('machine,recipe', [
-    (hardware.Machine(SAPPHIRE_RAPIDS), hardware.QUICK_START_RECIPE),
-    (hardware.Machine(EPYC_AVX2, ((7, 5),)), hardware.QUICK_START_RECIPE),
-    (hardware.Machine(EPYC_AVX2), hardware.QUICK_START_CPU_RECIPE),
-    (hardware.Machine(SKYLAKE), hardware.QUICK_START_CPU_RECIPE)])
-def test_the_quick_start_picks_its_recipe_by_the_hardware(machine, recipe):
-  chosen, why = hardware.quick_start_recipe(machine)
-  assert chosen == recipe
-  assert machine.cpu.model in why or 'GPU' in why
-  # Both recipes exist and hold no dtype but auto.
-  from resnet_keras import recipes  # pylint: disable=g-import-not-at-top
-  assert recipes.load(recipes.resolve(chosen))['dtype'] == 'auto'

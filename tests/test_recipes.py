@@ -172,22 +172,30 @@ def test_bad_recipes_are_one_line(tmp_path, args, fragments):
     e2e.assert_one_line_error(result, *fragments)
 
 
-def test_a_small_recipe_trains_with_overrides(tmp_path):
+def test_the_quick_start_recipe_trains_with_overrides(tmp_path):
+  # The recipe scripts/fashion_mnist_demo.sh runs, as written but for its
+  # batch and length: whole-image training from the decoded cache, flip
+  # evaluation.
+  with open(os.path.join(e2e.REPO_ROOT, 'scripts',
+                         'fashion_mnist_demo.sh')) as f:
+    assert 'FMNIST_RECIPE:-fashion_mnist_fast}' in f.read()
   data_dir = str(tmp_path / 'data')
   imagenet_fixture.write_dataset(data_dir)
   model_dir = str(tmp_path / 'run')
-  result = e2e.run_main(['--config', 'fashion_mnist_resnet18', '-dd',
-                         data_dir, '-md', model_dir, '-bs', '4', '-te', '1',
-                         '--steps_per_loop', '2', '--log_steps', '2',
-                         '--resnet_depth', '10', '--width_multiplier', '0.25'])
+  result = e2e.run_main(['--config', 'fashion_mnist_fast', '-dd', data_dir,
+                         '-md', model_dir, '-bs', '4', '-te', '1',
+                         '--steps_per_loop', '2', '--log_steps', '2'])
   assert result.returncode == 0, result.stderr
   with open(os.path.join(model_dir, 'config.json')) as f:
     effective = json.load(f)['config']
   assert (effective['stem'], effective['image_size'],
           effective['lr_schedule'], effective['batch_size'],
-          effective['resnet_depth'], effective['width_multiplier']) == (
-              'small', 28, 'cosine', 4, 10, 0.25)
-  assert e2e.read_summary(model_dir)['train_steps'] == 4
+          effective['resnet_depth'], effective['width_multiplier'],
+          effective['train_crop_min_area'], effective['eval_flip'],
+          effective['training_dataset_cache']) == (
+              'small', 28, 'linear', 4, 10, 0.5, 1.0, True, True)
+  summary = e2e.read_summary(model_dir)
+  assert summary['train_steps'] == 4 and summary['eval_examples'] == 7
 
 
 @pytest.mark.slow
