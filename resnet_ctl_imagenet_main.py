@@ -1,7 +1,7 @@
 """Trains a ResNet image classifier with a custom training loop (orbit).
 
   python resnet_ctl_imagenet_main.py --use_synthetic_data -bs 32 -dt bf16
-  python resnet_ctl_imagenet_main.py --config fashion_mnist_resnet18 \\
+  python resnet_ctl_imagenet_main.py --config fashion_mnist_fast \\
       --data_dir /tmp/fmnist/tfrecords              # a recipe, configs/
   python resnet_ctl_imagenet_main.py --helpfull      # every flag
 

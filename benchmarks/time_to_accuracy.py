@@ -53,6 +53,8 @@ ROWS: Dict[str, List[str]] = {
     '+weight_decay_5e-5': SHORT3 + ['--train_crop_min_area=1.0',
                                     '--weight_decay=0.00005'],
     'fast (+resnet10_w0.5)': ['--config', 'fashion_mnist_fast'],
+    'fast for 4 epochs': ['--config', 'fashion_mnist_fast', '--train_epochs=4',
+                          '--epochs_between_evals=4'],
 }
 
 

@@ -48,8 +48,8 @@ for part in 0-4 5-9; do
     --validation_shards 2
 done
 
-# The recipe of fashion_mnist_demo.sh (configs/fashion_mnist_resnet18.yaml:
-# small stem at 28x28, bf16, gentle crops); one epoch to pretrain.
+# configs/fashion_mnist_resnet18.yaml (full ResNet-18, small stem at 28x28,
+# bf16 where fast, gentle crops); one epoch to pretrain.
 COMMON=(--config fashion_mnist_resnet18 --clean)
 python3 resnet_ctl_imagenet_main.py "${COMMON[@]}" -dd "$WORK/tfrecords_0-4" \
   -md "$WORK/pretrain" -te 1 -ebe 1 --enable_checkpoint_and_export "$@"
