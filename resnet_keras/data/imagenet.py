@@ -11,8 +11,9 @@ reference's converter writes).
 Training: file-level sharding per input pipeline (worker), file shuffle,
 parallel interleave, record shuffle, parallel fused decode-and-crop, flip,
 resize, batch with drop_remainder; cached whole images (no crop) are decoded
-and resized once, before the cache, so only the flip runs per epoch. Evaluation: every record exactly once,
-aspect-preserving resize + central crop, the last partial batch kept.
+and resized once, before the cache, so only the flip runs per epoch.
+Evaluation: every record exactly once, aspect-preserving resize + central
+crop, the last partial batch kept.
 
 Corrupt data: by default a bad record stops the run, and `find_corrupt_file`
 names the shard. With a `SkippedRecords` counter the pipeline skips instead:
