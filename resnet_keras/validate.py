@@ -171,18 +171,15 @@ def score_exports(cfg: RunConfig, paths: Sequence[str],
 
 # A table's columns: (header, row key, alignment and width, value format).
 # The first column is as wide as its widest entry.
+_SCORE_COLUMNS = (('top-1', 'top1', '>6', '.4f'),
+                  ('top-5', 'top5', '>6', '.4f'),
+                  ('loss', 'loss', '>8', '.4f'))
 _CHECKPOINT_TABLE = (('checkpoint', 'checkpoint', '<', ''),
                      ('step', 'step', '>8', ''),
-                     ('epoch', 'epoch', '>7', '.2f'),
-                     ('top-1', 'top1', '>6', '.4f'),
-                     ('top-5', 'top5', '>6', '.4f'),
-                     ('loss', 'loss', '>8', '.4f'))
+                     ('epoch', 'epoch', '>7', '.2f')) + _SCORE_COLUMNS
 _EXPORTS_TABLE = (('export', 'export', '<', ''),
-                  ('kind', 'kind', '<14', ''),
-                  ('top-1', 'top1', '>6', '.4f'),
-                  ('top-5', 'top5', '>6', '.4f'),
-                  ('loss', 'loss', '>8', '.4f'),
-                  ('max |p - p_first|', 'max_prob_diff', '', '.2g'))
+                  ('kind', 'kind', '<14', '')) + _SCORE_COLUMNS + (
+                      ('max |p - p_first|', 'max_prob_diff', '', '.2g'),)
 
 
 def _format(rows: List[Dict], columns) -> str:
