@@ -10,6 +10,7 @@ import tf_keras
 from resnet_keras import guards
 from resnet_keras import models
 from resnet_keras import trainer as trainer_lib
+from resnet_keras import weight_average as weight_average_lib
 from resnet_keras.data import synthetic
 
 
@@ -215,18 +216,21 @@ def test_accumulated_micro_batches_make_the_same_update_as_one_batch():
 def test_fp16_overflow_halves_the_scale_skips_the_update_and_goes_on():
   """Dynamic loss scaling through the device loop, with a scale too big for
   fp16 to start with: every overflowing step halves it and leaves the
-  weights alone, then training resumes with finite weights."""
+  weights alone, then training resumes with finite weights. The weight
+  average (--ema_decay) rides along: float32 like the weights, it stays put
+  while the steps are skipped and then follows the weights."""
   tf_keras.mixed_precision.set_global_policy('mixed_float16')
   try:
     tf_keras.utils.set_random_seed(4)
     net = models.resnet(10, 5, 32, stem='cifar', filters=(8, 16, 16, 16))
     optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
         tf_keras.optimizers.legacy.SGD(0.05), initial_scale=2.0 ** 40)
+    average = weight_average_lib.WeightAverage(net.variables, decay=0.9)
     trainer = trainer_lib.ResnetTrainer(
         strategy=tf.distribute.get_strategy(), model=net, optimizer=optimizer,
         train_dataset=synthetic.train_dataset(4, 32, 5, tf.float32),
         eval_dataset=None, program_batch_size=4, num_classes=5,
-        max_steps_per_loop=40)
+        max_steps_per_loop=40, weight_average=average)
     before = [v.numpy() for v in net.trainable_variables]
     trainer.train(tf.constant(3))
     loop = trainer.last_loop
@@ -235,6 +239,11 @@ def test_fp16_overflow_halves_the_scale_skips_the_update_and_goes_on():
                                                      2.0 ** 37])
     assert all(np.array_equal(b, v.numpy())
                for b, v in zip(before, net.trainable_variables))
+    trained = average.averages_of(net.trainable_variables)
+    # d * w + (1 - d) * w is w up to float32 rounding.
+    assert all(a.dtype == tf.float32 for a in trained)
+    for b, a in zip(before, trained):
+      np.testing.assert_allclose(a.numpy(), b, rtol=1e-6, atol=1e-7)
     assert np.isfinite(loop.losses).all() and loop.weights_finite
     # Skipped steps are no divergence: the guard lets the run go on.
     guards.LoopGuard(get_loop=lambda: loop, any_worker=lambda *f: f,
@@ -245,5 +254,11 @@ def test_fp16_overflow_halves_the_scale_skips_the_update_and_goes_on():
     assert trainer.last_loop.weights_finite
     assert any(not np.array_equal(b, v.numpy())
                for b, v in zip(before, net.trainable_variables))
+    # The average lags the weights: it moved from the start, not all the way.
+    assert all(np.isfinite(a.numpy()).all() for a in trained)
+    first = trained[0].numpy()
+    assert not np.allclose(first, before[0], rtol=1e-4, atol=1e-6)
+    assert not np.allclose(first, net.trainable_variables[0].numpy(),
+                           rtol=1e-4, atol=1e-6)
   finally:
     tf_keras.mixed_precision.set_global_policy('float32')
