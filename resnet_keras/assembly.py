@@ -16,6 +16,7 @@ import os
 import shutil
 from typing import Any, Callable, Dict, Optional, Tuple
 
+from absl import logging
 import tensorflow as tf
 import tf_keras
 
@@ -33,6 +34,7 @@ from resnet_keras import weight_average as weight_average_lib
 from resnet_keras.config import RunConfig, TrainingPlan, make_training_plan
 from resnet_keras.data import datasets
 from resnet_keras.data import imagenet
+from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.data import service as data_service
 
 
@@ -109,6 +111,32 @@ def build_model(cfg: RunConfig, num_classes: int, machine: hardware.Machine,
       machine=machine, hvd=hvd)
 
 
+def _starts_fresh(cfg: RunConfig) -> bool:
+  """Whether the run's weights start from their initialisers: not resumed
+  from model_dir, nor warm started from another run."""
+  return not (checkpoints.latest_step(cfg.model_dir) or cfg.restore_from or
+              cfg.pretrained_checkpoint)
+
+
+def init_stem_from_training_images(cfg: RunConfig, info: datasets.DatasetInfo,
+                                   network: tf_keras.Model) -> None:
+  """--stem_init=pca: the stem's filters from patches of the first training
+  images in file order, preprocessed as evaluation does at the training
+  size; the same images on every worker (Horovod's then take the chief's
+  weights anyway)."""
+  kernel_size = network.get_layer(models.STEM_CONV).kernel.shape[0]
+  count = models.pca_image_count(cfg.image_size, kernel_size)
+  sized = dataclasses.replace(cfg, eval_image_size=cfg.image_size)
+  pixels, _ = next(iter(datasets.pixel_batches(
+      sized, info, count, from_training=True, limit=count)))
+  used, filters, held = models.init_stem_from_images(
+      network, normalize_images(pixels))
+  logging.info('stem: %d of its %d filters start as +/- the %d principal '
+               'directions of %dx%d patches of %d training images (%.1f%% '
+               'of their variance)', 2 * used, filters, used, kernel_size,
+               kernel_size, int(pixels.shape[0]), 100 * held)
+
+
 def build_optimizer(cfg: RunConfig, plan: TrainingPlan) -> Tuple[Any, Any]:
   """(schedule, optimizer) of the run `plan` describes."""
   schedule = schedules.schedule_for_run(cfg, plan.global_batch_size,
@@ -140,6 +168,8 @@ def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
   with strategy.scope():
     network, model = build_model(cfg, basis.info.num_classes, basis.machine,
                                  wd_path, backend.hvd)
+    if _starts_fresh(cfg) and cfg.stem_init == 'pca':
+      init_stem_from_training_images(cfg, basis.info, network)
     schedule, optimizer = build_optimizer(cfg, plan)
     optimizers.create_slots(optimizer, model.trainable_variables)
     averaged = build_weight_average(cfg, model)

@@ -36,6 +36,8 @@ RELU_IMPLS = ('auto', 'native', 'bitwise', 'xla')
 # Stem -> how much it downsamples. The stages downsample 8x more, so an image
 # must be at least 8 x this many pixels for the last stage to see 1x1.
 STEM_STRIDES = {'imagenet': 4, 'small': 2, 'cifar': 1}
+# How the stem's convolution starts (models.pca_stem_kernel).
+STEM_INITS = ('random', 'pca')
 KERAS_APPLICATIONS_MODELS = ('ResNet50', 'ResNet101', 'ResNet152',
                              'ResNet50V2', 'ResNet101V2', 'ResNet152V2')
 DATA_SERVICE_SHARDING = ('off', 'dynamic')
@@ -96,6 +98,9 @@ class ModelConfig:
   zero_init_residual: bool = False
   # Anti-aliased downsampling (models.Blur; Zhang 2019, as FFCV applies it).
   blurpool: bool = False
+  # pca: the stem's filters start as the principal directions of training
+  # images' patches (airbench's whitening, as an initialisation).
+  stem_init: str = 'random'
   # Where the weights start when model_dir has no checkpoint (warm_start.py).
   restore_from: Optional[str] = None
   restore_optimizer: bool = False
@@ -292,6 +297,7 @@ class RunConfig(RuntimeConfig, OutputConfig, OptimizerConfig, LoopConfig,
     _check_choice('lr_schedule', self.lr_schedule, LR_SCHEDULES)
     _check_choice('resnet_depth', self.resnet_depth, RESNET_DEPTHS)
     _check_choice('stem', self.stem, tuple(STEM_STRIDES))
+    _check_choice('stem_init', self.stem_init, STEM_INITS)
     _check_choice('conv_impl', self.conv_impl, CONV_IMPLS)
     _check_choice('relu_impl', self.relu_impl, RELU_IMPLS)
     _check_choice('norm', self.norm, NORMS)
@@ -424,11 +430,16 @@ class RunConfig(RuntimeConfig, OutputConfig, OptimizerConfig, LoopConfig,
                            ('sync_batch_norm', self.sync_batch_norm),
                            ('enable_recompute', self.enable_recompute),
                            ('zero_init_residual', self.zero_init_residual),
-                           ('blurpool', self.blurpool)):
+                           ('blurpool', self.blurpool),
+                           ('stem_init=pca', self.stem_init == 'pca')):
         if wished:
           raise UsageError(f'--{name} applies to this project\'s ResNets; '
                            '--keras_applications_model backbones have plain '
                            'batch norm (drop one of the two flags)')
+    if self.stem_init == 'pca' and self.use_synthetic_data:
+      raise UsageError('--stem_init=pca starts the stem from training '
+                       'images, which --use_synthetic_data has none of: drop '
+                       'one of the two flags')
     if self.width_multiplier <= 0:
       raise UsageError('--width_multiplier must be > 0, got '
                        f'{self.width_multiplier}')

@@ -175,6 +175,14 @@ def _define_model_flags(values: flags.FlagValues) -> None:
           'filter, the stem\'s max pooling at stride 1 then blurred and '
           'subsampled. No new weights; part of the model\'s identity for '
           'resume and warm start.')
+  _define(values, flags.DEFINE_string, 'stem_init',
+          'How the stem\'s convolution starts: random (He normal) or pca: '
+          'its filters, in +/- pairs, are the principal directions of '
+          'patches of the first training images (as many as the patches\' '
+          'rank and half the filters allow; the rest stay random), so its '
+          'channels start decorrelated instead of all seeing the local '
+          'brightness (airbench\'s whitening, as an initialisation: the '
+          'filters keep training). Only the initial values change.')
   _define(values, flags.DEFINE_string, 'conv_impl',
           'How convolutions run: native (oneDNN/cuDNN), matmul (1x1 '
           'convolutions as one matmul, and kernel gradients of 3x3 '

@@ -34,6 +34,8 @@ from common.errors import UsageError
     ('image_size', 16, '--image_size=16 is too small'),
     ('stem', 'deep', '--stem=deep is not supported; use one of: imagenet, '
      'small, cifar'),
+    ('stem_init', 'zeros', '--stem_init=zeros is not supported; use one of: '
+     'random, pca'),
     ('keras_applications_model', 'ResNet18', 'use one of: ResNet50,'),
     ('distribution_strategy', 'tpu', 'use one of: off, one_device,'),
     ('label_smoothing', 1.5, '--label_smoothing must be in [0, 1)'),
@@ -62,6 +64,11 @@ def test_bad_values_name_the_flag_and_the_choices(field, value, expected):
      '--zero_init_residual applies'),
     (dict(keras_applications_model='ResNet50', blurpool=True),
      '--blurpool applies'),
+    (dict(keras_applications_model='ResNet50', stem_init='pca'),
+     '--stem_init=pca applies'),
+    (dict(use_synthetic_data=True, stem_init='pca'),
+     '--stem_init=pca starts the stem from training images, which '
+     '--use_synthetic_data has none of'),
     (dict(ema_decay=1.0), '--ema_decay is the decay of the weight average'),
     (dict(ema_decay=-0.1), 'in [0, 1) (0: none), got -0.1'),
     (dict(ema_warmup=True), '--ema_warmup ramps the decay of --ema_decay'),

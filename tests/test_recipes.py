@@ -192,8 +192,12 @@ def test_the_quick_start_recipe_trains_with_overrides(tmp_path):
           effective['lr_schedule'], effective['batch_size'],
           effective['resnet_depth'], effective['width_multiplier'],
           effective['train_crop_min_area'], effective['eval_flip'],
-          effective['training_dataset_cache']) == (
-              'small', 28, 'linear', 4, 10, 0.5, 1.0, True, True)
+          effective['training_dataset_cache'], effective['stem_init']) == (
+              'small', 28, 'linear', 4, 10, 0.5, 1.0, True, True, 'pca')
+  # The PCA stem from the fixture's training images: flat colours, so their
+  # patches vary along the 3 colours only.
+  assert ('stem: 6 of its 32 filters start as +/- the 3 principal '
+          'directions of 3x3 patches of 17 training images') in result.stderr
   summary = e2e.read_summary(model_dir)
   assert summary['train_steps'] == 4 and summary['eval_examples'] == 7
 

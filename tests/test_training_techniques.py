@@ -1,8 +1,9 @@
 """The time-to-accuracy techniques together (--zero_init_residual,
 --ema_decay, --eval_flip, progressive resizing with --eval_image_size,
---blurpool, the linear schedule by epoch, label smoothing) in one run on
-ImageNet-format records: it trains at each epoch's size, evaluates and
-exports the weight average at its own size, and resumes exactly."""
+--blurpool, the linear schedule by epoch, label smoothing, the PCA stem) in
+one run on ImageNet-format records: it trains at each epoch's size,
+evaluates and exports the weight average at its own size, and resumes
+exactly."""
 
 import json
 import os
@@ -25,7 +26,7 @@ TECHNIQUES = [
     '--progressive_resize_epochs=0,2', '--eval_image_size=40',
     '--zero_init_residual', '--blurpool', '--ema_decay=0.8', '--ema_warmup',
     '--eval_flip', '--lr_schedule=linear', '--lr_per_epoch',
-    '--warmup_epochs=1', '--label_smoothing=0.1']
+    '--warmup_epochs=1', '--label_smoothing=0.1', '--stem_init=pca']
 
 
 def _train(data_dir, model_dir, epochs):
@@ -52,12 +53,14 @@ def test_all_techniques_train_together_and_resume_exactly(records_run,
   assert ('training at 24 px until epoch 0, rising to 32 px at epoch 2 in '
           'multiples of 4; evaluation at 40 px') in straight.stderr
   assert 'evaluations score the weight average' in straight.stderr
+  assert 'stem: 6 of its 16 filters start as' in straight.stderr
 
   _train(data_dir, resumed_dir, 1)
   resumed = _train(data_dir, resumed_dir, 3)
   # It resumes in epoch 1, at epoch 1's size, and goes on as the straight
   # run did: the same weights, averages, optimizer state and evaluation.
   assert 'training at 28 px from epoch 1 (step 4)' in resumed.stderr
+  assert 'stem:' not in resumed.stderr  # its weights are the checkpoint's
   summaries = [e2e.read_summary(d) for d in (straight_dir, resumed_dir)]
   assert summaries[1]['resumed_from_step'] == 4
   assert summaries[0]['weights_sha256'] == summaries[1]['weights_sha256']
