@@ -111,13 +111,6 @@ def build_model(cfg: RunConfig, num_classes: int, machine: hardware.Machine,
       machine=machine, hvd=hvd)
 
 
-def _starts_fresh(cfg: RunConfig) -> bool:
-  """Whether the run's weights start from their initialisers: not resumed
-  from model_dir, nor warm started from another run."""
-  return not (checkpoints.latest_step(cfg.model_dir) or cfg.restore_from or
-              cfg.pretrained_checkpoint)
-
-
 def init_stem_from_training_images(cfg: RunConfig, info: datasets.DatasetInfo,
                                    network: tf_keras.Model) -> None:
   """--stem_init=pca: the stem's filters from patches of the first training
@@ -168,8 +161,6 @@ def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
   with strategy.scope():
     network, model = build_model(cfg, basis.info.num_classes, basis.machine,
                                  wd_path, backend.hvd)
-    if _starts_fresh(cfg) and cfg.stem_init == 'pca':
-      init_stem_from_training_images(cfg, basis.info, network)
     schedule, optimizer = build_optimizer(cfg, plan)
     optimizers.create_slots(optimizer, model.trainable_variables)
     averaged = build_weight_average(cfg, model)

@@ -284,13 +284,15 @@ def _controller(basis: assembly.Basis, parts: assembly.Parts,
 def _restore_or_warm_start(basis: assembly.Basis, parts: assembly.Parts,
                            start_from: Optional[warm_start.Source]) -> int:
   """Applies --restore_from/--pretrained_checkpoint to a run that did not
-  resume, gives every worker the chief's variables; returns the step the
-  run starts at."""
+  resume (--stem_init=pca to one that starts from scratch), gives every
+  worker the chief's variables; returns the step the run starts at."""
   cfg, backend, plan = basis.cfg, basis.backend, parts.plan
   optimizer = parts.optimizer
   if start_from:
     warm_start.apply(start_from, parts.network, parts.model, optimizer,
                      cfg.restore_optimizer)
+  elif cfg.stem_init == 'pca' and not checkpoints.latest_step(cfg.model_dir):
+    assembly.init_stem_from_training_images(cfg, basis.info, parts.network)
   averaged = parts.weight_average
   if averaged:
     _start_weight_average(averaged, cfg.model_dir, bool(start_from))
