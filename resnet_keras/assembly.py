@@ -4,11 +4,15 @@ Training (run.py) and the tools that rebuild a run's model (validate,
 average, export) assemble the same parts the same way, so a tool computes
 as the run did:
 
-  runtime set-up -> data description -> backend -> plan -> schedule ->
-  model -> optimizer -> checkpoint manager -> input fns -> trainer
+  set_up: runtime (runtime.configure) -> backend -> data description
+  plan_for: the training plan on this job's layout
+  assemble_training (from the run's decided start.Start) or
+  assemble_evaluation: schedule -> model -> optimizer -> weight average ->
+      checkpoint manager -> input -> objective, record, trainer, evaluator
 
-`set_up` is the first three, `assemble_training` and `assemble_evaluation`
-the rest; `build_model` is the model alone (export).
+`build_model` is the model alone (export). Nothing here restores weights or
+reads the checkpoint directory to decide anything: start.py decides where a
+run starts, and run.py restores it after assembling.
 """
 
 import dataclasses
@@ -16,7 +20,6 @@ import os
 import shutil
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from absl import logging
 import tensorflow as tf
 import tf_keras
 
@@ -28,14 +31,17 @@ from resnet_keras import models
 from resnet_keras import optimizers
 from resnet_keras import runtime
 from resnet_keras import schedules
-from resnet_keras import trainer as trainer_lib
-from resnet_keras import warm_start
-from resnet_keras import weight_average as weight_average_lib
-from resnet_keras.config import RunConfig, TrainingPlan, make_training_plan
+from resnet_keras import start as start_lib
+from resnet_keras import ema as ema_lib
+from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data import imagenet
-from resnet_keras.data.preprocessing import normalize_images
-from resnet_keras.data import service as data_service
+from resnet_keras.data import data_service
+from resnet_keras.evaluator import Evaluator
+from resnet_keras.objective import Objective
+from resnet_keras.plan import TrainingPlan, make_training_plan
+from resnet_keras.step_record import StepRecord
+from resnet_keras.trainer import Trainer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +58,7 @@ class Basis:
 
 @dataclasses.dataclass
 class Parts:
-  """A run's model, optimizer, checkpoints and trainer, built for `plan`."""
+  """A run's model, optimizer, checkpoints, trainer and evaluator."""
   plan: TrainingPlan
   schedule: Any  # learning rate as a function of the step
   network: tf_keras.Model  # the classifier that is exported
@@ -60,9 +66,11 @@ class Parts:
   optimizer: Any
   # What this process saves to and restores from; None: it never saves.
   manager: Optional[tf.train.CheckpointManager]
-  trainer: trainer_lib.ResnetTrainer
+  evaluator: Optional[Evaluator]  # None: --skip_eval
+  trainer: Optional[Trainer] = None  # training only
+  record: Optional[StepRecord] = None  # the trainer's, training only
   # --ema_decay's average of the model's weights; None: not averaging.
-  weight_average: Optional[weight_average_lib.WeightAverage] = None
+  ema: Optional[ema_lib.EMA] = None
   # Counts the records --skip_corrupt_records skipped; None: not counting.
   skipped: Optional[imagenet.SkippedRecords] = None
   guard: Optional[guards.LoopGuard] = None  # training only
@@ -72,12 +80,19 @@ class Parts:
   train_input: Optional[Callable[[int, int], Any]] = None
   train_image_size: int = 0  # of the trainer's training input now
 
+  def weights(self) -> start_lib.Weights:
+    """What start.restore loads into."""
+    return start_lib.Weights(
+        network=self.network, model=self.model, optimizer=self.optimizer,
+        checkpoint=self.manager and self.manager.checkpoint,
+        ema=self.ema)
+
 
 def set_up(cfg: RunConfig, distributed: bool = True) -> Basis:
-  """The runtime configured for cfg on this machine, its data described and
-  its backend built (`distributed` False: this process alone, as the tools
-  run)."""
-  cfg, machine, runtime_record = runtime.set_up(cfg)
+  """The runtime configured for cfg on this machine, its backend built and
+  its data described (`distributed` False: this process alone, as the
+  tools run)."""
+  cfg, machine, runtime_record = runtime.configure(cfg)
   # The backend before anything runs a TensorFlow op: multi_worker_mirrored
   # configures collectives, which TensorFlow allows only before its context
   # starts (describe reads the TFRecords).
@@ -111,25 +126,6 @@ def build_model(cfg: RunConfig, num_classes: int, machine: hardware.Machine,
       machine=machine, hvd=hvd)
 
 
-def init_stem_from_training_images(cfg: RunConfig, info: datasets.DatasetInfo,
-                                   network: tf_keras.Model) -> None:
-  """--stem_init=pca: the stem's filters from patches of the first training
-  images in file order, preprocessed as evaluation does at the training
-  size; the same images on every worker (Horovod's then take the chief's
-  weights anyway)."""
-  kernel_size = network.get_layer(models.STEM_CONV).kernel.shape[0]
-  count = models.pca_image_count(cfg.image_size, kernel_size)
-  sized = dataclasses.replace(cfg, eval_image_size=cfg.image_size)
-  pixels, _ = next(iter(datasets.pixel_batches(
-      sized, info, count, from_training=True, limit=count)))
-  used, filters, held = models.init_stem_from_images(
-      network, normalize_images(pixels))
-  logging.info('stem: %d of its %d filters start as +/- the %d principal '
-               'directions of %dx%d patches of %d training images (%.1f%% '
-               'of their variance)', 2 * used, filters, used, kernel_size,
-               kernel_size, int(pixels.shape[0]), 100 * held)
-
-
 def build_optimizer(cfg: RunConfig, plan: TrainingPlan) -> Tuple[Any, Any]:
   """(schedule, optimizer) of the run `plan` describes."""
   schedule = schedules.schedule_for_run(cfg, plan.global_batch_size,
@@ -138,22 +134,24 @@ def build_optimizer(cfg: RunConfig, plan: TrainingPlan) -> Tuple[Any, Any]:
   return schedule, optimizers.build_optimizer(cfg, schedule)
 
 
-def build_weight_average(cfg: RunConfig, model: tf_keras.Model
-                         ) -> Optional[weight_average_lib.WeightAverage]:
+def build_ema(cfg: RunConfig, model: tf_keras.Model
+                         ) -> Optional[ema_lib.EMA]:
   """--ema_decay's average of `model`'s variables (None without it), under
   the strategy scope the model was built in."""
   if not cfg.ema_decay:
     return None
-  return weight_average_lib.WeightAverage(model.variables, cfg.ema_decay,
+  return ema_lib.EMA(model.variables, cfg.ema_decay,
                                           cfg.ema_warmup)
 
 
-def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
+def assemble_training(basis: Basis, plan: TrainingPlan,
+                      start: start_lib.Start) -> Parts:
   """Every part a training process needs, under its backend's strategy.
 
-  Its training input starts where the run's data left off (exact resume
-  with --global_seed); model_dir must already be prepared, as the chief's
-  checkpoint manager lives there.
+  Its training input starts where `start` says the run's data goes on
+  (exact resume with --global_seed), at the size of the epoch it starts
+  in; model_dir must already be prepared, as the chief's checkpoint
+  manager lives there.
   """
   cfg, backend = basis.cfg, basis.backend
   strategy = backend.strategy
@@ -163,13 +161,12 @@ def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
                                  wd_path, backend.hvd)
     schedule, optimizer = build_optimizer(cfg, plan)
     optimizers.create_slots(optimizer, model.trainable_variables)
-    averaged = build_weight_average(cfg, model)
+    averaged = build_ema(cfg, model)
     manager = _training_manager(cfg, backend, model, optimizer, averaged)
 
   skipped = datasets.skipped_records_counter(cfg)
   options = distribution.input_options(cfg.experimental_preloading,
                                        basis.machine.has_gpu)
-
   if cfg.tf_data_service:  # Before anything waits on it.
     data_service.check_reachable(cfg.tf_data_service,
                                  cfg.tf_data_service_timeout)
@@ -187,37 +184,41 @@ def assemble_training(basis: Basis, plan: TrainingPlan) -> Parts:
     return strategy.distribute_datasets_from_function(
         lambda ctx: train_fn(backend.input_context(ctx)), options)
 
-  # The size of the epoch the run resumes in (a warm start's is set later).
-  train_image_size = schedules.image_size_for_run(
-      cfg, checkpoints.latest_step(cfg.model_dir) // plan.steps_per_epoch)
-  _, eval_fn = datasets.make_input_fns(cfg, basis.info,
-                                       plan.replica_batch_size, skipped)
-  eval_ds = (None if cfg.skip_eval else
-             strategy.distribute_datasets_from_function(
-                 lambda ctx: eval_fn(backend.input_context(ctx)), options))
+  # The evaluation input before the training input, whose seeds
+  # (--global_seed) follow TensorFlow's count of the ops made before it.
+  evaluator = None if cfg.skip_eval else _evaluator(
+      basis, model, plan.replica_batch_size, averaged, skipped, options)
+  record = StepRecord(optimizer.iterations, plan.steps_per_loop,
+                      with_loss_scales=isinstance(
+                          optimizer,
+                          tf_keras.mixed_precision.LossScaleOptimizer))
   guard = guards.LoopGuard(
-      get_loop=lambda: trainer.last_loop, any_worker=backend.any_worker,
+      any_worker=backend.any_worker,
       last_checkpoint=lambda: manager and manager.latest_checkpoint,
-      dtype=cfg.dtype)
-  trainer = trainer_lib.ResnetTrainer(
-      strategy=strategy, model=model, optimizer=optimizer,
-      train_dataset=train_input(
-          train_image_size, warm_start.steps_of_data_read(cfg.model_dir)),
-      eval_dataset=eval_ds,
-      program_batch_size=plan.program_batch_size,
-      global_batch_size=plan.global_batch_size,
+      dtype=cfg.dtype, stopped_early=record.stopped_early)
+  objective = Objective(
+      model=model, optimizer=optimizer, backend=backend,
       num_classes=basis.info.num_classes,
-      max_steps_per_loop=plan.steps_per_loop,
+      strategy_batch_size=plan.program_batch_size,
       label_smoothing=cfg.label_smoothing, weight_decay=cfg.weight_decay,
-      weight_decay_path=wd_path, use_tf_function=cfg.use_tf_function,
-      use_tf_while_loop=cfg.use_tf_while_loop,
-      num_accumulation_steps=cfg.num_accumulation_steps,
-      eval_flip=cfg.eval_flip, weight_average=averaged, backend=backend,
-      stop_requested=guard.stop_requested)
+      weight_decay_path=wd_path,
+      num_accumulation_steps=cfg.num_accumulation_steps)
+  train_image_size = schedules.image_size_for_run(
+      cfg, start.step // plan.steps_per_epoch)
+  trainer = Trainer(
+      objective=objective, record=record,
+      train_dataset=train_input(train_image_size, start.batches_read),
+      global_batch_size=plan.global_batch_size, backend=backend,
+      weights_finite=guards.finite_check(model.variables),
+      ema=averaged,
+      stop_poll=guards.stop_poll(guard.stop_requested, backend),
+      use_tf_function=cfg.use_tf_function,
+      use_tf_while_loop=cfg.use_tf_while_loop)
   return Parts(plan=plan, schedule=schedule, network=network, model=model,
-               optimizer=optimizer, manager=manager, trainer=trainer,
-               weight_average=averaged, skipped=skipped, guard=guard,
-               train_input=train_input, train_image_size=train_image_size)
+               optimizer=optimizer, manager=manager, evaluator=evaluator,
+               trainer=trainer, record=record, ema=averaged,
+               skipped=skipped, guard=guard, train_input=train_input,
+               train_image_size=train_image_size)
 
 
 def assemble_evaluation(basis: Basis, plan: TrainingPlan) -> Parts:
@@ -231,23 +232,30 @@ def assemble_evaluation(basis: Basis, plan: TrainingPlan) -> Parts:
   cfg = basis.cfg
   network, model = build_model(cfg, basis.info.num_classes, basis.machine)
   schedule, optimizer = build_optimizer(cfg, plan)
-  averaged = build_weight_average(cfg, model)
+  averaged = build_ema(cfg, model)
   manager = checkpoints.make_manager(model, optimizer, cfg.model_dir,
-                                     weight_average=averaged)
+                                     ema=averaged)
   skipped = datasets.skipped_records_counter(cfg)
-  _, eval_fn = datasets.make_input_fns(cfg, basis.info, cfg.batch_size,
-                                       skipped)
-  strategy = basis.backend.strategy
-  evaluator = trainer_lib.ResnetTrainer(
-      strategy=strategy, model=model, optimizer=optimizer,
-      train_dataset=None,
-      eval_dataset=strategy.distribute_datasets_from_function(eval_fn),
-      program_batch_size=cfg.batch_size, num_classes=basis.info.num_classes,
-      max_steps_per_loop=1, use_tf_function=cfg.use_tf_function,
-      eval_flip=cfg.eval_flip, weight_average=averaged)
   return Parts(plan=plan, schedule=schedule, network=network, model=model,
-               optimizer=optimizer, manager=manager, trainer=evaluator,
-               weight_average=averaged, skipped=skipped)
+               optimizer=optimizer, manager=manager,
+               evaluator=_evaluator(basis, model, cfg.batch_size, averaged,
+                                    skipped),
+               ema=averaged, skipped=skipped)
+
+
+def _evaluator(basis: Basis, model: tf_keras.Model, replica_batch_size: int,
+               averaged, skipped, options=None) -> Evaluator:
+  """The evaluator of the run's validation data, read as its evaluations
+  read it, in batches of `replica_batch_size` per replica."""
+  cfg, backend = basis.cfg, basis.backend
+  _, eval_fn = datasets.make_input_fns(cfg, basis.info, replica_batch_size,
+                                       skipped)
+  return Evaluator(
+      model=model, num_classes=basis.info.num_classes, backend=backend,
+      eval_dataset=backend.strategy.distribute_datasets_from_function(
+          lambda ctx: eval_fn(backend.input_context(ctx)), options),
+      eval_flip=cfg.eval_flip, ema=averaged,
+      use_tf_function=cfg.use_tf_function)
 
 
 def _training_manager(cfg: RunConfig, backend: distribution.Backend,
@@ -255,23 +263,18 @@ def _training_manager(cfg: RunConfig, backend: distribution.Backend,
                       ) -> Optional[tf.train.CheckpointManager]:
   """The manager this worker saves with (None: it never saves).
 
-  The chief's lives in model_dir, and the orbit Controller restores from it.
-  Other tf.distribute workers take part in every save, into a scratch
-  manager in their worker_dir, and restore model_dir's latest checkpoint
-  themselves (model_dir must be shared). Other Horovod workers take the
-  chief's variables by broadcast instead.
+  The chief's lives in model_dir. Other tf.distribute workers take part in
+  every save, into a scratch manager in their worker_dir (and restore
+  model_dir's checkpoint into it: model_dir must be shared). Other Horovod
+  workers take the chief's variables by broadcast instead.
   """
   if backend.is_chief:
     return checkpoints.make_manager(model, optimizer, cfg.model_dir,
                                     max_to_keep=cfg.max_checkpoints,
-                                    weight_average=averaged)
+                                    ema=averaged)
   if not backend.collective_saves:
     return None
   scratch = os.path.join(backend.worker_dir(cfg.model_dir), 'checkpoints')
   shutil.rmtree(scratch, ignore_errors=True)
-  manager = checkpoints.make_manager(model, optimizer, scratch, max_to_keep=1,
-                                     weight_average=averaged)
-  latest = tf.train.latest_checkpoint(cfg.model_dir)
-  if latest:
-    manager.checkpoint.restore(latest)
-  return manager
+  return checkpoints.make_manager(model, optimizer, scratch, max_to_keep=1,
+                                  ema=averaged)

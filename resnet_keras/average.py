@@ -7,11 +7,9 @@
 
 Every variable of the model is averaged, batch-norm moving statistics
 included, over the checkpoints DIR keeps, in step order: their mean, or with
---ema DECAY the exponential moving average avg = DECAY * avg + (1 - DECAY) *
-w, starting from the oldest. A run trained with --ema_decay is scored by
-its weight average, so that is what is averaged (and the result's average
-is the result). The optimizer (slots and step) is the last
-checkpoint's, so the result is named like it (ckpt-<step>).
+--ema DECAY the exponential moving average over the checkpoints (oldest
+first; not the training-time average of --ema_decay, which a run's
+checkpoints hold and this averages). How: checkpoint_average.py.
 
 It goes to DIR/averaged/ (--output_dir), with a copy of DIR/config.json and
 averaging.json (method and source checkpoints): a directory of its own, so
@@ -26,25 +24,16 @@ from common import env
 env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 
 # pylint: disable=g-import-not-at-top
-import dataclasses
 import os
-from typing import Iterable, List, Optional, Sequence
 
-import numpy as np
 from absl import flags
 
 from common import cli
+from resnet_keras import checkpoint_average
 from resnet_keras import checkpoints
-from resnet_keras import export
-from resnet_keras import metrics
-from resnet_keras import optimizers
-from resnet_keras import validate
-from resnet_keras import weight_average
-from common.errors import UsageError
+from resnet_keras import scoring
+from resnet_keras.serving import saved_model
 # pylint: enable=g-import-not-at-top
-
-OUTPUT_DIR = 'averaged'
-RECORD_FILE = 'averaging.json'
 
 
 def define_flags(values: flags.FlagValues) -> None:
@@ -67,125 +56,28 @@ def define_flags(values: flags.FlagValues) -> None:
                        flag_values=values)
 
 
-def check_ema_decay(decay: Optional[float]) -> None:
-  if decay is not None and not 0 < decay < 1:
-    raise UsageError(f'--ema={decay} is not a decay; use a fraction in (0, 1) '
-                     '(e.g. 0.9: each newer checkpoint weighs 0.1)')
-
-
-def select_last(kept: Sequence[str], last: Optional[int],
-                model_dir: str) -> List[str]:
-  """The last `last` of the checkpoints kept (oldest first); None: all."""
-  if last is None:
-    return list(kept)
-  if not 1 <= last <= len(kept):
-    names = ', '.join(os.path.basename(p) for p in kept)
-    raise UsageError(f'--last={last}: {model_dir} keeps {len(kept)} '
-                     f'checkpoints ({names}); use 1 to {len(kept)}')
-  return list(kept[-last:])
-
-
-def average_weights(weight_sets: Iterable[Sequence[np.ndarray]],
-                    ema_decay: Optional[float] = None) -> List[np.ndarray]:
-  """The mean (or EMA, oldest first) of same-shaped weight lists, in float64.
-
-  Iterated once, so only the running average is held in memory.
-  """
-  average, count = None, 0
-  for weights in weight_sets:
-    weights = [np.asarray(w, np.float64) for w in weights]
-    count += 1
-    if average is None:
-      average = weights
-    elif ema_decay is None:  # Running mean.
-      average = [a + (w - a) / count for a, w in zip(average, weights)]
-    else:
-      average = [ema_decay * a + (1 - ema_decay) * w
-                 for a, w in zip(average, weights)]
-  if average is None:
-    raise ValueError('no weights to average')
-  return average
-
-
-def describe_method(paths: Sequence[str], ema_decay: Optional[float]) -> str:
-  names = ', '.join(os.path.basename(p) for p in paths)
-  if ema_decay is None:
-    return f'mean of {len(paths)} ({names})'
-  return f'EMA {ema_decay:g} of {len(paths)} ({names})'
-
-
-def output_dir_for(model_dir: str, output_dir: Optional[str]) -> str:
-  output_dir = output_dir or os.path.join(model_dir, OUTPUT_DIR)
-  if os.path.realpath(output_dir) == os.path.realpath(model_dir):
-    raise UsageError(f'--output_dir={output_dir} is the run\'s model_dir, '
-                     'whose training would resume from the average; use '
-                     'another directory (default: MODEL_DIR/averaged)')
-  return output_dir
-
-
-def write_averaged(evaluator: validate.CheckpointEvaluator,
-                   paths: Sequence[str], ema_decay: Optional[float],
-                   output_dir: str) -> str:
-  """Averages `paths` into output_dir; returns the new checkpoint's path."""
-  cfg = evaluator.cfg
-  # A model_dir of this model for every tool: no average of another model
-  # joins the checkpoints there.
-  checkpoints.check_resumable(output_dir, cfg)
-  # Slots exist before restoring, so they are restored (not deferred) and
-  # the last checkpoint's are saved with the average.
-  optimizers.create_slots(evaluator.optimizer,
-                          evaluator.model.trainable_variables)
-  variables = evaluator.model.variables
-  kept_average = evaluator.weight_average
-
-  def restored_weights():
-    for path in paths:
-      evaluator.restore(path)
-      # What the run scored: an --ema_decay run's weight average.
-      with weight_average.in_model(kept_average):
-        yield [v.numpy() for v in variables]
-
-  for variable, value in zip(variables,
-                             average_weights(restored_weights(), ema_decay)):
-    variable.assign(value.astype(variable.dtype.as_numpy_dtype))
-  if kept_average:  # Scored and exported from the checkpoint as written.
-    kept_average.reset()
-  os.makedirs(output_dir, exist_ok=True)
-  checkpoints.record_config(output_dir, dataclasses.replace(
-      cfg, model_dir=output_dir), evaluator.plan)
-  manager = checkpoints.make_manager(evaluator.model, evaluator.optimizer,
-                                     output_dir,
-                                     max_to_keep=cfg.max_checkpoints,
-                                     weight_average=kept_average)
-  path = manager.save(
-      checkpoint_number=int(evaluator.optimizer.iterations.numpy()))
-  metrics.write_json_atomically(
-      os.path.join(output_dir, RECORD_FILE),
-      {'checkpoint': os.path.basename(path),
-       'method': 'mean' if ema_decay is None else 'ema',
-       'ema_decay': ema_decay, 'sources': list(paths)})
-  return path
-
-
 def main(argv):
   model_dir = cli.start_tool(argv, flags.FLAGS.model_dir)
   ema_decay = flags.FLAGS.ema
-  check_ema_decay(ema_decay)
-  output_dir = output_dir_for(model_dir, flags.FLAGS.output_dir)
+  checkpoint_average.check_ema_decay(ema_decay)
+  output_dir = checkpoint_average.output_dir_for(model_dir,
+                                                flags.FLAGS.output_dir)
   cfg, plan = checkpoints.read_config(model_dir)
-  evaluator = validate.CheckpointEvaluator(cfg, plan)
-  paths = select_last(
+  evaluator = scoring.CheckpointEvaluator(cfg, plan)
+  paths = checkpoint_average.select_last(
       checkpoints.checkpoint_paths(evaluator.manager, model_dir, 'all'),
       flags.FLAGS.last, model_dir)
-  averaged = write_averaged(evaluator, paths, ema_decay, output_dir)
-  print(f'wrote {averaged}: {describe_method(paths, ema_decay)}')
+  averaged = checkpoint_average.write_averaged(evaluator, paths, ema_decay,
+                                              output_dir)
+  method = checkpoint_average.describe_method(paths, ema_decay)
+  print(f'wrote {averaged}: {method}')
   if flags.FLAGS.export:  # The model holds the average until evaluated.
-    path, = export.export_run(evaluator.network, cfg, output_dir)
+    path, = saved_model.export_run(evaluator.network, cfg, output_dir)
     print(f'exported {path}')
   rows = [evaluator.evaluate(paths[-1]), evaluator.evaluate(averaged)]
   rows[1]['checkpoint'] = os.path.relpath(averaged, model_dir)
-  print(validate.format_table(rows))
-  validate.write_csv(os.path.join(output_dir, validate.RESULTS_FILE), rows)
+  print(scoring.format_table(rows))
+  scoring.write_csv(os.path.join(output_dir, scoring.RESULTS_FILE), rows)
 
 
 if __name__ == '__main__':

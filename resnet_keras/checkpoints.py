@@ -16,9 +16,10 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from resnet_keras import config as config_lib
-from resnet_keras.config import RunConfig, TrainingPlan
+from resnet_keras.config import RunConfig
+from resnet_keras.plan import TrainingPlan
 from common.errors import UsageError
-from resnet_keras.metrics import write_json_atomically
+from common.files import write_json_atomically
 
 MAX_TO_KEEP = RunConfig.max_checkpoints
 # The run's effective config and training plan: what the checkpoints in a
@@ -29,9 +30,9 @@ CONFIG_FILE = 'config.json'
 
 def make_manager(model, optimizer, model_dir: str,
                  max_to_keep: int = MAX_TO_KEEP,
-                 weight_average=None) -> tf.train.CheckpointManager:
+                 ema=None) -> tf.train.CheckpointManager:
   """A manager for model_dir. run.py decides when to save (every epoch)."""
-  checkpoint = checkpoint_of(model, optimizer, weight_average)
+  checkpoint = checkpoint_of(model, optimizer, ema)
   return tf.train.CheckpointManager(
       checkpoint, directory=model_dir, max_to_keep=max_to_keep,
       step_counter=optimizer.iterations)
@@ -46,11 +47,13 @@ def latest_step(model_dir: str) -> int:
 
 
 def checkpoint_of(model, optimizer=None,
-                  weight_average=None) -> tf.train.Checkpoint:
+                  ema=None) -> tf.train.Checkpoint:
   """What a run's checkpoints hold: the model, its optimizer, and
   --ema_decay's weight average beside them (None: left out)."""
+  # 'weight_average': the key checkpoints have held the average under
+  # since --ema_decay came (ema.py), kept so that they all restore.
   objects = {'model': model, 'optimizer': optimizer,
-             'weight_average': weight_average and weight_average.trackable}
+             'weight_average': ema and ema.trackable}
   return tf.train.Checkpoint(
       **{k: v for k, v in objects.items() if v is not None})
 
@@ -62,7 +65,7 @@ def step_of(path: str) -> int:
       path, 'optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE'))
 
 
-def has_weight_average(path: str) -> bool:
+def has_ema(path: str) -> bool:
   """Whether the checkpoint at `path` holds a weight average (--ema_decay)."""
   return any(name.startswith('weight_average/')
              for name, _ in tf.train.list_variables(path))

@@ -1,10 +1,12 @@
-"""What the machine can do, and the precision that fits it (`--dtype auto`).
+"""What the machine can do, and what every 'auto' option becomes on it.
 
-bf16 is fast only where the hardware multiplies in bf16: CPUs with AMX-BF16
-or AVX512_BF16, and GPUs of compute capability 8.0 or more. Elsewhere
-TensorFlow emulates it on CPUs (slower than fp32, benchmarks/README.md), and
-older GPUs have fp16 tensor cores instead. The choice is a pure function of
-what was detected, so it is tested without the hardware.
+`--dtype auto`: bf16 is fast only where the hardware multiplies in bf16: CPUs
+with AMX-BF16 or AVX512_BF16, and GPUs of compute capability 8.0 or more.
+Elsewhere TensorFlow emulates it on CPUs (slower than fp32,
+benchmarks/README.md), and older GPUs have fp16 tensor cores instead.
+`--conv_impl auto` and `--relu_impl auto` pick the kernels that measured
+fastest for that dtype on that kind of machine (levers.py). Each choice is
+a pure function of what was detected, so it is tested without the hardware.
 """
 
 import dataclasses
@@ -113,3 +115,23 @@ def emulated_bf16_warning(dtype: str, machine: Machine) -> Optional[str]:
 
 def _cc(capability: Tuple[int, int]) -> str:
   return f'{capability[0]}.{capability[1]}'
+
+
+def uses_matmul_convs(conv_impl: str, dtype: str, machine: Machine) -> bool:
+  """Whether models.MatmulConv2D runs the convolutions. auto, by levers.py
+  (benchmarks/README.md): on CPUs for bf16 (AMX 1.13x, AVX2 1.22x), and
+  for fp32 on CPUs without AVX-512 (AVX2: 1.02-1.16x; no gain with
+  AVX-512); GPUs keep cuDNN."""
+  if conv_impl == 'auto':
+    return not machine.has_gpu and (
+        dtype == 'bf16' or 'avx512f' not in machine.cpu.features)
+  return conv_impl == 'matmul'
+
+
+def residual_relu(relu_impl: str, dtype: str, machine: Machine) -> str:
+  """How the ReLUs after the residual adds train: native, bitwise or xla
+  (models.ResidualRelu). auto: xla for bf16 on CPUs (levers.py: AMX
+  1.07x, AVX2 1.05x; fp32 0.90x on AVX2), else tf.nn.relu."""
+  if relu_impl == 'auto':
+    return 'xla' if dtype == 'bf16' and not machine.has_gpu else 'native'
+  return relu_impl

@@ -1,9 +1,10 @@
 """What a person sees: log lines, a progress bar, metrics.jsonl, run_summary.json.
 
-`StepLogger` is an orbit train action. After each loop it has the loop's
-per-step losses and accuracies (see trainer.LoopRecord), so it prints one line
-per `--log_steps` even when a loop covers many of them. Throughput is measured
-per loop; the run's average excludes the first loop, which includes tracing.
+A training loop's output holds a `LoopRecord` (under LOOP_RECORD): the
+host's copy of its per-step losses and accuracies (step_record.py reads it
+off the device). `StepLogger` is an orbit train action; from that record it
+prints one line per `--log_steps` even when a loop covers many of them.
+Throughput is measured per loop; the run's average excludes the first loop, which includes tracing.
 When steps spend more than `INPUT_BOUND_FRACTION` of a loop waiting for their
 batches, it warns (once) that the input pipeline is the bottleneck.
 Each log line, and each evaluation (run.py), is also a record of
@@ -13,18 +14,37 @@ TensorFlow is only imported where it is used, so the plots command starts
 without it.
 """
 
+import dataclasses
 import json
 import os
 import sys
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Protocol
+from typing import Callable, Dict, List, Optional, Protocol
 
 import numpy as np
 from absl import logging
 
 from common.errors import UsageError
+from common.files import write_text_atomically
 
-if TYPE_CHECKING:
-  from resnet_keras.trainer import LoopRecord
+# The key of the LoopRecord in a training loop's orbit output, beside the
+# scalars orbit writes to TensorBoard.
+LOOP_RECORD = 'loop_record'
+
+
+@dataclasses.dataclass
+class LoopRecord:
+  """Host-side copy of one training loop's per-step results."""
+  first_step: int  # global step after the first step of the loop
+  losses: np.ndarray
+  accuracies: np.ndarray
+  seconds: float
+  input_wait_seconds: float = 0.0  # spent blocked on the input iterator
+  weights_finite: bool = True  # every model variable, at the loop's end
+  stopped_early: bool = False  # a stop request ended it before its last step
+  # fp16's dynamic loss scale after each step (halved on a step whose
+  # gradients overflowed, which was skipped); None without loss scaling.
+  loss_scales: Optional[np.ndarray] = None
+
 
 METRICS_LOG_FILE = 'metrics.jsonl'
 
@@ -51,12 +71,11 @@ def format_step_line(step: int, total_steps: int, epoch: float, loss: float,
 class StepLogger:
   """orbit train action: log lines every `log_steps`, throughput totals."""
 
-  def __init__(self, *, get_loop: Callable[[], 'LoopRecord'], log_steps: int,
+  def __init__(self, *, log_steps: int,
                total_steps: int, steps_per_epoch: int, global_batch_size: int,
                learning_rate_at: Callable[[int], float],
                progress_bar: Optional[bool] = None,
                metrics_log: Optional['MetricsLog'] = None):
-    self._get_loop = get_loop
     self._metrics_log = metrics_log
     self._log_steps = log_steps
     self._total_steps = total_steps
@@ -81,8 +100,7 @@ class StepLogger:
       self._bar = tqdm.tqdm(total=total_steps, unit='step', file=sys.stdout)
 
   def __call__(self, output: Dict) -> None:
-    del output  # The loop record has everything, step by step.
-    loop = self._get_loop()
+    loop = output[LOOP_RECORD]  # Everything, step by step.
     num_steps = len(loop.losses)
     rate = num_steps * self._batch / loop.seconds if loop.seconds else 0.0
     wait = loop.input_wait_seconds / loop.seconds if loop.seconds else 0.0
@@ -123,7 +141,7 @@ class StepLogger:
       self._bar.update(num_steps)
       self._bar.set_postfix(loss=f'{self.last_loss:.3f}')
 
-  def _check_input_bound(self, loop: 'LoopRecord') -> None:
+  def _check_input_bound(self, loop: LoopRecord) -> None:
     fraction = loop.input_wait_seconds / loop.seconds if loop.seconds else 0.0
     if fraction > INPUT_BOUND_FRACTION and not self._warned_input_bound:
       self._warned_input_bound = True
@@ -212,23 +230,6 @@ def read_metrics_log(model_dir: str) -> List[Dict]:
         raise UsageError(f'{path} line {i + 1} is not JSON; delete the line '
                          'or the file') from None
   return records
-
-
-def write_bytes_atomically(path: str, content: bytes) -> None:
-  """Writes `content` so a reader never sees a half-written file."""
-  tmp = path + '.tmp'
-  with open(tmp, 'wb') as f:
-    f.write(content)
-  os.replace(tmp, path)
-
-
-def write_text_atomically(path: str, text: str) -> None:
-  write_bytes_atomically(path, text.encode())
-
-
-def write_json_atomically(path: str, content: Dict) -> None:
-  write_text_atomically(path, json.dumps(content, indent=2, sort_keys=True) +
-                        '\n')
 
 
 def write_hparams(summary_dir: str, hparams: Dict) -> None:

@@ -576,8 +576,10 @@ def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
     network = resnet(cfg.resnet_depth, num_classes, cfg.input_size,
                      weight_decay=cfg.weight_decay if use_regularizers else 0.0,
                      stem=cfg.stem,
-                     matmul_convs=cfg.uses_matmul_convs(machine),
-                     residual_relu=cfg.residual_relu(machine), norm=norm,
+                     matmul_convs=hardware.uses_matmul_convs(
+                         cfg.conv_impl, cfg.dtype, machine),
+                     residual_relu=hardware.residual_relu(
+                         cfg.relu_impl, cfg.dtype, machine), norm=norm,
                      recompute=cfg.enable_recompute,
                      filters=cfg.stage_filters,
                      zero_init_residual=cfg.zero_init_residual,

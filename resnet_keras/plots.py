@@ -1,80 +1,14 @@
-"""PNG plots of a run's metrics.jsonl: loss, accuracy, learning rate, img/s.
+"""Redraws a run's plots from its metrics.jsonl (charts.py), at any time.
 
   python -m resnet_keras.plots MODEL_DIR
-
-Writes MODEL_DIR/plots/{loss,accuracy,learning_rate,examples_per_second}.png
-against the global step. The trainer's chief redraws them at the end of every
-run; this command redraws them at any time, a running job included.
-matplotlib draws with its Agg renderer (no display) and is imported only
-here, so training works without it.
 """
 
 import os
-from typing import Dict, List
-
+from typing import List
 
 from common import cli
-from resnet_keras import metrics
 from common.errors import UsageError
-
-PLOTS_DIR = 'plots'
-# File name -> (title, y label, [(record key, legend label)]).
-_FIGURES = {
-    'loss': ('Loss (cross-entropy)', 'loss',
-             [('train_loss', 'train'), ('eval_loss', 'eval')]),
-    'accuracy': ('Accuracy', 'accuracy',
-                 [('train_accuracy', 'train top-1'),
-                  ('eval_accuracy', 'eval top-1'),
-                  ('eval_top5_accuracy', 'eval top-5')]),
-    'learning_rate': ('Learning rate', 'learning rate',
-                      [('learning_rate', None)]),
-    'examples_per_second': ('Throughput', 'images/sec',
-                            [('examples_per_second', None)]),
-}
-
-
-def write_plots(model_dir: str) -> List[str]:
-  """Draws model_dir/metrics.jsonl into model_dir/plots; returns the paths."""
-  try:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
-    from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
-  except ImportError:
-    raise UsageError('matplotlib is not installed; pip install -r '
-                     'requirements.txt') from None
-  records = metrics.read_metrics_log(model_dir)
-  if not records:
-    raise UsageError(f'{model_dir} has no {metrics.METRICS_LOG_FILE} records '
-                     'yet; it is written while a run trains')
-  out_dir = os.path.join(model_dir, PLOTS_DIR)
-  os.makedirs(out_dir, exist_ok=True)
-  paths = []
-  for name, (title, ylabel, series) in _FIGURES.items():
-    curves = [(_curve(records, key), label) for key, label in series]
-    curves = [(xy, label) for xy, label in curves if xy[0]]
-    if not curves:  # E.g. no evaluation and no log line yet.
-      continue
-    figure = Figure(figsize=(7, 4), layout='tight')
-    FigureCanvasAgg(figure)
-    axes = figure.add_subplot()
-    for (steps, values), label in curves:
-      # Evaluations are few: markers show where each one is.
-      axes.plot(steps, values, marker='o' if len(steps) < 30 else None,
-                label=label)
-    axes.set(title=title, xlabel='step', ylabel=ylabel)
-    axes.grid(alpha=0.3)
-    if any(label for _, label in curves):
-      axes.legend()
-    path = os.path.join(out_dir, name + '.png')
-    # Written aside and renamed: a viewer never opens half a PNG.
-    figure.savefig(path + '.tmp', format='png', dpi=100)
-    os.replace(path + '.tmp', path)
-    paths.append(path)
-  return paths
-
-
-def _curve(records: List[Dict], key: str):
-  points = [(r['step'], r[key]) for r in records if key in r]
-  return [s for s, _ in points], [v for _, v in points]
+from resnet_keras import charts
 
 
 def main(argv: List[str]) -> None:
@@ -84,7 +18,7 @@ def main(argv: List[str]) -> None:
   model_dir = argv[1]
   if not os.path.isdir(model_dir):
     raise UsageError(f'{model_dir} is not a directory')
-  for path in write_plots(model_dir):
+  for path in charts.write_plots(model_dir):
     print(path)
 
 

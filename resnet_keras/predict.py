@@ -8,8 +8,8 @@ Images are JPEG or PNG files of any size, colour or grayscale; a folder
 stands for its .jpg, .jpeg and .png files, sorted. They are preprocessed
 exactly as the run's evaluation did (aspect-preserving resize, central crop
 of the run's --eval_crop_fraction): by the SavedModel's `serving_encoded`
-signature (see export.py), or here for an ONNX or TFLite file, from what it
-records (deploy.py). Classes are named from --labels, else from the
+signature, or for an ONNX or TFLite file from what it records
+(serving/readers.py). Classes are named from --labels, else from the
 labels.txt the export took from the training data, else shown as class
 indices. For each image: its path, then its 5 most likely classes, one
 per line, as probability and name. --eval_flip averages each image's and its
@@ -29,8 +29,7 @@ import tensorflow as tf
 from absl import flags
 
 from common import cli
-from resnet_keras import deploy
-from resnet_keras import trainer
+from resnet_keras.serving import readers
 from resnet_keras.data import imagenet
 from common.errors import UsageError
 # pylint: enable=g-import-not-at-top
@@ -91,33 +90,16 @@ def class_names(labels: List[str], labels_file: Optional[str],
   return list(labels) + [f'class {i}' for i in range(len(labels), num_classes)]
 
 
-def mirrored(encoded: bytes) -> bytes:
-  """The image mirrored left to right, as a (lossless) PNG. The signature's
-  resize and central crop are symmetric, so it preprocesses this into the
-  mirror of what it makes of the image."""
-  pixels = tf.io.decode_image(encoded, expand_animations=False)
-  return tf.io.encode_png(tf.image.flip_left_right(pixels)).numpy()
-
-
-def probabilities_of(model: deploy.Deployed, encoded: bytes,
-                     flip: bool) -> np.ndarray:
-  """The model's probabilities for one encoded image (flip-averaged)."""
-  views = [encoded, mirrored(encoded)] if flip else [encoded]
-  probs = model.predict_encoded(views)
-  if flip:
-    return trainer.flip_average(probs[0], probs[1]).numpy()
-  return probs[0]
-
-
 def main(argv):
   files = image_files(argv[1:])
-  model = deploy.load(flags.FLAGS.saved_model)
+  model = readers.load(flags.FLAGS.saved_model)
   names = class_names(model.labels, flags.FLAGS.labels, model.num_classes)
   for path in files:
     with open(path, 'rb') as f:
       encoded = f.read()
     try:  # One image per call, so an undecodable file is named.
-      probabilities = probabilities_of(model, encoded, flags.FLAGS.eval_flip)
+      probabilities = readers.probabilities_of(model, encoded,
+                                               flags.FLAGS.eval_flip)
     except tf.errors.InvalidArgumentError:
       raise UsageError(f'{path} is not a JPEG or PNG image') from None
     print(path)

@@ -1,10 +1,12 @@
-"""One training run: config -> data, model, optimizer -> orbit cadence -> outputs.
+"""One training run: set up -> decide the start -> assemble -> restore ->
+loop -> finish.
 
 This module owns *when* things happen: train loops of `steps_per_loop` steps,
 evaluation every `epochs_between_evals` epochs (from `eval_offset_epochs`)
 and at the end, checkpoints, the target-accuracy stop, export, and the
 records of a run in model_dir (config.json, metrics.jsonl, plots/,
-run_summary.json). What a step computes is in trainer.py.
+run_summary.json). Where a run starts is start.py's decision; what its
+parts are, assembly.py's; what a step computes, trainer.py's.
 """
 
 import dataclasses
@@ -15,28 +17,31 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import orbit
 import tensorflow as tf
 from absl import logging
 
+from common import files
 from common import launch
 from common import supervisor
 from resnet_keras import assembly
+from resnet_keras import charts
 from resnet_keras import checkpoints
-from resnet_keras import export
 from resnet_keras import guards
 from resnet_keras import metrics
 from resnet_keras import optimizers
-from resnet_keras import plots
 from resnet_keras import schedules
+from resnet_keras import start as start_lib
 from resnet_keras import tracking
-from resnet_keras import warm_start
-from resnet_keras import weight_average
-from resnet_keras.config import RunConfig, TrainingPlan
+from resnet_keras import trainer as trainer_lib
+from resnet_keras import ema as ema_lib
+from resnet_keras.config import RunConfig
+from resnet_keras.plan import TrainingPlan
 from resnet_keras.data import datasets
-from resnet_keras.data import service as data_service
+from resnet_keras.data import data_service
+from resnet_keras.serving import saved_model
 from common.errors import RunStopped, UsageError
 
 # orbit's Controller logs every status twice (log and stdout) as multi-line
@@ -143,41 +148,62 @@ def _log_plan(basis: assembly.Basis, plan: TrainingPlan) -> None:
     logging.info('gradient accumulation: %d micro-batches of %d per replica '
                  'per optimizer step', plan.num_micro_batches,
                  plan.micro_batch_size)
+  _log_flag_notes(cfg, optimizers.weight_decay_path(cfg),
+                  basis.machine.has_gpu, plan.num_replicas)
 
 
 def run(cfg: RunConfig) -> Dict:
   """Trains (and evaluates) as `cfg` says; returns the run summary."""
-  cfg.validate()
+  started = time.time()
+  basis = _set_up(cfg)
+  plan = assembly.plan_for(basis)
+  start = start_lib.decide(basis.effective_cfg, plan)
+  _log_plan(basis, plan)
+  parts = assembly.assemble_training(basis, plan, start)
+  start_lib.restore(start, parts.weights(), basis.cfg, basis.info,
+                    basis.backend)
+  outcome, logger = _train(basis, parts, start, started)
+  return _finish(basis, parts, logger, outcome, start, started)
+
+
+def _set_up(cfg: RunConfig) -> assembly.Basis:
+  """The run's runtime, backend and data; the chief's model_dir prepared."""
+  cfg.check()
   if cfg.wandb:
     tracking.import_wandb()  # Its absence is a usage error; say so first.
-  started = time.time()
   basis = assembly.set_up(cfg)
-  cfg, backend = basis.cfg, basis.backend
-  _prepare_worker(basis)
-  start_from = warm_start.resolve(basis.effective_cfg)
-  plan = assembly.plan_for(basis)
-  _log_plan(basis, plan)
-  _log_flag_notes(cfg, optimizers.weight_decay_path(cfg),
-                  basis.machine.has_gpu, plan.num_replicas)
-  parts = assembly.assemble_training(basis, plan)
-  reporting = _Reporting(basis, parts)
-  controller = _controller(basis, parts, reporting)
-  start_step = _restore_or_warm_start(basis, parts, start_from)
+  backend = basis.backend
   if backend.is_chief:
-    checkpoints.record_config(cfg.model_dir, basis.effective_cfg, plan,
-                              basis.runtime_record)
-    reporting.metrics_log.resume_at(start_step)
+    prepare_model_dir(cfg.model_dir, cfg.clean)
+  else:
+    logging.info('worker %d: logging warnings only; the chief (worker 0) '
+                 'logs the run', backend.worker_index)
+    logging.set_verbosity(logging.WARNING)
+  return basis
 
+
+def _train(basis: assembly.Basis, parts: assembly.Parts,
+           start: start_lib.Start, started: float
+           ) -> Tuple['_Outcome', metrics.StepLogger]:
+  """The loops, evaluations and checkpoints of the plan, from `start`
+  (restored), with its guards and reports; the outcome and the logger."""
+  cfg, backend = basis.cfg, basis.backend
+  reporting = _Reporting(basis, parts)
+  controller = _controller(parts, reporting)
+  if backend.is_chief:
+    checkpoints.record_config(cfg.model_dir, basis.effective_cfg, parts.plan,
+                              basis.runtime_record)
+    reporting.metrics_log.resume_at(start.step)
   parts.guard.install()
   watchdog = data_service.InputWatchdog(
       cfg.tf_data_service_timeout if cfg.tf_data_service else 0,
-      parts.trainer.input_waiting_since,
+      parts.record.input_waiting_since,
       data_service.end_stalled_run(cfg.tf_data_service)).start()
   logging.info('training to step %d; SIGTERM or Ctrl-C: checkpoint after the '
-               'current step, then stop', plan.total_train_steps)
+               'current step, then stop', parts.plan.total_train_steps)
   try:
-    outcome = _train_and_evaluate(cfg, parts, controller, reporting,
-                                  start_step, started)
+    outcome = _train_and_evaluate(cfg, parts, controller, reporting, start,
+                                  started)
   except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
     error = _data_error(cfg, basis.info, e)
     if error is None:
@@ -187,32 +213,25 @@ def run(cfg: RunConfig) -> Dict:
     watchdog.stop()
     parts.guard.uninstall()
     reporting.close()
+  return outcome, reporting.logger
+
+
+def _finish(basis: assembly.Basis, parts: assembly.Parts,
+            logger: metrics.StepLogger, outcome: '_Outcome',
+            start: start_lib.Start, started: float) -> Dict:
+  """Export, the end-of-run reports, run_summary.json; the summary."""
+  cfg, backend = basis.cfg, basis.backend
   _export(basis, parts)
   if parts.skipped:
     _report_skipped(parts.skipped.count, outcome.eval_results,
                     basis.info.num_eval_examples)
-  summary = _summary(basis, parts, reporting.logger, outcome, start_step,
-                     started)
+  summary = _summary(basis, parts, logger, outcome, start, started)
   write_dir = backend.worker_dir(cfg.model_dir)
   os.makedirs(write_dir, exist_ok=True)
-  metrics.write_json_atomically(os.path.join(write_dir, SUMMARY_FILE),
-                                summary)
+  files.write_json_atomically(os.path.join(write_dir, SUMMARY_FILE), summary)
   logging.info('run summary: %s', summary)
   backend.leave()
   return summary
-
-
-def _prepare_worker(basis: assembly.Basis) -> None:
-  """The chief prepares model_dir and refuses another model's checkpoints;
-  the other workers log warnings only."""
-  backend, cfg = basis.backend, basis.cfg
-  if backend.is_chief:
-    prepare_model_dir(cfg.model_dir, cfg.clean)
-    checkpoints.check_resumable(cfg.model_dir, basis.effective_cfg)
-  else:
-    logging.info('worker %d: logging warnings only; the chief (worker 0) '
-                 'logs the run', backend.worker_index)
-    logging.set_verbosity(logging.WARNING)
 
 
 class _Reporting:
@@ -229,7 +248,7 @@ class _Reporting:
                                                       plan)
                                  if cfg.wandb else None))
     self.logger = metrics.StepLogger(
-        get_loop=lambda: parts.trainer.last_loop, log_steps=cfg.log_steps,
+        log_steps=cfg.log_steps,
         total_steps=plan.total_train_steps,
         steps_per_epoch=plan.steps_per_epoch,
         global_batch_size=plan.global_batch_size,
@@ -244,11 +263,14 @@ class _Reporting:
                                  logdir=os.path.join(cfg.model_dir, 'profile'),
                                  global_step=parts.optimizer.iterations)
       self.actions.append(self._profiler)
-    self.summary_dir = self.eval_summary_dir = None
+    self.summaries = self.eval_summary_dir = None
     if cfg.enable_tensorboard and backend.is_chief:
-      self.summary_dir = os.path.join(cfg.model_dir, 'train')
+      summary_dir = os.path.join(cfg.model_dir, 'train')
+      self.summaries = trainer_lib.ScalarSummaries(
+          summary_dir, tf.summary.scalar,
+          global_step=parts.optimizer.iterations)
       self.eval_summary_dir = os.path.join(cfg.model_dir, 'eval')
-      metrics.write_hparams(self.summary_dir, _hparams(cfg, plan))
+      metrics.write_hparams(summary_dir, _hparams(cfg, plan))
 
   def close(self) -> None:
     if self._profiler:
@@ -259,73 +281,17 @@ class _Reporting:
       self.metrics_log.close()
 
 
-def _controller(basis: assembly.Basis, parts: assembly.Parts,
+def _controller(parts: assembly.Parts,
                 reporting: _Reporting) -> orbit.Controller:
-  """orbit's Controller of the run; on the chief it restores model_dir's
-  latest checkpoint."""
-  cfg, backend = basis.cfg, basis.backend
-  try:
-    return orbit.Controller(
-        strategy=backend.strategy, trainer=parts.trainer,
-        evaluator=None if cfg.skip_eval else parts.trainer,
-        global_step=parts.optimizer.iterations,
-        steps_per_loop=parts.plan.steps_per_loop,
-        checkpoint_manager=parts.manager if backend.is_chief else None,
-        summary_dir=reporting.summary_dir,
-        eval_summary_dir=reporting.eval_summary_dir,
-        train_actions=reporting.actions)
-  except (ValueError, tf.errors.InvalidArgumentError) as e:
-    raise UsageError(
-        f'--model_dir={cfg.model_dir} holds a checkpoint this model cannot '
-        f'restore ({str(e).splitlines()[0][:200]}); use another --model_dir, '
-        'or --clean to delete it and start over') from None
-
-
-def _restore_or_warm_start(basis: assembly.Basis, parts: assembly.Parts,
-                           start_from: Optional[warm_start.Source]) -> int:
-  """Applies --restore_from/--pretrained_checkpoint to a run that did not
-  resume (--stem_init=pca to one that starts from scratch), gives every
-  worker the chief's variables; returns the step the run starts at."""
-  cfg, backend, plan = basis.cfg, basis.backend, parts.plan
-  optimizer = parts.optimizer
-  if start_from:
-    warm_start.apply(start_from, parts.network, parts.model, optimizer,
-                     cfg.restore_optimizer)
-  elif cfg.stem_init == 'pca' and not checkpoints.latest_step(cfg.model_dir):
-    assembly.init_stem_from_training_images(cfg, basis.info, parts.network)
-  averaged = parts.weight_average
-  if averaged:
-    _start_weight_average(averaged, cfg.model_dir, bool(start_from))
-  backend.sync_from_chief(parts.model.variables + optimizer.variables() +
-                          (averaged.averages if averaged else []))
-  start_step = int(optimizer.iterations.numpy())
-  if start_from and start_step >= plan.total_train_steps:
-    raise UsageError(
-        f'--restore_optimizer restored step {start_step}, but this run has '
-        f'only {plan.total_train_steps} steps, so it would train nothing; '
-        'raise --train_epochs, or drop --restore_optimizer to start at step 0')
-  if start_from and backend.is_chief:
-    warm_start.record_start(cfg.model_dir, start_from, start_step)
-  if start_step and backend.is_chief and not start_from:
-    logging.info('restored from %s at step %d',
-                 parts.manager.latest_checkpoint, start_step)
-  return start_step
-
-
-def _start_weight_average(averaged, model_dir: str,
-                          warm_started: bool) -> None:
-  """The average starts from the weights a run starts from, unless it
-  resumes one its checkpoint holds (every worker restored model_dir's)."""
-  latest = tf.train.latest_checkpoint(model_dir)
-  resumed = latest and not warm_started
-  if resumed and checkpoints.has_weight_average(latest):
-    logging.info('--ema_decay %g: evaluations score the weight average '
-                 '(resumed from %s)', averaged.decay, latest)
-    return
-  averaged.reset()
-  logging.info('--ema_decay %g: evaluations score the weight average, '
-               'which starts from the %s weights', averaged.decay,
-               'restored' if latest or warm_started else 'initial')
+  """orbit's Controller of the run: its loops, actions and summaries (it
+  neither restores nor saves: start.restore and run.py do)."""
+  return orbit.Controller(
+      strategy=parts.trainer.strategy, trainer=parts.trainer,
+      evaluator=parts.evaluator, global_step=parts.optimizer.iterations,
+      steps_per_loop=parts.plan.steps_per_loop,
+      summary_manager=reporting.summaries,
+      eval_summary_dir=reporting.eval_summary_dir,
+      train_actions=reporting.actions)
 
 
 @dataclasses.dataclass
@@ -339,18 +305,18 @@ class _Outcome:
 
 def _train_and_evaluate(cfg: RunConfig, parts: assembly.Parts,
                         controller: orbit.Controller, reporting: _Reporting,
-                        start_step: int, started: float) -> _Outcome:
+                        start: start_lib.Start, started: float) -> _Outcome:
   """Loops to the end of the plan (or the target accuracy): checkpoints and
   evaluations at their steps, a checkpoint before a signal stops the run,
   and a last evaluation if none ran at the end."""
   plan, optimizer, manager = parts.plan, parts.optimizer, parts.manager
   saves = manager is not None
-  outcome = _Outcome(step=start_step, eval_results={})
-  data_read = warm_start.steps_of_data_read(cfg.model_dir) - start_step
+  outcome = _Outcome(step=start.step, eval_results={})
   while outcome.step < plan.total_train_steps and not outcome.target_reached:
     if cfg.progressive_resize_start_size:
-      _resize_training_input(cfg, parts, outcome.step, data_read,
-                             announce=outcome.step == start_step)
+      _resize_training_input(cfg, parts, outcome.step,
+                             start.batches_read_at(outcome.step),
+                             announce=outcome.step == start.step)
     try:
       controller.train(plan.next_stop(outcome.step),
                        checkpoint_at_completion=False)
@@ -383,17 +349,17 @@ def _train_and_evaluate(cfg: RunConfig, parts: assembly.Parts,
 
 
 def _resize_training_input(cfg: RunConfig, parts: assembly.Parts, step: int,
-                           data_read: int, announce: bool) -> None:
+                           data_start: int, announce: bool) -> None:
   """Progressive resizing: gives the trainer the input at the size of the
   epoch `step` is in, if that is a new size (stops fall on epoch ends), and
   says so (or, with `announce`, the size it starts at). The input goes on
-  from the batch after `step + data_read` batches of the run's data, as one
+  from the batch after `data_start` batches of the run's data, as one
   input of changing size would (exact resume); each size traces the
   training loop once."""
   epoch = step // parts.plan.steps_per_epoch
   size = schedules.image_size_for_run(cfg, epoch)
   if size != parts.train_image_size:
-    parts.trainer.train_dataset = parts.train_input(size, step + data_read)
+    parts.trainer.train_dataset = parts.train_input(size, data_start)
     parts.train_image_size = size
   elif not announce:
     return
@@ -419,11 +385,11 @@ def _export(basis: assembly.Basis, parts: assembly.Parts) -> None:
   cfg, backend = basis.cfg, basis.backend
   if not cfg.enable_checkpoint_and_export:
     return
-  with weight_average.in_model(parts.weight_average):
+  with ema_lib.in_model(parts.ema):
     if backend.is_chief:
-      path, = export.export_run(parts.network, cfg, cfg.model_dir)
+      path, = saved_model.export_run(parts.network, cfg, cfg.model_dir)
       logging.info('exported SavedModel to %s%s', path,
-                   ' (the weight average)' if parts.weight_average else '')
+                   ' (the weight average)' if parts.ema else '')
     elif backend.collective_saves:
       # Under multi_worker_mirrored reading the weights is a collective
       # (batch norm statistics are averaged when read): the other workers
@@ -432,7 +398,8 @@ def _export(basis: assembly.Basis, parts: assembly.Parts) -> None:
 
 
 def _summary(basis: assembly.Basis, parts: assembly.Parts,
-             logger: metrics.StepLogger, outcome: _Outcome, start_step: int,
+             logger: metrics.StepLogger, outcome: _Outcome,
+             start: start_lib.Start,
              started: float) -> Dict:
   """run_summary.json: what the run did, how fast, and what it reached."""
   cfg, backend, info, plan = basis.cfg, basis.backend, basis.info, parts.plan
@@ -446,7 +413,7 @@ def _summary(basis: assembly.Basis, parts: assembly.Parts,
       'train_steps': step,
       'steps_per_epoch': plan.steps_per_epoch,
       'epochs_completed': step / plan.steps_per_epoch,
-      'resumed_from_step': start_step,
+      'resumed_from_step': start.step,
       'train_loss': logger.last_loss,
       'train_accuracy': logger.last_accuracy,
       'eval_loss': eval_results.get('eval_loss'),
@@ -500,13 +467,13 @@ def _evaluate(controller: orbit.Controller, plan: TrainingPlan, step: int,
 def _write_plots(model_dir: str) -> None:
   """Redraws model_dir/plots; never fails the run, metrics.jsonl is kept."""
   try:
-    paths = plots.write_plots(model_dir)
+    paths = charts.write_plots(model_dir)
   except Exception as e:  # pylint: disable=broad-except
     logging.warning('plots not written (%s); metrics.jsonl is complete: '
                     'python -m resnet_keras.plots %s', e, model_dir)
   else:
     logging.info('wrote %d plots to %s', len(paths),
-                 os.path.join(model_dir, plots.PLOTS_DIR))
+                 os.path.join(model_dir, charts.PLOTS_DIR))
 
 
 def _report_skipped(undecodable: int, eval_results: Dict,

@@ -21,7 +21,7 @@ _POLICIES = {'fp32': 'float32', 'bf16': 'mixed_bfloat16',
              'fp16': 'mixed_float16'}
 
 
-def set_up(cfg: RunConfig) -> Tuple[RunConfig, hardware.Machine, Dict]:
+def configure(cfg: RunConfig) -> Tuple[RunConfig, hardware.Machine, Dict]:
   """This machine, `cfg` fitted to it (fit_to_hardware) and the runtime
   configured for it (configure_runtime), before any TensorFlow op runs.
 

@@ -20,7 +20,8 @@ from typing import Callable, Dict, Mapping, Optional
 
 from absl import logging
 
-from resnet_keras.config import RunConfig, TrainingPlan
+from resnet_keras.config import RunConfig
+from resnet_keras.plan import TrainingPlan
 from common.errors import UsageError
 
 DEFAULT_BASE_URL = 'https://api.wandb.ai'

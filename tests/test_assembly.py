@@ -45,7 +45,7 @@ def test_evaluation_parts_score_every_validation_example(tmp_path):
   cfg = dataclasses.replace(CFG, model_dir=str(tmp_path), num_classes=5)
   basis = assembly.set_up(cfg, distributed=False)
   parts = assembly.assemble_evaluation(basis, assembly.plan_for(basis))
-  results = parts.trainer.evaluate(tf.constant(-1))
+  results = parts.evaluator.evaluate(tf.constant(-1))
   assert results['eval_examples'] == 6
   assert parts.manager.directory == str(tmp_path)
   assert parts.guard is None

@@ -10,7 +10,8 @@ import tf_keras
 
 from common.errors import UsageError
 from resnet_keras import checkpoints
-from resnet_keras.config import RunConfig, make_training_plan
+from resnet_keras.config import RunConfig
+from resnet_keras.plan import make_training_plan
 
 CFG = RunConfig(resnet_depth=18, num_classes=10, batch_size=8)
 PLAN = make_training_plan(CFG, 64, 16)

@@ -7,7 +7,9 @@ import json
 import pytest
 
 from resnet_keras import config as config_lib
-from resnet_keras.config import RunConfig, make_training_plan
+from resnet_keras import plan as plan_lib
+from resnet_keras.config import RunConfig
+from resnet_keras.plan import make_training_plan
 from common.errors import UsageError
 
 
@@ -42,7 +44,7 @@ from common.errors import UsageError
 ])
 def test_bad_values_name_the_flag_and_the_choices(field, value, expected):
   with pytest.raises(UsageError, match=None) as e:
-    RunConfig(**{field: value}).validate()
+    RunConfig(**{field: value}).check()
   assert expected in str(e.value)
   assert '\n' not in str(e.value)
 
@@ -93,15 +95,15 @@ def test_bad_values_name_the_flag_and_the_choices(field, value, expected):
 ])
 def test_bad_combinations_are_one_line(kwargs, expected):
   with pytest.raises(UsageError) as e:
-    RunConfig(**kwargs).validate()
+    RunConfig(**kwargs).check()
   assert expected in str(e.value)
   assert '\n' not in str(e.value)
 
 
 @pytest.mark.parametrize('groups', [1, 2, 4, 8, 16, 32, 64])
 def test_group_counts_dividing_64_are_valid(groups):
-  RunConfig(norm='group', groups=groups).validate()
-  RunConfig(norm='batch', groups=48).validate()  # Unused without group norm.
+  RunConfig(norm='group', groups=groups).check()
+  RunConfig(norm='batch', groups=48).check()  # Unused without group norm.
 
 
 def test_width_multiplier_rounds_channels_to_multiples_of_8():
@@ -111,33 +113,33 @@ def test_width_multiplier_rounds_channels_to_multiples_of_8():
   assert RunConfig(width_multiplier=0.01).stage_filters == (8, 8, 8, 8)
   assert RunConfig(width_multiplier=2).stage_filters == (128, 256, 512, 1024)
   # Group norm's groups must divide every scaled count.
-  RunConfig(norm='group', groups=8, width_multiplier=0.3).validate()
+  RunConfig(norm='group', groups=8, width_multiplier=0.3).check()
   with pytest.raises(UsageError, match='multiples of 8\\); use one of: 1, 2, '
                      '4, 8'):
-    RunConfig(norm='group', groups=16, width_multiplier=0.3).validate()
+    RunConfig(norm='group', groups=16, width_multiplier=0.3).check()
   for bad, message in ((dict(width_multiplier=0), 'must be > 0'),
                        (dict(width_multiplier=0.5,
                              keras_applications_model='ResNet50'),
                         'fixed widths')):
     with pytest.raises(UsageError, match=message):
-      RunConfig(**bad).validate()
+      RunConfig(**bad).check()
 
 
 def test_smaller_stems_allow_smaller_images():
-  RunConfig(stem='small', image_size=16).validate()
-  RunConfig(stem='cifar', image_size=8).validate()
+  RunConfig(stem='small', image_size=16).check()
+  RunConfig(stem='cifar', image_size=8).check()
   with pytest.raises(UsageError, match='use --image_size >= 16'):
-    RunConfig(stem='small', image_size=12).validate()
+    RunConfig(stem='small', image_size=12).check()
 
 
 def test_while_loop_needs_tf_function():
   with pytest.raises(UsageError, match='--use_tf_while_loop'):
-    RunConfig(use_tf_function=False).validate()
-  RunConfig(use_tf_function=False, use_tf_while_loop=False).validate()
+    RunConfig(use_tf_function=False).check()
+  RunConfig(use_tf_function=False, use_tf_while_loop=False).check()
 
 
 def test_defaults_are_valid():
-  RunConfig().validate()
+  RunConfig().check()
 
 
 def test_plan_arithmetic():
@@ -194,7 +196,7 @@ def test_plan_of_an_older_config_json_is_one_program_one_replica():
   fields = dataclasses.asdict(plan)
   for name in ('num_programs', 'replicas_per_program', 'num_micro_batches'):
     del fields[name]
-  assert config_lib.from_dict(config_lib.TrainingPlan, fields) == plan
+  assert config_lib.from_dict(plan_lib.TrainingPlan, fields) == plan
 
 
 def test_batch_larger_than_dataset_is_a_usage_error():

@@ -1,4 +1,4 @@
-"""Training input from a tf.data service (resnet_keras/data/service.py): in
+"""Training input from a tf.data service (resnet_keras/data/data_service.py): in
 this process with in-process servers, then the servers as the processes
 users start, killed while a trainer reads from them."""
 
@@ -20,7 +20,7 @@ from common.errors import UsageError
 from resnet_keras import run as run_lib
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
-from resnet_keras.data import service
+from resnet_keras.data import data_service
 from tests import e2e
 from tests import imagenet_fixture
 
@@ -28,15 +28,15 @@ SVC = tf.data.experimental.service
 
 
 def test_dispatcher_addresses_and_job_names():
-  assert service.parse_address('grpc://h2:5050') == ('h2', 5050)
-  assert service.parse_address('grpc://10.1.2.3:80/') == ('10.1.2.3', 80)
+  assert data_service.parse_address('grpc://h2:5050') == ('h2', 5050)
+  assert data_service.parse_address('grpc://10.1.2.3:80/') == ('10.1.2.3', 80)
   for bad in ('h2:5050', 'grpc://h2', 'http://h2:5050', 'grpc://:5050',
               'grpc://h2:5050/x', 'grpc://h2:port'):
     with pytest.raises(UsageError, match='give grpc://HOST:PORT'):
-      service.parse_address(bad)
+      data_service.parse_address(bad)
   # Every worker of a run agrees on its job; a resume or another image
   # size starts another; a name the user gives is the base.
-  job = lambda base, model_dir, step, size: service.job_name(
+  job = lambda base, model_dir, step, size: data_service.job_name(
       base, model_dir, step, size)
   assert job('', '/m/run', 0, 64) == job('', '/m/run/', 0, 64)
   assert job('', '/m/run', 0, 64) != job('', '/m/run', 40, 64)
@@ -54,20 +54,20 @@ def test_dispatcher_addresses_and_job_names():
 def test_config_refuses_what_a_service_cannot_serve(overrides, fragment):
   cfg = RunConfig(tf_data_service='grpc://h2:5050', **overrides)
   with pytest.raises(UsageError, match=fragment):
-    cfg.validate()
+    cfg.check()
 
 
 def test_python_in_the_pipeline_is_refused():
   plain = tf.data.Dataset.range(4).map(lambda x: x * 2)
-  service.check_servable(plain)
+  data_service.check_servable(plain)
   python = plain.map(lambda x: tf.py_function(lambda v: v, [x], tf.int64))
   with pytest.raises(UsageError, match='calls Python'):
-    service.check_servable(python)
+    data_service.check_servable(python)
   nested = plain.interleave(
       lambda x: tf.data.Dataset.from_tensors(x).map(
           lambda y: tf.numpy_function(lambda v: v, [y], tf.int64)))
   with pytest.raises(UsageError, match='calls Python'):
-    service.check_servable(nested)
+    data_service.check_servable(nested)
 
 
 def _free_ports(n):
@@ -86,7 +86,7 @@ def test_no_dispatcher_is_one_line_and_quick():
   port = _free_ports(1)[0]
   start = time.monotonic()
   with pytest.raises(UsageError) as raised:
-    service.check_reachable(f'grpc://127.0.0.1:{port}', timeout=5)
+    data_service.check_reachable(f'grpc://127.0.0.1:{port}', timeout=5)
   assert time.monotonic() - start < 5
   assert str(raised.value).startswith(
       f'no tf.data service dispatcher at grpc://127.0.0.1:{port} '
@@ -98,7 +98,7 @@ def test_watchdog_ends_only_a_long_wait_for_input():
   waits = {'none': lambda: 0.0, 'short': lambda: time.time() - 0.05,
            'long': lambda: now - 10}
   fired = collections.defaultdict(list)
-  dogs = [service.InputWatchdog(1.0, since, fired[name].append,
+  dogs = [data_service.InputWatchdog(1.0, since, fired[name].append,
                                 poll=0.02).start()
           for name, since in waits.items()]
   time.sleep(0.3)
@@ -107,7 +107,7 @@ def test_watchdog_ends_only_a_long_wait_for_input():
   assert not fired['none'] and not fired['short']
   assert len(fired['long']) == 1 and fired['long'][0] >= 10
   # timeout 0: never watches.
-  assert service.InputWatchdog(0, waits['long'], None).start()._thread is None
+  assert data_service.InputWatchdog(0, waits['long'], None).start()._thread is None
 
 
 @pytest.fixture(scope='module')
@@ -164,7 +164,7 @@ def test_two_data_workers_serve_different_images(records, tmp_path,
                 data_loader_image_type='uint8')
   tf.random.set_seed(7)
   info = datasets.describe(cfg)
-  read = service.training_input_fn(cfg, info, 4, start_step=0)
+  read = data_service.training_input_fn(cfg, info, 4, start_step=0)
   first = _colours(read(tf.distribute.InputContext()).take(16))
   assert len(set(first)) > 40, len(set(first))
 
@@ -295,7 +295,7 @@ def test_faults_a_lost_worker_a_restarted_dispatcher_the_last_worker(
 
     servers[2].kill()  # The last data worker.
     killed = time.monotonic()
-    assert trainer.wait(timeout=timeout + 60) == service.STALLED_EXIT_CODE
+    assert trainer.wait(timeout=timeout + 60) == data_service.STALLED_EXIT_CODE
     assert time.monotonic() - killed < timeout + 30
     last = log.lines[-1].strip()
     assert last.startswith('error: no batch from the tf.data service at '
@@ -366,4 +366,4 @@ def test_a_server_that_is_not_a_dispatcher_is_one_line(in_process_service):
   address = f'grpc://{workers[0]._address}'  # pylint: disable=protected-access
   with pytest.raises(UsageError, match='does not answer as a tf.data service '
                      'dispatcher of TensorFlow'):
-    service.register(tf.data.Dataset.range(3), address, 'job')
+    data_service.register(tf.data.Dataset.range(3), address, 'job')

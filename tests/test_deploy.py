@@ -14,12 +14,15 @@ import pytest
 import tf_keras
 
 from resnet_keras import checkpoints
-from resnet_keras import deploy
-from resnet_keras import export
 from resnet_keras import models
-from resnet_keras import validate
+from resnet_keras import scoring
 from resnet_keras.data import datasets
 from resnet_keras.data.preprocessing import normalize_images
+from resnet_keras.serving import contract
+from resnet_keras.serving import converters
+from resnet_keras.serving import exports as exports_lib
+from resnet_keras.serving import readers
+from resnet_keras.serving import saved_model
 from tests import e2e
 from tests.conftest import CLASS_NAMES
 from tests.test_predict import _parse, _write_images
@@ -58,7 +61,7 @@ def exports(records_run, tmp_path_factory):
 def validation_pixels(exports):
   """The records run's 9 validation images as the exports take them."""
   cfg, _ = checkpoints.read_config(exports[0])
-  return deploy.stacked(
+  return exports_lib.stacked(
       datasets.pixel_batches(cfg, datasets.describe(cfg), 4), 100)
 
 
@@ -67,10 +70,10 @@ def test_every_file_gives_the_saved_models_probabilities(exports,
   _, out, stdout = exports
   assert validation_pixels.shape == (9, 32, 32, 3)
   assert validation_pixels.dtype == np.uint8
-  reference = deploy.load(os.path.join(out, export.CLASSIFIER_DIR))(
+  reference = readers.load(os.path.join(out, contract.CLASSIFIER_DIR))(
       validation_pixels)
   for name in FLOAT32_FILES + QUANTIZED_FILES:
-    probs = deploy.load(os.path.join(out, name))(validation_pixels)
+    probs = readers.load(os.path.join(out, name))(validation_pixels)
     assert probs.shape == reference.shape and probs.dtype == np.float32
     # int8 quantises the softmax in steps of 1/256.
     np.testing.assert_allclose(probs.sum(-1), 1, atol=0.01)
@@ -103,23 +106,23 @@ def test_each_file_carries_its_labels_size_crop_and_step(exports):
   props = {p.key: p.value
            for p in onnx.load(os.path.join(out, 'model.onnx')).metadata_props}
   assert expected.items() <= props.items() and props['quantize'] == 'none'
-  for q in deploy.QUANTIZATIONS:
-    with open(os.path.join(out, deploy.file_name('tflite', q)) + '.json') as f:
+  for q in contract.QUANTIZATIONS:
+    with open(os.path.join(out, contract.file_name('tflite', q)) + '.json') as f:
       sidecar = json.load(f)
     assert expected.items() <= sidecar.items() and sidecar['quantize'] == q
-  loaded = deploy.load(os.path.join(out, 'model_int8.tflite'))
+  loaded = readers.load(os.path.join(out, 'model_int8.tflite'))
   assert (loaded.labels, loaded.image_size, loaded.num_classes,
           loaded.step) == (list(CLASS_NAMES), 32, 6, 8)
 
 
 def test_validate_scores_every_format_side_by_side(exports, validation_pixels):
   model_dir, out, _ = exports
-  names = [export.CLASSIFIER_DIR] + list(FLOAT32_FILES + QUANTIZED_FILES)
+  names = [contract.CLASSIFIER_DIR] + list(FLOAT32_FILES + QUANTIZED_FILES)
   paths = [os.path.join(out, n) for n in names]
   result = e2e.run_tool('resnet_keras.validate', [
       '--model_dir', model_dir, '--saved_model', ','.join(paths)])
   assert result.returncode == 0, result.stderr[-3000:]
-  with open(os.path.join(model_dir, validate.EXPORTS_RESULTS_FILE)) as f:
+  with open(os.path.join(model_dir, scoring.EXPORTS_RESULTS_FILE)) as f:
     rows = list(csv.DictReader(f))
   assert [r['export'] for r in rows] == paths
   assert [r['kind'] for r in rows] == [
@@ -131,7 +134,7 @@ def test_validate_scores_every_format_side_by_side(exports, validation_pixels):
   cfg, _ = checkpoints.read_config(model_dir)
   labels = np.concatenate([l.numpy() for _, l in datasets.pixel_batches(
       cfg, datasets.describe(cfg), 4)])
-  probs = deploy.load(paths[0])(validation_pixels)
+  probs = readers.load(paths[0])(validation_pixels)
   assert float(saved['top1']) == pytest.approx(
       np.mean(np.argmax(probs, -1) == labels))
   for row, name in zip(rows[1:], names[1:]):
@@ -148,12 +151,12 @@ def test_predict_reads_onnx_and_tflite_files_like_the_saved_model(exports,
   images = _write_images(str(tmp_path / 'images'))
   outputs = {}
   # (Not int8: random images are far from what it was calibrated on.)
-  for name in (export.CLASSIFIER_DIR, 'model.onnx', 'model.tflite'):
+  for name in (contract.CLASSIFIER_DIR, 'model.onnx', 'model.tflite'):
     result = e2e.run_tool('resnet_keras.predict', [
         '--saved_model', os.path.join(out, name), '--eval_flip'] + images)
     assert result.returncode == 0, result.stderr[-3000:]
     outputs[name] = _parse(result.stdout)
-  saved = outputs.pop(export.CLASSIFIER_DIR)
+  saved = outputs.pop(contract.CLASSIFIER_DIR)
   assert list(saved) == images
   for name, parsed in outputs.items():
     for path in images:
@@ -182,16 +185,16 @@ def test_architectures_convert_to_the_same_function(overrides, tmp_path):
   finally:
     tf_keras.mixed_precision.set_global_policy('float32')
   pixels = np.random.RandomState(0).randint(0, 256, (4, 32, 32, 3), np.uint8)
-  plan = export.DeployPlan(files=(('onnx', 'none'), ('tflite', 'none')),
+  plan = exports_lib.DeployPlan(files=(('onnx', 'none'), ('tflite', 'none')),
                            check_images=pixels, representative=None,
                            labels=[])
-  paths = export.write_deployables(network, cfg, str(tmp_path), plan,
+  paths = exports_lib.write_deployables(network, cfg, str(tmp_path), plan,
                                    'ckpt-1', 1)
-  with deploy.float32_layers():
-    copy = export.portable_copy(network, cfg)
+  with converters.float32_layers():
+    copy = saved_model.portable_copy(network, cfg)
   expected = copy(normalize_images(pixels), training=False).numpy()
   for path in paths:
-    np.testing.assert_allclose(deploy.load(path)(pixels), expected,
+    np.testing.assert_allclose(readers.load(path)(pixels), expected,
                                atol=1e-5)
 
 
@@ -237,7 +240,7 @@ def test_bad_inputs_fail_in_one_line(exports, synthetic_run, tmp_path):
             os.path.join(out, 'model.onnx')), ['pass one of them']),
       # Another run's export: 10 classes where this run has 6.
       (tool('validate', '--saved_model',
-            os.path.join(synthetic_run, export.CLASSIFIER_DIR)),
+            os.path.join(synthetic_run, contract.CLASSIFIER_DIR)),
        ['to 10 classes', 'images of 6', "export this run's checkpoint"]),
   ]:
     e2e.assert_one_line_error(result, *fragments)

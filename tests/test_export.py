@@ -9,11 +9,12 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import export
 from resnet_keras import models
 from resnet_keras import optimizers
 from resnet_keras.config import RunConfig
 from resnet_keras.data.preprocessing import normalize_images
+from resnet_keras.serving import contract
+from resnet_keras.serving import saved_model
 from tests import e2e
 
 # The module's export is built once, in one worker.
@@ -50,7 +51,7 @@ def exported(tmp_path_factory):
   tf_keras.mixed_precision.set_global_policy('float32')
   network = _network()
   out = str(tmp_path_factory.mktemp('export'))
-  classifier, features = export.export_run(network, TINY, out,
+  classifier, features = saved_model.export_run(network, TINY, out,
                                            feature_vector=True)
   return network, classifier, features
 
@@ -137,8 +138,8 @@ def test_resnet50_export_has_the_published_parameter_count(tmp_path):
   cfg = dataclasses.replace(TINY, resnet_depth=50, stem='imagenet',
                             width_multiplier=1.0)
   network = models.build_network(cfg, 1000, use_regularizers=False)
-  path = export.export_saved_model(network, str(tmp_path / 'r50'),
-                                   export.CLASSIFIER_OUTPUT, IMAGE_SIZE, 0.875)
+  path = saved_model.export_saved_model(network, str(tmp_path / 'r50'),
+                                   contract.CLASSIFIER_OUTPUT, IMAGE_SIZE, 0.875)
   loaded = tf.saved_model.load(path)
   assert _count(loaded.trainable_variables) == 25_557_032
   assert loaded.regularization_losses == []  # No weight decay given.
@@ -161,7 +162,7 @@ def test_portable_copy_is_standard_layers_with_the_same_outputs():
                             sync_batch_norm=True, freeze_backbone=True,
                             blurpool=True)
   network = _network(cfg)
-  copy = export.portable_copy(network, cfg)
+  copy = saved_model.portable_copy(network, cfg)
   assert _kernels(network) == ({'MatmulConv2D'}, {True}, {'xla'}, False)
   assert _kernels(copy) == ({'Conv2D'}, {False}, {'native'}, True)
   blurs = lambda net: [l.name for l in net.layers
@@ -181,7 +182,7 @@ def _export_tool(model_dir, *args, **kwargs):
 def test_old_checkpoints_export_like_the_run_did(synthetic_run):
   result = _export_tool(synthetic_run, '--checkpoint', 'all')
   assert result.returncode == 0, result.stderr[-3000:]
-  exports = os.path.join(synthetic_run, export.EXPORTS_DIR)
+  exports = os.path.join(synthetic_run, contract.EXPORTS_DIR)
   assert sorted(os.listdir(exports)) == ['ckpt-4', 'ckpt-8']
   pixels = tf.constant(_pixels())
 
@@ -189,13 +190,13 @@ def test_old_checkpoints_export_like_the_run_did(synthetic_run):
     return tf.saved_model.load(path).signatures['serving_default'](
         images=pixels)['probabilities'].numpy()
 
-  at_end = predict(os.path.join(synthetic_run, export.CLASSIFIER_DIR))
-  last = predict(os.path.join(exports, 'ckpt-8', export.CLASSIFIER_DIR))
+  at_end = predict(os.path.join(synthetic_run, contract.CLASSIFIER_DIR))
+  last = predict(os.path.join(exports, 'ckpt-8', contract.CLASSIFIER_DIR))
   np.testing.assert_allclose(last, at_end, rtol=1e-6, atol=1e-7)
-  earlier = predict(os.path.join(exports, 'ckpt-4', export.CLASSIFIER_DIR))
+  earlier = predict(os.path.join(exports, 'ckpt-4', contract.CLASSIFIER_DIR))
   assert not np.allclose(earlier, at_end, rtol=1e-3)
   features = tf.saved_model.load(
-      os.path.join(exports, 'ckpt-8', export.FEATURE_VECTOR_DIR))
+      os.path.join(exports, 'ckpt-8', contract.FEATURE_VECTOR_DIR))
   # ResNet-10's last stage at a quarter width: 512 / 4 channels.
   assert features(pixels, training=False).shape == (3, 128)
 

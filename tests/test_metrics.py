@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 from absl import logging
 
+from common import files
 from resnet_keras import metrics
 from common.errors import UsageError
-from resnet_keras.trainer import LoopRecord
+from resnet_keras.metrics import LOOP_RECORD, LoopRecord
 
 
 def test_log_lines_every_log_steps_within_and_across_loops(monkeypatch,
@@ -18,16 +19,14 @@ def test_log_lines_every_log_steps_within_and_across_loops(monkeypatch,
                                                                     if a else msg))
   loops = [LoopRecord(1, np.array([4., 3., 2.]), np.array([0., .5, 1.]), 10.0),
            LoopRecord(4, np.array([1., 1., 1.]), np.array([1., 1., 1.]), 1.0)]
-  current = {}
   log = metrics.MetricsLog(str(tmp_path))
   logger = metrics.StepLogger(
-      get_loop=lambda: current['loop'], log_steps=2, total_steps=6,
+      log_steps=2, total_steps=6,
       steps_per_epoch=3, global_batch_size=10,
       learning_rate_at=lambda step: 0.1 * step, progress_bar=False,
       metrics_log=log)
   for loop in loops:
-    current['loop'] = loop
-    logger({})
+    logger({LOOP_RECORD: loop})
   assert len(lines) == 3                     # steps 2, 4, 6
   assert lines[0].startswith('step 2/6 | epoch 0.67 | loss 3.5000 | '
                              'accuracy 0.2500 | lr 0.2 |')
@@ -46,16 +45,15 @@ def test_log_lines_every_log_steps_within_and_across_loops(monkeypatch,
 
 def test_single_loop_throughput_uses_it():
   logger = metrics.StepLogger(
-      get_loop=lambda: LoopRecord(1, np.ones(2), np.ones(2), 4.0),
       log_steps=100, total_steps=2, steps_per_epoch=2, global_batch_size=8,
       learning_rate_at=lambda s: 0.0, progress_bar=False)
-  logger({})
+  logger({LOOP_RECORD: LoopRecord(1, np.ones(2), np.ones(2), 4.0)})
   assert logger.average_examples_per_second == 4.0
 
 
 def test_write_json_atomically(tmp_path):
   path = tmp_path / 'summary.json'
-  metrics.write_json_atomically(str(path), {'a': 1})
+  files.write_json_atomically(str(path), {'a': 1})
   assert json.loads(path.read_text()) == {'a': 1}
   assert not (tmp_path / 'summary.json.tmp').exists()
 
@@ -66,17 +64,17 @@ def test_warns_once_when_steps_wait_for_input(monkeypatch):
                       lambda msg, *a: warnings.append(msg % a))
   monkeypatch.setattr(logging, 'info',
                       lambda msg, *a: lines.append(msg % a if a else msg))
-  loops = iter([
+  loops = ([
       LoopRecord(1, np.ones(2), np.ones(2), 10.0, input_wait_seconds=9.0),
       LoopRecord(3, np.ones(2), np.ones(2), 2.0, input_wait_seconds=0.2),
       LoopRecord(5, np.ones(2), np.ones(2), 2.0, input_wait_seconds=1.0),
       LoopRecord(7, np.ones(2), np.ones(2), 2.0, input_wait_seconds=1.5)])
   logger = metrics.StepLogger(
-      get_loop=lambda: next(loops), log_steps=2, total_steps=8,
+      log_steps=2, total_steps=8,
       steps_per_epoch=8, global_batch_size=4,
       learning_rate_at=lambda s: 0.0, progress_bar=False)
-  for _ in range(4):
-    logger({})
+  for loop in loops:
+    logger({LOOP_RECORD: loop})
   # Every line says how much of its loop waited for input.
   assert [l.split(' | ')[-1] for l in lines] == [
       'input wait 90%', 'input wait 10%', 'input wait 50%', 'input wait 75%']
@@ -118,10 +116,10 @@ def test_fp16_log_lines_and_records_carry_the_loss_scale(monkeypatch,
   loop = LoopRecord(1, np.ones(2), np.ones(2), 4.0,
                     loss_scales=np.array([32768.0, 16384.0]))
   logger = metrics.StepLogger(
-      get_loop=lambda: loop, log_steps=1, total_steps=2, steps_per_epoch=2,
+      log_steps=1, total_steps=2, steps_per_epoch=2,
       global_batch_size=8, learning_rate_at=lambda step: 0.1,
       progress_bar=False, metrics_log=log)
-  logger({})
+  logger({LOOP_RECORD: loop})
   records = metrics.read_metrics_log(str(tmp_path))
   assert [r['loss_scale'] for r in records] == [32768.0, 16384.0]
   assert '| lr 0.1 | loss scale 16384 | 4.0 examples/sec' in lines[-1]

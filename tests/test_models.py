@@ -180,8 +180,10 @@ def test_auto_kernels_follow_the_dtype_and_the_machine(setting, dtype, machine,
                        dtype=dtype)
   relu_cfg = RunConfig(relu_impl='xla' if setting == 'forced' else setting,
                        dtype=dtype)
-  assert conv_cfg.uses_matmul_convs(machine) is conv
-  assert (relu_cfg.residual_relu(machine) == 'xla') is relu
+  assert hardware.uses_matmul_convs(conv_cfg.conv_impl, conv_cfg.dtype,
+                                    machine) is conv
+  assert (hardware.residual_relu(relu_cfg.relu_impl, relu_cfg.dtype,
+                                 machine) == 'xla') is relu
 
 
 _SPECIAL = [0.0, -0.0, 1.5, -1.5, 3e38, -3e38, 1e-40, -1e-40, 1e-6, -1e-6,

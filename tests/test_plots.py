@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from resnet_keras import metrics
-from resnet_keras import plots
+from resnet_keras import charts
 from tests import e2e
 
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
@@ -66,7 +66,7 @@ def test_write_plots_without_evaluations(tmp_path):
       f.write(json.dumps({'step': step, 'epoch': step / 20, 'train_loss': 2.0,
                           'train_accuracy': 0.1, 'learning_rate': 0.1,
                           'examples_per_second': 50.0}) + '\n')
-  paths = plots.write_plots(str(tmp_path))
+  paths = charts.write_plots(str(tmp_path))
   assert [os.path.basename(p) for p in paths] == [n + '.png' for n in FIGURES]
   assert all(_is_png(p) for p in paths)
   assert not [n for n in os.listdir(tmp_path / 'plots') if n.endswith('.tmp')]

@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image
 
-from resnet_keras import export
+from resnet_keras.serving import contract
 from resnet_keras.data import imagenet
 from resnet_keras.data.preprocessing import MEAN_RGB
 from tests import e2e
@@ -102,7 +102,7 @@ def test_encoded_signature_is_the_eval_preprocessing(records_run):
   loaded = tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
   rng = np.random.RandomState(1)
   jpeg = _encode(rng.randint(0, 256, (70, 41, 3), np.uint8), 'JPEG')
-  encoded = loaded.signatures[export.ENCODED_SIGNATURE](
+  encoded = loaded.signatures[contract.ENCODED_SIGNATURE](
       image_bytes=tf.constant([jpeg]))['probabilities'].numpy()
 
   def on_pixels(crop_fraction):
@@ -152,7 +152,7 @@ def test_eval_flip_averages_each_image_with_its_mirror(records_run, tmp_path):
   printed = _parse(result.stdout)[path]
 
   predict = tf.saved_model.load(saved_model).signatures[
-      export.ENCODED_SIGNATURE]
+      contract.ENCODED_SIGNATURE]
   with open(path, 'rb') as f:
     encoded = f.read()
   pixels = tf.io.decode_jpeg(encoded).numpy()

@@ -1,4 +1,5 @@
-"""The orbit trainer: per-step results from the device loop, weighted eval."""
+"""The orbit trainer and evaluator: per-step results from the device loop,
+weighted evaluation."""
 
 import time
 
@@ -7,25 +8,28 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from resnet_keras import evaluator as evaluator_lib
 from resnet_keras import guards
 from resnet_keras import models
-from resnet_keras import trainer as trainer_lib
-from resnet_keras import weight_average as weight_average_lib
+from resnet_keras import ema as ema_lib
 from resnet_keras.data import synthetic
+from resnet_keras.metrics import LOOP_RECORD
+from tests.support import loops
 
 
-def _trainer(eval_examples=13, batch=4, steps_per_loop=3, train=None,
-             **options):
-  strategy = tf.distribute.get_strategy()
+def _trainer(batch=4, steps_per_loop=3, train=None, **options):
   net = models.resnet(18, 5, 32)
   optimizer = tf_keras.optimizers.legacy.SGD(0.05, momentum=0.9)
   if train is None:
     train = synthetic.train_dataset(batch, 32, 5, tf.float32)
+  return loops.trainer(net, optimizer, train, batch, steps_per_loop,
+                       **options)
+
+
+def _evaluator(eval_examples=13, batch=4, **options):
+  net = models.resnet(18, 5, 32)
   evals = synthetic.eval_dataset(batch, 32, 5, tf.float32, eval_examples)
-  return trainer_lib.ResnetTrainer(
-      strategy=strategy, model=net, optimizer=optimizer, train_dataset=train,
-      eval_dataset=evals, program_batch_size=batch, num_classes=5,
-      max_steps_per_loop=steps_per_loop, **options)
+  return loops.evaluator(net, evals, **options)
 
 
 def test_every_step_of_a_loop_reaches_the_host():
@@ -34,15 +38,16 @@ def test_every_step_of_a_loop_reaches_the_host():
   first_loss = tf.reduce_mean(tf_keras.losses.sparse_categorical_crossentropy(
       labels, trainer.model(images, training=True))).numpy()
   out = trainer.train(tf.constant(3))
-  loop = trainer.last_loop
+  loop = out[LOOP_RECORD]
   assert loop.first_step == 1 and len(loop.losses) == 3
   np.testing.assert_allclose(loop.losses[0], first_loss, rtol=1e-4)
   assert len(set(loop.losses.tolist())) == 3   # three steps, three values
   assert out['train_loss'] == np.mean(loop.losses)
   assert all(0 <= a <= 1 for a in loop.accuracies)
-  trainer.train(tf.constant(2))                # a shorter loop reuses buffers
-  assert trainer.last_loop.first_step == 4
-  assert len(trainer.last_loop.losses) == 2
+  # A shorter loop reuses the buffers.
+  shorter = trainer.train(tf.constant(2))[LOOP_RECORD]
+  assert shorter.first_step == 4
+  assert len(shorter.losses) == 2
   assert int(trainer.global_step.numpy()) == 5
 
 
@@ -58,36 +63,37 @@ def test_a_stop_request_ends_the_loop_before_the_next_step(while_loop):
                      use_tf_while_loop=while_loop)
   out = trainer.train(tf.constant(5))
   assert int(trainer.global_step.numpy()) == 2 and len(polls) == 3
-  assert trainer.last_loop.stopped_early
-  assert len(trainer.last_loop.losses) == 2
-  assert out['train_loss'] == np.mean(trainer.last_loop.losses)
+  assert out[LOOP_RECORD].stopped_early
+  assert len(out[LOOP_RECORD].losses) == 2
+  assert out['train_loss'] == np.mean(out[LOOP_RECORD].losses)
   # Still requested: the next loop runs no step and reports nothing.
-  assert trainer.train(tf.constant(5)) == {}
+  out = trainer.train(tf.constant(5))
+  assert set(out) == {LOOP_RECORD}
   assert int(trainer.global_step.numpy()) == 2
-  assert trainer.last_loop.stopped_early and not len(trainer.last_loop.losses)
+  assert out[LOOP_RECORD].stopped_early and not len(out[LOOP_RECORD].losses)
 
 
 def test_loop_reports_non_finite_weights():
   trainer = _trainer()
-  trainer.train(tf.constant(1))
-  assert trainer.last_loop.weights_finite
+  assert trainer.train(tf.constant(1))[LOOP_RECORD].weights_finite
   # A moving variance is never in the training loss: a NaN there leaves every
   # loss finite.
   variance = trainer.model.get_layer('stem_bn').moving_variance
   variance.assign(tf.tensor_scatter_nd_update(variance, [[0]], [np.nan]))
-  trainer.train(tf.constant(1))
-  assert np.isfinite(trainer.last_loop.losses).all()
-  assert not trainer.last_loop.weights_finite
+  loop = trainer.train(tf.constant(1))[LOOP_RECORD]
+  assert np.isfinite(loop.losses).all()
+  assert not loop.weights_finite
 
 
 def test_eval_counts_every_example_weighted_by_count():
-  trainer = _trainer(eval_examples=13, batch=4)
-  results = trainer.evaluate(tf.constant(-1))
+  evaluator = _evaluator(eval_examples=13, batch=4)
+  results = evaluator.evaluate(tf.constant(-1))
   assert results['eval_examples'] == 13
   # Recompute accuracy over all 13 examples by hand.
   correct = total = 0
   for images, labels in synthetic.eval_dataset(4, 32, 5, tf.float32, 13):
-    predictions = np.argmax(trainer.model(images, training=False), axis=-1)
+    predictions = np.argmax(evaluator.model(images, training=False),
+                            axis=-1)
     correct += int(np.sum(predictions == labels.numpy()))
     total += len(labels)
   assert total == 13
@@ -97,39 +103,39 @@ def test_eval_counts_every_example_weighted_by_count():
 def test_flip_average_is_the_softmax_of_the_mean_logits():
   logits = tf.constant([[2.0, -1.0, 0.5], [0.0, 3.0, -2.0]])
   mirrored = tf.constant([[1.0, 1.0, -3.0], [4.0, -1.0, 0.0]])
-  averaged = trainer_lib.flip_average(tf.nn.softmax(logits),
+  averaged = evaluator_lib.flip_average(tf.nn.softmax(logits),
                                       tf.nn.softmax(mirrored))
   # By hand: the mean logits [1.5, 0, -1.25] and [2, 1, -1].
   expected = np.exp([[1.5, 0.0, -1.25], [2.0, 1.0, -1.0]])
   expected /= expected.sum(axis=1, keepdims=True)
   np.testing.assert_allclose(averaged, expected, rtol=1e-6)
   # A class with probability 0 in one view stays finite.
-  zero = trainer_lib.flip_average(tf.constant([[1.0, 0.0]]),
+  zero = evaluator_lib.flip_average(tf.constant([[1.0, 0.0]]),
                                   tf.constant([[0.5, 0.5]]))
   assert np.all(np.isfinite(zero)) and float(zero[0, 1]) < 1e-10
 
 
 def test_flip_evaluation_averages_each_image_with_its_mirror_once():
-  trainer = _trainer(eval_examples=13, batch=4, eval_flip=True)
+  evaluator = _evaluator(eval_examples=13, batch=4, eval_flip=True)
   # An untrained head saturates the softmax (every loss at the clip); a
   # smaller one keeps the two views' predictions apart.
-  head = trainer.model.get_layer(models.HEAD_LAYER)
+  head = evaluator.model.get_layer(models.HEAD_LAYER)
   head.kernel.assign(head.kernel * 1e-3)
-  results = trainer.evaluate(tf.constant(-1))
+  results = evaluator.evaluate(tf.constant(-1))
   assert results['eval_examples'] == 13  # Each image counted once.
   correct, losses = 0, []
   for images, labels in synthetic.eval_dataset(4, 32, 5, tf.float32, 13):
-    probs = trainer_lib.flip_average(
-        trainer.model(images, training=False),
-        trainer.model(images[:, :, ::-1, :], training=False)).numpy()
+    probs = evaluator_lib.flip_average(
+        evaluator.model(images, training=False),
+        evaluator.model(images[:, :, ::-1, :], training=False)).numpy()
     correct += int(np.sum(np.argmax(probs, axis=-1) == labels.numpy()))
     losses += list(tf_keras.losses.sparse_categorical_crossentropy(
         labels, probs).numpy())
   assert results['eval_accuracy'] == pytest.approx(correct / 13)
   assert results['eval_loss'] == pytest.approx(np.mean(losses), rel=1e-5)
   # Not what the images alone give (synthetic images are not symmetric).
-  plain = _trainer(eval_examples=13, batch=4)
-  plain.model.set_weights(trainer.model.get_weights())
+  plain = _evaluator(eval_examples=13, batch=4)
+  plain.model.set_weights(evaluator.model.get_weights())
   assert plain.evaluate(tf.constant(-1))['eval_loss'] != pytest.approx(
       results['eval_loss'], rel=1e-5)
 
@@ -158,15 +164,14 @@ def test_loop_measures_time_blocked_on_the_input():
   # is the compute a step costs on this machine, whatever its speed.
   fast = _trainer(train=batch.prefetch(2), steps_per_loop=4)
   fast.train(tf.constant(1))                     # trace outside the timing
-  fast.train(tf.constant(4))
-  compute = fast.last_loop.seconds
-  assert fast.last_loop.input_wait_seconds < 0.2 * compute
+  fast_loop = fast.train(tf.constant(4))[LOOP_RECORD]
+  compute = fast_loop.seconds
+  assert fast_loop.input_wait_seconds < 0.2 * compute
   # Input that sleeps 0.3 s per batch, only when asked: every sleep is time
   # the loop is blocked on the input, and no compute may count as waiting.
   slow = _trainer(train=_on_demand(batch.map(_sleepy(0.3))), steps_per_loop=4)
   slow.train(tf.constant(1))
-  slow.train(tf.constant(4))
-  loop = slow.last_loop
+  loop = slow.train(tf.constant(4))[LOOP_RECORD]
   assert 4 * 0.3 <= loop.input_wait_seconds
   assert loop.seconds - loop.input_wait_seconds >= 0.5 * compute
 
@@ -186,14 +191,12 @@ def _one_update(num_accumulation_steps, images, labels):
   model = _no_bn_model(seed=3)
   optimizer = tf_keras.optimizers.legacy.SGD(0.5, momentum=0.9)
   batch = tf.data.Dataset.from_tensors((images, labels)).repeat()
-  trainer = trainer_lib.ResnetTrainer(
-      strategy=tf.distribute.get_strategy(), model=model, optimizer=optimizer,
-      train_dataset=batch, eval_dataset=None, program_batch_size=8,
-      num_classes=5, max_steps_per_loop=2, label_smoothing=0.1,
-      weight_decay_path='regularizers',
+  trainer = loops.trainer(
+      model, optimizer, batch, batch_size=8, steps_per_loop=2,
+      label_smoothing=0.1, weight_decay_path='regularizers',
       num_accumulation_steps=num_accumulation_steps)
-  trainer.train(tf.constant(2))
-  return model.get_weights(), trainer.last_loop
+  loop = trainer.train(tf.constant(2))[LOOP_RECORD]
+  return model.get_weights(), loop
 
 
 def test_accumulated_micro_batches_make_the_same_update_as_one_batch():
@@ -225,15 +228,13 @@ def test_fp16_overflow_halves_the_scale_skips_the_update_and_goes_on():
     net = models.resnet(10, 5, 32, stem='cifar', filters=(8, 16, 16, 16))
     optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
         tf_keras.optimizers.legacy.SGD(0.05), initial_scale=2.0 ** 40)
-    average = weight_average_lib.WeightAverage(net.variables, decay=0.9)
-    trainer = trainer_lib.ResnetTrainer(
-        strategy=tf.distribute.get_strategy(), model=net, optimizer=optimizer,
-        train_dataset=synthetic.train_dataset(4, 32, 5, tf.float32),
-        eval_dataset=None, program_batch_size=4, num_classes=5,
-        max_steps_per_loop=40, weight_average=average)
+    average = ema_lib.EMA(net.variables, decay=0.9)
+    trainer = loops.trainer(
+        net, optimizer, synthetic.train_dataset(4, 32, 5, tf.float32),
+        batch_size=4, steps_per_loop=40, ema=average)
     before = [v.numpy() for v in net.trainable_variables]
-    trainer.train(tf.constant(3))
-    loop = trainer.last_loop
+    output = trainer.train(tf.constant(3))
+    loop = output[LOOP_RECORD]
     # 2^40 times any gradient overflows fp16 (max 65504): halved, skipped.
     np.testing.assert_array_equal(loop.loss_scales, [2.0 ** 39, 2.0 ** 38,
                                                      2.0 ** 37])
@@ -246,12 +247,12 @@ def test_fp16_overflow_halves_the_scale_skips_the_update_and_goes_on():
       np.testing.assert_allclose(a.numpy(), b, rtol=1e-6, atol=1e-7)
     assert np.isfinite(loop.losses).all() and loop.weights_finite
     # Skipped steps are no divergence: the guard lets the run go on.
-    guards.LoopGuard(get_loop=lambda: loop, any_worker=lambda *f: f,
-                     last_checkpoint=lambda: None, dtype='fp16')(None)
-    trainer.train(tf.constant(40))
-    scales = trainer.last_loop.loss_scales
+    guards.LoopGuard(any_worker=lambda *f: f, last_checkpoint=lambda: None,
+                     dtype='fp16', stopped_early=lambda: False)(output)
+    loop = trainer.train(tf.constant(40))[LOOP_RECORD]
+    scales = loop.loss_scales
     assert scales[-1] < 2.0 ** 24 and (np.diff(scales) <= 0).all()
-    assert trainer.last_loop.weights_finite
+    assert loop.weights_finite
     assert any(not np.array_equal(b, v.numpy())
                for b, v in zip(before, net.trainable_variables))
     # The average lags the weights: it moved from the start, not all the way.

@@ -13,8 +13,9 @@ from resnet_keras import checkpoints
 from resnet_keras import models
 from resnet_keras import optimizers
 from resnet_keras import schedules
-from resnet_keras import warm_start
+from resnet_keras import start as start_lib
 from resnet_keras.config import RunConfig
+from resnet_keras.plan import make_training_plan
 from common.errors import UsageError
 from tests import e2e
 
@@ -42,13 +43,21 @@ def _this_run(synthetic_run, tmp_path, **changes):
   return dataclasses.replace(cfg, model_dir=str(tmp_path / 'new'), **changes)
 
 
+def _source(cfg):
+  """The warm start's source `cfg` decides (None: it starts otherwise), in
+  a plan long enough for any restored step."""
+  plan = make_training_plan(dataclasses.replace(cfg, train_steps=0), 10**6,
+                            10)
+  return start_lib.decide(cfg, plan).source
+
+
 def test_flag_combinations_are_checked():
   for changes, message in (
       (dict(restore_from='a', pretrained_checkpoint='b'), 'use one'),
       (dict(restore_optimizer=True), 'give --restore_from'),
       (dict(freeze_backbone=True), 'give --pretrained_checkpoint')):
     with pytest.raises(UsageError, match=message):
-      RunConfig(**changes).validate()
+      RunConfig(**changes).check()
 
 
 def test_restore_from_weights_only_or_with_the_optimizer(synthetic_run,
@@ -58,10 +67,10 @@ def test_restore_from_weights_only_or_with_the_optimizer(synthetic_run,
   for restore_optimizer, step in ((False, 0), (True, 8)):
     cfg = _this_run(synthetic_run, tmp_path, restore_from=synthetic_run,
                     restore_optimizer=restore_optimizer)
-    source = warm_start.resolve(cfg)
+    source = _source(cfg)
     assert source.checkpoint == latest and source.cfg.num_classes == 10
     network, model, optimizer = _run_objects(cfg)
-    warm_start.apply(source, network, model, optimizer, restore_optimizer)
+    start_lib.apply(source, network, model, optimizer, restore_optimizer)
     assert int(optimizer.iterations.numpy()) == step
     restored = tf.train.Checkpoint(model=model)
     path = restored.write(str(tmp_path / 'restored'))
@@ -75,10 +84,10 @@ def test_pretrained_backbone_with_a_new_head(synthetic_run, tmp_path):
   cfg = _this_run(synthetic_run, tmp_path, num_classes=3,
                   pretrained_checkpoint=os.path.join(synthetic_run, 'ckpt-4'),
                   freeze_backbone=True)
-  source = warm_start.resolve(cfg)
+  source = _source(cfg)
   network, model, optimizer = _run_objects(cfg)
   head_before = network.get_layer('fc').get_weights()
-  warm_start.apply(source, network, model, optimizer, False)
+  start_lib.apply(source, network, model, optimizer, False)
 
   source_network, source_model = models.build_models(
       source.cfg, 10, use_regularizers=False)
@@ -106,7 +115,7 @@ def test_sources_are_resolved_or_refused_in_one_line(synthetic_run,
                                                      records_run, tmp_path):
   def refused(message, **changes):
     with pytest.raises(UsageError, match=message):
-      warm_start.resolve(_this_run(synthetic_run, tmp_path, **changes))
+      _source(_this_run(synthetic_run, tmp_path, **changes))
 
   refused(r'--restore_from=.*nope is neither a directory nor a checkpoint',
           restore_from=str(tmp_path / 'nope'))
@@ -122,13 +131,13 @@ def test_sources_are_resolved_or_refused_in_one_line(synthetic_run,
   refused(r'holds another model \(model resnet10_w0.25, .*num_classes 6, '
           r'stem imagenet; this run: model resnet10_w0.25, .*num_classes 10',
           restore_from=records_run[1])
-  assert warm_start.resolve(_this_run(
+  assert _source(_this_run(
       synthetic_run, tmp_path, pretrained_checkpoint=records_run[1]))
   refused(r'holds another model \(model resnet10_w0.25, norm batch, stem '
           r'imagenet; this run: model resnet34_w0.25',
           pretrained_checkpoint=synthetic_run, resnet_depth=34)
   # A model_dir with its own checkpoint resumes instead.
-  assert warm_start.resolve(dataclasses.replace(
+  assert _source(dataclasses.replace(
       checkpoints.read_config(records_run[1])[0],
       restore_from=str(tmp_path / 'nope'))) is None
 

@@ -1,29 +1,10 @@
-"""Training input from a tf.data service: the pipeline runs on other machines.
+"""The tf.data service's servers (data_service.py), one per process.
 
-  # on the data hosts (or let demo_resnet_keras.py --data_service_hosts do it)
   python -m resnet_keras.data.service dispatcher --port 5050 --work_dir /tmp/d
   python -m resnet_keras.data.service worker --dispatcher h2:5050 --port 5051
-  # the trainer
-  python resnet_ctl_imagenet_main.py ... --tf_data_service grpc://h2:5050
 
-With --tf_data_service the trainer builds its training pipeline as always
-(same parsing and augmentation), registers it with the dispatcher, and reads
-batches from the service's workers instead of running it. Evaluation stays
-local. Every replica of every worker reads the same job (`job_name`), so each
-batch goes to one consumer: workers see distinct batches.
-
-Sharding (--tf_data_service_sharding): `off` (default) gives each data
-worker the whole shuffled, repeated stream, so batches are visited at least
-once across workers, never waiting on a slow one; `dynamic` splits the files
-among data workers, each record once per epoch (at most once: a lost data
-worker's share of the epoch is lost with it). Neither keeps --global_seed's order: a service run is not
-bit-reproducible, and its resume does not skip what was read (it starts a
-new job).
-
-A dispatcher lost for good, or every data worker lost, would leave the
-trainer waiting on the next batch forever (tensorflow#56490): the trainer's
-input watchdog ends the run after --tf_data_service_timeout seconds without
-a batch, naming the service (0: wait).
+demo_resnet_keras.py --data_service_hosts starts them over ssh; a server
+stops on SIGTERM or SIGINT.
 """
 
 from common import env
@@ -31,214 +12,15 @@ from common import env
 env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 
 # pylint: disable=g-import-not-at-top
-import contextlib
-import dataclasses
-import hashlib
-import os
-import signal
 import socket
-import sys
-import threading
-import time
-from typing import Callable, Optional, Tuple
-from urllib import parse
 
 import tensorflow as tf
 from absl import flags
 
 from common import cli
 from common.errors import UsageError
+from resnet_keras.data import data_service
 # pylint: enable=g-import-not-at-top
-
-SHARDING = {'off': tf.data.experimental.service.ShardingPolicy.OFF,
-            'dynamic': tf.data.experimental.service.ShardingPolicy.DYNAMIC}
-PROTOCOL = 'grpc'
-
-
-def parse_address(address: str) -> Tuple[str, int]:
-  """(host, port) of a 'grpc://HOST:PORT' dispatcher address."""
-  parsed = parse.urlsplit(address)
-  try:
-    port = parsed.port
-  except ValueError:
-    port = None
-  if (parsed.scheme != PROTOCOL or not parsed.hostname or not port or
-      parsed.path not in ('', '/')):
-    raise UsageError(f'--tf_data_service={address} is not a dispatcher '
-                     'address: give grpc://HOST:PORT')
-  return parsed.hostname, port
-
-
-def job_name(base: str, model_dir: str, start_step: int,
-             image_size: int) -> str:
-  """The job the run's workers read: the same in each of them (they know
-  its model_dir, the step it starts at and its size), another for each
-  resume and image size (a job serves one dataset). `base`: the user's
-  --tf_data_service_job_name, '' for one named after model_dir."""
-  if not base:
-    digest = hashlib.sha1(os.path.abspath(model_dir).encode()).hexdigest()
-    base = f'resnet_keras_{digest[:12]}'
-  return f'{base}_step{start_step}_{image_size}px'
-
-
-def check_reachable(address: str, timeout: float) -> None:
-  """A TCP connection to the dispatcher, or one line saying why not. Before
-  any TensorFlow call, which would retry an absent dispatcher forever."""
-  host, port = parse_address(address)
-  try:
-    with socket.create_connection((host, port), timeout=timeout or None):
-      pass
-  except OSError as e:
-    reason = 'timed out' if isinstance(e, socket.timeout) else (
-        e.strerror or str(e))
-    raise UsageError(
-        f'no tf.data service dispatcher at {address} ({reason}): start one '
-        '(python -m resnet_keras.data.service dispatcher --port '
-        f'{port}) or fix --tf_data_service') from None
-
-
-def register(dataset: tf.data.Dataset, address: str, job: str) -> str:
-  """Registers `dataset` under the id `job` (the same id and dataset from
-  every worker of a run); one line if the service refuses it."""
-  try:
-    return tf.data.experimental.service.register_dataset(
-        address, dataset, dataset_id=job)
-  except tf.errors.UnimplementedError:
-    # What a client meets at a server of another protocol version (or at
-    # something that is not a dispatcher at all).
-    raise UsageError(
-        f'{address} does not answer as a tf.data service dispatcher of '
-        f'TensorFlow {tf.__version__} (this trainer\'s): run the service '
-        'with the trainer\'s TensorFlow version, or fix --tf_data_service'
-    ) from None
-  except tf.errors.OpError as e:
-    message = ' '.join(e.message.split())
-    raise UsageError(f'the tf.data service at {address} refused the training '
-                     f'pipeline: {message}') from None
-
-
-def reader(address: str, dataset_id: str, element_spec, job: str,
-           sharding: str) -> tf.data.Dataset:
-  """The registered dataset read from the service's workers as part of
-  `job` (every consumer of a job gets other elements)."""
-  return tf.data.experimental.service.from_dataset_id(
-      processing_mode=SHARDING[sharding], service=address,
-      dataset_id=dataset_id, element_spec=element_spec, job_name=job)
-
-
-class InputWatchdog:
-  """Calls `on_timeout(seconds)` (which must end the process) once training
-  has waited `timeout` seconds for one batch.
-
-  A stalled service read blocks inside the training loop's tf.function,
-  where nothing in Python can interrupt it; so a thread polls
-  `waiting_since()`: the wall time (time.time()) at which the current step
-  started waiting for its input, 0 while it is not waiting (the trainer
-  records both around its `next(iterator)`). Slow steps, evaluation and
-  checkpoints never count: only time blocked on the input does.
-  """
-
-  def __init__(self, timeout: float, waiting_since: Callable[[], float],
-               on_timeout: Callable[[float], None], poll: float = 1.0):
-    self.timeout = timeout
-    self._waiting_since, self._on_timeout = waiting_since, on_timeout
-    self._poll = poll
-    self._stop = threading.Event()
-    self._thread: Optional[threading.Thread] = None
-
-  def start(self) -> 'InputWatchdog':
-    if self.timeout and self._thread is None:
-      self._thread = threading.Thread(target=self._watch, daemon=True,
-                                      name='input-watchdog')
-      self._thread.start()
-    return self
-
-  def stop(self) -> None:
-    self._stop.set()
-
-  def _watch(self):
-    while not self._stop.wait(self._poll):
-      since = self._waiting_since()
-      if since and time.time() - since > self.timeout:
-        self._on_timeout(time.time() - since)
-        return
-
-
-STALLED_EXIT_CODE = 1
-
-
-def end_stalled_run(address: str) -> Callable[[float], None]:
-  """InputWatchdog's `on_timeout` for a service run: one line, then the
-  process ends (from the watchdog's thread: the training thread is stuck in
-  the service read). Checkpoints already written are intact."""
-
-  def end(waited: float) -> None:
-    print(f'error: no batch from the tf.data service at {address} for '
-          f'{waited:.0f} s (--tf_data_service_timeout): its data workers are '
-          'lost or stalled; start them again and rerun to resume from the '
-          'last checkpoint', file=sys.stderr, flush=True)
-    os._exit(STALLED_EXIT_CODE)  # pylint: disable=protected-access
-
-  return end
-
-
-_PYTHON_OPS = ('PyFunc', 'PyFuncStateless', 'EagerPyFunc')
-
-
-def check_servable(dataset: tf.data.Dataset) -> None:
-  """Refuses a pipeline that calls Python: a service worker has no Python
-  interpreter of ours to run it in."""
-  graph = tf.compat.v1.GraphDef.FromString(
-      dataset._as_serialized_graph().numpy())  # pylint: disable=protected-access
-  nodes = list(graph.node) + [n for f in graph.library.function
-                              for n in f.node_def]
-  if any(node.op in _PYTHON_OPS for node in nodes):
-    raise UsageError('the training pipeline calls Python (tf.py_function or '
-                     'tf.numpy_function), which a tf.data service worker '
-                     'cannot run: drop --tf_data_service')
-
-
-@contextlib.contextmanager
-def _global_seed_unset(unset: bool, global_seed: Optional[int]):
-  """With `unset`, TensorFlow's global seed is unset inside (random ops
-  built there draw their seeds where they run) and `global_seed` after."""
-  if not unset or global_seed is None:
-    yield
-    return
-  tf.random.set_seed(None)
-  try:
-    yield
-  finally:
-    tf.random.set_seed(global_seed)
-
-
-def training_input_fn(cfg, info, replica_batch_size: int, start_step: int):
-  """An input fn for distribute_datasets_from_function whose every pipeline
-  reads the run's training pipeline (at cfg.image_size) from the service,
-  as one job: registered here, once per process, under the job's name."""
-  # Here, not at the top: datasets is the local pipelines' module.
-  from resnet_keras.data import datasets  # pylint: disable=g-import-not-at-top
-  job = job_name(cfg.tf_data_service_job_name, cfg.model_dir, start_step,
-                 cfg.image_size)
-  # One pipeline over all the data: the service's workers share it out, not
-  # the input contexts. Without sharding every data worker runs all of it,
-  # so each must shuffle in its own order, or all would serve the same
-  # batches: unseeded (the shuffle then draws its seed where it runs), with
-  # TensorFlow's global seed (--global_seed) out of the way while it is
-  # built. (The first registration of a job's id is the one served.)
-  seed = None if cfg.tf_data_service_sharding == 'off' else cfg.global_seed
-  train_fn, _ = datasets.make_input_fns(
-      dataclasses.replace(cfg, global_seed=seed), info, replica_batch_size)
-  with _global_seed_unset(seed is None, cfg.global_seed):
-    pipeline = train_fn(tf.distribute.InputContext())
-  check_servable(pipeline)
-  dataset_id = register(pipeline, cfg.tf_data_service, job)
-  return lambda ctx: reader(cfg.tf_data_service, dataset_id,
-                            pipeline.element_spec, job,
-                            cfg.tf_data_service_sharding)
-
-
-# -- The servers: python -m resnet_keras.data.service dispatcher|worker ------
 
 ROLES = ('dispatcher', 'worker')
 
@@ -263,65 +45,28 @@ def define_flags(values: flags.FlagValues) -> None:
   flags.mark_flag_as_required('port', flag_values=values)
 
 
-def address_toward(host: str, port: int) -> str:
-  """This host's address on the route to host:port (a UDP socket's connect
-  sends nothing)."""
-  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-    probe.connect((host, port))
-    return probe.getsockname()[0]
-
-
-def start_dispatcher(port: int, work_dir: Optional[str]):
-  config = tf.data.experimental.service.DispatcherConfig(
-      port=port, work_dir=work_dir, fault_tolerant_mode=bool(work_dir))
-  return tf.data.experimental.service.DispatchServer(config)
-
-
-def start_worker(port: int, dispatcher: str, worker_address: Optional[str]):
-  if not dispatcher:
-    raise UsageError('a worker needs --dispatcher HOST:PORT')
-  address = dispatcher if '://' in dispatcher else f'{PROTOCOL}://{dispatcher}'
-  host, dispatcher_port = parse_address(address)
-  check_reachable(address, timeout=30)
-  config = tf.data.experimental.service.WorkerConfig(
-      dispatcher_address=f'{host}:{dispatcher_port}', port=port,
-      worker_address=(worker_address or
-                      f'{address_toward(host, dispatcher_port)}:{port}'))
-  return tf.data.experimental.service.WorkerServer(config), config
-
-
-def serve_until_signalled(server) -> None:
-  """Serves until SIGTERM or SIGINT, then stops the server."""
-  stop = threading.Event()
-  for signum in (signal.SIGTERM, signal.SIGINT):
-    signal.signal(signum, lambda *_: stop.set())
-  while not stop.wait(1.0):
-    pass
-  server.stop()
-
-
 def main(argv):
   if len(argv) != 2 or argv[1] not in ROLES:
     raise UsageError('say which server to start: dispatcher or worker')
   port = flags.FLAGS.port
   try:
     if argv[1] == 'dispatcher':
-      server = start_dispatcher(port, flags.FLAGS.work_dir)
+      server = data_service.start_dispatcher(port, flags.FLAGS.work_dir)
       mode = (f'fault tolerant, work_dir {flags.FLAGS.work_dir}'
               if flags.FLAGS.work_dir else 'no work_dir: a restart forgets '
               'its jobs')
-      ready = (f'tf.data service dispatcher ready at '
-               f'{PROTOCOL}://{socket.gethostname()}:{port} ({mode})')
+      address = f'{data_service.PROTOCOL}://{socket.gethostname()}:{port}'
+      ready = f'tf.data service dispatcher ready at {address} ({mode})'
     else:
-      server, config = start_worker(port, flags.FLAGS.dispatcher,
-                                    flags.FLAGS.worker_address)
+      server, config = data_service.start_worker(
+          port, flags.FLAGS.dispatcher, flags.FLAGS.worker_address)
       ready = (f'tf.data service worker ready at {config.worker_address}, '
                f'serving {config.dispatcher_address}')
   except tf.errors.OpError as e:
     raise UsageError(f'the {argv[1]} did not start on port {port}: '
                      f'{" ".join(e.message.split())}') from None
   print(ready, flush=True)
-  serve_until_signalled(server)
+  data_service.serve_until_signalled(server)
 
 
 if __name__ == '__main__':

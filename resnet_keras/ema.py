@@ -11,8 +11,9 @@ Every variable is averaged, batch-norm moving statistics included (as
 network's norms normalise with statistics of averaged weights.
 
 The averages start as the model's weights (initial, restored or warm
-started), live in the checkpoint beside the model (`weight_average`), so a
-run resumes them exactly, and are what the run evaluates, what validate
+started; start.py decides which), live in the checkpoint beside the model
+(under `weight_average`, the name checkpoints have always held them under),
+so a run resumes them exactly, and are what the run evaluates, what validate
 scores and what is exported; the model's own weights keep training.
 
 One set of averages on every backend: each average is a variable of its
@@ -47,7 +48,7 @@ def decay_at(step, decay: float, warmup: bool) -> tf.Tensor:
   return tf.minimum(decay, (1.0 + step) / (10.0 + step))
 
 
-class WeightAverage:
+class EMA:
   """Averages of `variables` (the model's), updated after each step.
 
   Build it under the strategy's scope, after the model; `trackable` is what
@@ -117,7 +118,7 @@ class WeightAverage:
                                        group=False)
 
 
-def in_model(average: Optional[WeightAverage]):
+def in_model(average: Optional[EMA]):
   """A block in which the model holds `average`'s averages; with None (no
   --ema_decay), its own weights."""
   return average.swapped() if average else contextlib.nullcontext()

@@ -1,0 +1,131 @@
+"""Averages a run's checkpoints into a new checkpoint (the average tool,
+resnet_keras/average.py).
+
+Every variable of the model is averaged, batch-norm moving statistics
+included, over the checkpoints chosen, in step order: their mean, or an
+exponential moving average avg = decay * avg + (1 - decay) * w starting
+from the oldest (the tool's --ema). A run trained with --ema_decay is
+scored by its weight average, so that is what is averaged (and the result's
+weight average is the result). The optimizer (slots and step) is the last
+checkpoint's, so the result is named like it (ckpt-<step>). It goes to a
+directory of its own with a copy of the run's config.json and
+averaging.json (method and source checkpoints), so training in the run's
+model_dir never resumes from it, while validate, --restore_from and
+--pretrained_checkpoint take it like a run's model_dir.
+"""
+
+import dataclasses
+import os
+from typing import Iterable, List, Optional, Sequence
+
+import numpy as np
+
+from common import files
+from common.errors import UsageError
+from resnet_keras import checkpoints
+from resnet_keras import optimizers
+from resnet_keras import scoring
+from resnet_keras import ema as ema_lib
+
+OUTPUT_DIR = 'averaged'
+RECORD_FILE = 'averaging.json'
+
+
+def check_ema_decay(decay: Optional[float]) -> None:
+  if decay is not None and not 0 < decay < 1:
+    raise UsageError(f'--ema={decay} is not a decay; use a fraction in (0, 1) '
+                     '(e.g. 0.9: each newer checkpoint weighs 0.1)')
+
+
+def select_last(kept: Sequence[str], last: Optional[int],
+                model_dir: str) -> List[str]:
+  """The last `last` of the checkpoints kept (oldest first); None: all."""
+  if last is None:
+    return list(kept)
+  if not 1 <= last <= len(kept):
+    names = ', '.join(os.path.basename(p) for p in kept)
+    raise UsageError(f'--last={last}: {model_dir} keeps {len(kept)} '
+                     f'checkpoints ({names}); use 1 to {len(kept)}')
+  return list(kept[-last:])
+
+
+def average_weights(weight_sets: Iterable[Sequence[np.ndarray]],
+                    ema_decay: Optional[float] = None) -> List[np.ndarray]:
+  """The mean (or EMA, oldest first) of same-shaped weight lists, in float64.
+
+  Iterated once, so only the running average is held in memory.
+  """
+  average, count = None, 0
+  for weights in weight_sets:
+    weights = [np.asarray(w, np.float64) for w in weights]
+    count += 1
+    if average is None:
+      average = weights
+    elif ema_decay is None:  # Running mean.
+      average = [a + (w - a) / count for a, w in zip(average, weights)]
+    else:
+      average = [ema_decay * a + (1 - ema_decay) * w
+                 for a, w in zip(average, weights)]
+  if average is None:
+    raise ValueError('no weights to average')
+  return average
+
+
+def describe_method(paths: Sequence[str], ema_decay: Optional[float]) -> str:
+  names = ', '.join(os.path.basename(p) for p in paths)
+  if ema_decay is None:
+    return f'mean of {len(paths)} ({names})'
+  return f'EMA {ema_decay:g} of {len(paths)} ({names})'
+
+
+def output_dir_for(model_dir: str, output_dir: Optional[str]) -> str:
+  output_dir = output_dir or os.path.join(model_dir, OUTPUT_DIR)
+  if os.path.realpath(output_dir) == os.path.realpath(model_dir):
+    raise UsageError(f'--output_dir={output_dir} is the run\'s model_dir, '
+                     'whose training would resume from the average; use '
+                     'another directory (default: MODEL_DIR/averaged)')
+  return output_dir
+
+
+def write_averaged(evaluator: scoring.CheckpointEvaluator,
+                   paths: Sequence[str], ema_decay: Optional[float],
+                   output_dir: str) -> str:
+  """Averages `paths` into output_dir; returns the new checkpoint's path."""
+  cfg = evaluator.cfg
+  # A model_dir of this model for every tool: no average of another model
+  # joins the checkpoints there.
+  checkpoints.check_resumable(output_dir, cfg)
+  # Slots exist before restoring, so they are restored (not deferred) and
+  # the last checkpoint's are saved with the average.
+  optimizers.create_slots(evaluator.optimizer,
+                          evaluator.model.trainable_variables)
+  variables = evaluator.model.variables
+  kept_average = evaluator.ema
+
+  def restored_weights():
+    for path in paths:
+      evaluator.restore(path)
+      # What the run scored: an --ema_decay run's weight average.
+      with ema_lib.in_model(kept_average):
+        yield [v.numpy() for v in variables]
+
+  for variable, value in zip(variables,
+                             average_weights(restored_weights(), ema_decay)):
+    variable.assign(value.astype(variable.dtype.as_numpy_dtype))
+  if kept_average:  # Scored and exported from the checkpoint as written.
+    kept_average.reset()
+  os.makedirs(output_dir, exist_ok=True)
+  checkpoints.record_config(output_dir, dataclasses.replace(
+      cfg, model_dir=output_dir), evaluator.plan)
+  manager = checkpoints.make_manager(evaluator.model, evaluator.optimizer,
+                                     output_dir,
+                                     max_to_keep=cfg.max_checkpoints,
+                                     ema=kept_average)
+  path = manager.save(
+      checkpoint_number=int(evaluator.optimizer.iterations.numpy()))
+  files.write_json_atomically(
+      os.path.join(output_dir, RECORD_FILE),
+      {'checkpoint': os.path.basename(path),
+       'method': 'mean' if ema_decay is None else 'ema',
+       'ema_decay': ema_decay, 'sources': list(paths)})
+  return path

@@ -1,0 +1,105 @@
+"""One declaration per option: its name, type, default, choices or range and
+help, written once as a RunConfig field (config.py) with `option(...)`.
+
+Everything else is derived from that field: its flag (flags.py: name,
+short alias, type, default, help), the check of its value (`check_fields`:
+the choices or the range, in one line naming the flag) and its place in
+config.json and --print_config (the dataclass's own field order). Rules that
+relate several fields are written beside the group that owns them
+(config.py).
+"""
+
+import dataclasses
+import re
+import typing
+from typing import Any, Callable, Optional, Sequence, Tuple
+
+from common.errors import UsageError
+
+_METADATA_KEY = 'option'
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+  """What a field declares beyond its name, type and default."""
+  help: str
+  # The allowed values (None: any of the type). A None value of a field
+  # whose default is None is always allowed (not set).
+  choices: Optional[Tuple[Any, ...]] = None
+  # The allowed range: '> 0', '>= 0', or an interval such as '[0, 1)'.
+  within: Optional[str] = None
+  # How the range error reads: '--NAME {says} {range}{note}, got VALUE'.
+  says: str = 'must be'
+  note: str = ''
+  alias: Optional[str] = None  # the short flag (-dd for --data_dir)
+  # A flag given as text and parsed into the field's value (the flag's
+  # type is 'string'); `text` writes the default as the flag's text.
+  parse: Optional[Callable[[str], Any]] = None
+  text: Optional[Callable[[Any], Optional[str]]] = None
+
+
+def option(default: Any, help: str, **spec) -> Any:  # pylint: disable=redefined-builtin
+  """A RunConfig field: its default, and the Spec of its flag and check."""
+  return dataclasses.field(default=default,
+                           metadata={_METADATA_KEY: Spec(help, **spec)})
+
+
+def spec_of(field: dataclasses.Field) -> Spec:
+  return field.metadata[_METADATA_KEY]
+
+
+def fields_of(cls) -> Sequence[dataclasses.Field]:
+  """The option fields `cls` declares itself (a group's own fields)."""
+  own = cls.__dict__.get('__annotations__', {})
+  return [f for f in dataclasses.fields(cls) if f.name in own]
+
+
+def field_type(cls, name: str):
+  """The declared type of field `name`, Optional[...] unwrapped."""
+  hint = typing.get_type_hints(cls)[name]
+  args = [a for a in typing.get_args(hint) if a is not type(None)]
+  if typing.get_origin(hint) is typing.Union and len(args) == 1:
+    return args[0]
+  return hint
+
+
+_ONE_SIDED = re.compile(r'^(>=|>|<=|<) *(-?[\d.e+-]+)$')
+_INTERVAL = re.compile(r'^([\[(]) *(-?[\d.e+-]+), *(-?[\d.e+-]+) *([\])])$')
+
+
+def in_range(value: float, within: str) -> bool:
+  """Whether `value` lies in `within` ('> 0', '[0, 1)', ...)."""
+  one_sided = _ONE_SIDED.match(within)
+  if one_sided:
+    op, bound = one_sided.group(1), float(one_sided.group(2))
+    return {'>': value > bound, '>=': value >= bound, '<': value < bound,
+            '<=': value <= bound}[op]
+  low_kind, low, high, high_kind = _INTERVAL.match(within).groups()
+  low, high = float(low), float(high)
+  return ((value >= low if low_kind == '[' else value > low) and
+          (value <= high if high_kind == ']' else value < high))
+
+
+def range_message(name: str, value: Any, spec: Spec) -> str:
+  """'--NAME must be in [0, 1), got 2.0', as the spec words it."""
+  where = spec.within if _ONE_SIDED.match(spec.within) else f'in {spec.within}'
+  note = f' {spec.note}' if spec.note else ''
+  return f'--{name} {spec.says} {where}{note}, got {value}'
+
+
+def choice_message(name: str, value: Any, choices: Sequence[Any]) -> str:
+  allowed = ', '.join(str(c) for c in choices)
+  return f'--{name}={value} is not supported; use one of: {allowed}'
+
+
+def check_fields(cfg: Any, group) -> None:
+  """Checks each of `group`'s own fields of `cfg` against its Spec; raises
+  UsageError naming the first bad value and what is allowed."""
+  for field in fields_of(group):
+    spec, value = spec_of(field), getattr(cfg, field.name)
+    if value is None and field.default is None:
+      continue
+    if spec.choices is not None and value not in spec.choices:
+      raise UsageError(choice_message(field.name, value, spec.choices))
+    if spec.within is not None and not in_range(value, spec.within):
+      raise UsageError(range_message(field.name, value, spec))

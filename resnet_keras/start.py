@@ -1,0 +1,285 @@
+"""Where a run starts: decided once (`decide`), then restored (`restore`).
+
+A run starts in one of three ways:
+
+  fresh    model_dir has no checkpoint and no warm start is asked for: the
+           initial weights (with --stem_init=pca, the stem's filters fitted
+           to the first training images), step 0.
+  resumed  model_dir has a checkpoint: its model, optimizer (step, slots,
+           loss scale) and weight average; the data goes on after the
+           batches the run has read (exact resume with --global_seed).
+  warm     model_dir has no checkpoint and --restore_from or
+           --pretrained_checkpoint names another run's:
+             --restore_from PATH [--restore_optimizer]   the same model
+             --pretrained_checkpoint PATH [--freeze_backbone]   its backbone,
+                                                          a new head
+           PATH is a checkpoint prefix (DIR/ckpt-8) or a run's model_dir (its
+           latest). The config.json beside the checkpoint says what model it
+           holds, so a mismatch is refused in one line naming both models
+           before anything runs. --restore_optimizer also restores the
+           optimizer, so the schedule goes on from that step.
+           --pretrained_checkpoint needs the same architecture but not the
+           same classes: the checkpoint is restored into a model built from
+           its own config, and every layer but the head is copied by name.
+
+`decide` reads model_dir (and the source checkpoint) and returns a `Start`:
+nothing else reads the checkpoint directory to decide how a run begins.
+The training loop, the input (where its data goes on) and the weight
+average take that answer. A warm start is recorded in
+model_dir/warm_start.json: once its own model_dir has a checkpoint, a rerun
+resumes from that, and a run that began at a restored step S has read
+(step - S) batches of its data at a later step, which is what its exact
+resume skips.
+"""
+
+import dataclasses
+import json
+import os
+from typing import Optional
+
+import tensorflow as tf
+import tf_keras
+from absl import logging
+
+from common import distribution
+from common.errors import UsageError
+from common.files import write_json_atomically
+from resnet_keras import checkpoints
+from resnet_keras import models
+from resnet_keras.config import RunConfig
+from resnet_keras.data import datasets
+from resnet_keras.data.preprocessing import normalize_images
+from resnet_keras.plan import TrainingPlan
+
+FRESH, RESUMED, WARM = 'fresh', 'resumed', 'warm'
+RESTORE_FLAG = '--restore_from'
+PRETRAINED_FLAG = '--pretrained_checkpoint'
+START_FILE = 'warm_start.json'
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """The checkpoint a warm start takes, and the run that wrote it."""
+  flag: str
+  checkpoint: str
+  cfg: RunConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Start:
+  """What a run starts from (see the module doc)."""
+  kind: str  # FRESH, RESUMED or WARM
+  step: int  # the optimizer step training goes on from
+  # Batches of this run's own data read before `step`: where its input
+  # goes on (less than `step` after a warm start at a restored step).
+  batches_read: int = 0
+  checkpoint: Optional[str] = None  # restored: model_dir's, or the source's
+  source: Optional[Source] = None  # WARM only
+  restore_optimizer: bool = False  # WARM: --restore_optimizer
+  # --stem_init=pca: the stem is fitted to training images (FRESH only).
+  fit_stem: bool = False
+  # The weight average goes on from the checkpoint's (RESUMED with one);
+  # otherwise it starts as the weights the run starts from.
+  resumes_average: bool = False
+
+  def batches_read_at(self, step: int) -> int:
+    """Batches of this run's data read by the time training reaches
+    `step`: the input of that step starts after them."""
+    return self.batches_read + step - self.step
+
+
+def decide(cfg: RunConfig, plan: TrainingPlan) -> Start:
+  """Where the run `cfg` (the effective config: classes resolved) starts.
+
+  Refuses, in one line, a model_dir whose checkpoints belong to another
+  model, a warm-start source of another model, and a restored step at or
+  past the end of the plan.
+  """
+  own = checkpoints.latest_step(cfg.model_dir)
+  flag, path = ((RESTORE_FLAG, cfg.restore_from) if cfg.restore_from else
+                (PRETRAINED_FLAG, cfg.pretrained_checkpoint))
+  if own:
+    checkpoints.check_resumable(cfg.model_dir, cfg)
+    if path:
+      logging.info('%s ignored: --model_dir=%s has its own checkpoint (step '
+                   '%d) and resumes from it', flag, cfg.model_dir, own)
+    latest = tf.train.latest_checkpoint(cfg.model_dir)
+    return Start(RESUMED, own, batches_read=_batches_read(cfg.model_dir, own),
+                 checkpoint=latest,
+                 resumes_average=(bool(cfg.ema_decay) and
+                                  checkpoints.has_ema(latest)))
+  if not path:
+    return Start(FRESH, 0, fit_stem=cfg.stem_init == 'pca')
+  source = resolve_source(cfg, flag, path)
+  step = (checkpoints.step_of(source.checkpoint)
+          if cfg.restore_optimizer else 0)
+  if step >= plan.total_train_steps:
+    raise UsageError(
+        f'--restore_optimizer restored step {step}, but this run has '
+        f'only {plan.total_train_steps} steps, so it would train nothing; '
+        'raise --train_epochs, or drop --restore_optimizer to start at step 0')
+  return Start(WARM, step, checkpoint=source.checkpoint, source=source,
+               restore_optimizer=cfg.restore_optimizer)
+
+
+def resolve_source(cfg: RunConfig, flag: str, path: str) -> Source:
+  """The checkpoint `flag`=`path` names, if it holds a model this run can
+  start from."""
+  prefix = checkpoint_prefix(flag, path)
+  try:
+    source_cfg, _ = checkpoints.read_config(os.path.dirname(prefix))
+  except UsageError as e:
+    raise UsageError(f'{flag}={path}: {e}') from None
+  saved, wanted = (checkpoints.describe_identity(compared_identity(flag, c))
+                   for c in (source_cfg, cfg))
+  if saved != wanted:
+    raise UsageError(f'{flag}={path} holds another model ({saved}; this run: '
+                     f'{wanted})')
+  return Source(flag, prefix, source_cfg)
+
+
+def checkpoint_prefix(flag: str, path: str) -> str:
+  """`path` as a checkpoint prefix: itself, or a directory's latest."""
+  if os.path.isdir(path):
+    latest = tf.train.latest_checkpoint(path)
+    if not latest:
+      raise UsageError(f'{flag}={path} is a directory without checkpoints; '
+                       'name a run\'s model_dir or one of its checkpoints')
+    return latest
+  if not os.path.exists(path + '.index'):
+    raise UsageError(f'{flag}={path} is neither a directory nor a checkpoint '
+                     f'(no {path}.index)')
+  return path
+
+
+def compared_identity(flag: str, cfg: RunConfig) -> dict:
+  """What the source must share with this run: the whole model to restore
+  it, the architecture (not the classes) to take its backbone."""
+  identity = checkpoints.model_identity(cfg)
+  if flag == PRETRAINED_FLAG:
+    del identity['num_classes']
+  return identity
+
+
+def _batches_read(model_dir: str, step: int) -> int:
+  """Batches model_dir's run has drawn from its own data by `step`: the
+  step, less the step a warm start began at."""
+  path = os.path.join(model_dir, START_FILE)
+  if not os.path.exists(path):
+    return step
+  with open(path) as f:
+    return step - json.load(f)['step']
+
+
+@dataclasses.dataclass
+class Weights:
+  """What `restore` loads into: a run's objects, as assembly built them."""
+  network: tf_keras.Model  # the classifier (a warm start's backbone)
+  model: tf_keras.Model  # what trains
+  optimizer: object
+  # The checkpoint this worker restores into (None: it takes the chief's
+  # variables by broadcast instead).
+  checkpoint: Optional[tf.train.Checkpoint]
+  ema: object = None  # --ema_decay's, or None
+
+
+def restore(start: Start, weights: Weights, cfg: RunConfig,
+            info: datasets.DatasetInfo,
+            backend: distribution.Backend) -> None:
+  """Loads what `start` says into `weights`, and gives every worker the
+  chief's variables. The first step of a run, after it is assembled."""
+  if start.kind == RESUMED and weights.checkpoint is not None:
+    _restore_own(start, weights.checkpoint, cfg, backend)
+  elif start.kind == WARM:
+    apply(start.source, weights.network, weights.model, weights.optimizer,
+          start.restore_optimizer)
+  elif start.fit_stem:
+    init_stem_from_training_images(cfg, info, weights.network)
+  averaged = weights.ema
+  if averaged:
+    _start_ema(averaged, start)
+  backend.sync_from_chief(
+      weights.model.variables + weights.optimizer.variables() +
+      (averaged.averages if averaged else []))
+  if start.kind == WARM and backend.is_chief:
+    write_json_atomically(os.path.join(cfg.model_dir, START_FILE),
+                          {'flag': start.source.flag,
+                           'checkpoint': start.source.checkpoint,
+                           'step': start.step})
+  if start.kind == RESUMED and backend.is_chief:
+    logging.info('restored from %s at step %d', start.checkpoint, start.step)
+
+
+def _restore_own(start: Start, checkpoint: tf.train.Checkpoint,
+                 cfg: RunConfig, backend: distribution.Backend) -> None:
+  try:
+    with backend.strategy.scope():
+      checkpoint.restore(start.checkpoint)
+  except (ValueError, tf.errors.InvalidArgumentError) as e:
+    raise UsageError(
+        f'--model_dir={cfg.model_dir} holds a checkpoint this model cannot '
+        f'restore ({str(e).splitlines()[0][:200]}); use another --model_dir, '
+        'or --clean to delete it and start over') from None
+
+
+def apply(source: Source, network, model, optimizer,
+          restore_optimizer: bool) -> None:
+  """Loads a warm start's `source` into this run's (network, training
+  model, optimizer)."""
+  if source.flag == PRETRAINED_FLAG:
+    _load_backbone(source, network)
+    logging.info('%s: backbone from %s (%d classes); new %d-class head',
+                 source.flag, source.checkpoint, source.cfg.num_classes,
+                 network.output_shape[-1])
+    return
+  objects = {'model': model}
+  if restore_optimizer:
+    objects['optimizer'] = optimizer
+  checkpoints.restore(tf.train.Checkpoint(**objects), source.checkpoint,
+                      source.cfg)
+  logging.info('%s: started from %s (%s, step %d)', source.flag,
+               source.checkpoint,
+               'weights and optimizer' if restore_optimizer else 'weights only',
+               int(optimizer.iterations.numpy()))
+
+
+def _load_backbone(source: Source, network) -> None:
+  source_network, source_model = models.build_models(
+      source.cfg, source.cfg.num_classes, use_regularizers=False)
+  checkpoints.restore(tf.train.Checkpoint(model=source_model),
+                      source.checkpoint, source.cfg)
+  for layer in models.backbone_layers(network):
+    layer.set_weights(source_network.get_layer(layer.name).get_weights())
+
+
+def init_stem_from_training_images(cfg: RunConfig, info: datasets.DatasetInfo,
+                                   network: tf_keras.Model) -> None:
+  """--stem_init=pca: the stem's filters from patches of the first training
+  images in file order, preprocessed as evaluation does at the training
+  size; the same images on every worker (Horovod's then take the chief's
+  weights anyway)."""
+  kernel_size = network.get_layer(models.STEM_CONV).kernel.shape[0]
+  count = models.pca_image_count(cfg.image_size, kernel_size)
+  sized = dataclasses.replace(cfg, eval_image_size=cfg.image_size)
+  pixels, _ = next(iter(datasets.pixel_batches(
+      sized, info, count, from_training=True, limit=count)))
+  used, filters, held = models.init_stem_from_images(
+      network, normalize_images(pixels))
+  logging.info('stem: %d of its %d filters start as +/- the %d principal '
+               'directions of %dx%d patches of %d training images (%.1f%% '
+               'of their variance)', 2 * used, filters, used, kernel_size,
+               kernel_size, int(pixels.shape[0]), 100 * held)
+
+
+def _start_ema(averaged, start: Start) -> None:
+  """The average goes on from the checkpoint's when the run resumes one
+  that holds it; otherwise it starts from the weights the run starts
+  from (initial, restored or warm-started)."""
+  if start.resumes_average:
+    logging.info('--ema_decay %g: evaluations score the weight average '
+                 '(resumed from %s)', averaged.decay, start.checkpoint)
+    return
+  averaged.reset()
+  logging.info('--ema_decay %g: evaluations score the weight average, '
+               'which starts from the %s weights', averaged.decay,
+               'initial' if start.kind == FRESH else 'restored')

@@ -1,0 +1,1 @@
+"""What the tests share: helpers and fixtures' makers, never tests."""

@@ -1,0 +1,45 @@
+"""A Trainer and an Evaluator around a bare model, in this process, as
+assembly.py composes them for a run (one replica, no guards but the stop
+poll a test asks for)."""
+
+from typing import Callable, Optional
+
+import tensorflow as tf
+
+from common import distribution
+from resnet_keras import guards
+from resnet_keras.evaluator import Evaluator
+from resnet_keras.objective import Objective
+from resnet_keras.step_record import StepRecord
+from resnet_keras.trainer import Trainer
+
+
+def trainer(model, optimizer, train_dataset, batch_size: int,
+            steps_per_loop: int, num_classes: int = 5,
+            stop_requested: Optional[Callable[[], bool]] = None,
+            ema=None, use_tf_while_loop: bool = True,
+            **objective_options) -> Trainer:
+  """Trains `model` on `train_dataset` (batches of `batch_size`); each
+  loop's output holds its LoopRecord (metrics.LOOP_RECORD)."""
+  backend = distribution.Backend(tf.distribute.get_strategy())
+  objective = Objective(model=model, optimizer=optimizer, backend=backend,
+                        num_classes=num_classes,
+                        strategy_batch_size=batch_size, **objective_options)
+  record = StepRecord(optimizer.iterations, steps_per_loop,
+                      with_loss_scales=objective.uses_loss_scale)
+  return Trainer(
+      objective=objective, record=record, train_dataset=train_dataset,
+      global_batch_size=batch_size, backend=backend,
+      weights_finite=guards.finite_check(model.variables),
+      ema=ema,
+      stop_poll=(stop_requested and
+                 guards.stop_poll(stop_requested, backend)),
+      use_tf_while_loop=use_tf_while_loop)
+
+
+def evaluator(model, eval_dataset, num_classes: int = 5,
+              eval_flip: bool = False, ema=None) -> Evaluator:
+  return Evaluator(
+      model=model, eval_dataset=eval_dataset, num_classes=num_classes,
+      backend=distribution.Backend(tf.distribute.get_strategy()),
+      eval_flip=eval_flip, ema=ema)
