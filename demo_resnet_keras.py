@@ -12,7 +12,7 @@
   python demo_resnet_keras.py ... --dry_run   # print the command, run nothing
 
 Every flag of resnet_ctl_imagenet_main.py is accepted and forwarded as typed.
---config NAME (configs/NAME.yaml) fills in a recipe's values, launcher
+--config NAME (resnet_keras/configs/NAME.yaml) fills in a recipe's values, launcher
 settings included; then --optimizer LARS / SGD fill in their preset
 hyperparameters (RMSProp has none); neither replaces a value given on the
 command line (in any spelling), and a preset never replaces a recipe's
@@ -325,5 +325,10 @@ def main(argv):
   return exit_code
 
 
-if __name__ == '__main__':
+def run() -> None:
+  """The command line (also the console script of pyproject.toml)."""
   cli.run_entry_point(main, define_flags)
+
+
+if __name__ == '__main__':
+  run()

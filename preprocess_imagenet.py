@@ -47,6 +47,7 @@ from PIL import Image
 
 from common import cli
 from common import env
+from common import files
 from common.errors import UsageError
 
 # TensorFlow is imported only where shards are written: it takes seconds, and
@@ -242,12 +243,6 @@ def shard_name(split, index, num_shards):
   return f'{split}-{index:05d}-of-{num_shards:05d}'
 
 
-def temporary_path(path):
-  """Hidden, so readers that glob 'train-*' never see a partial file."""
-  directory, name = os.path.split(path)
-  return os.path.join(directory, f'.{name}.tmp')
-
-
 def check_existing_shards(split_dir, split, num_shards):
   """Refuses to mix shards of different shard counts in one directory."""
   pattern = re.compile(rf'{re.escape(split)}-\d{{5}}-of-(\d{{5}})')
@@ -331,7 +326,7 @@ def _fsync(path):
 def write_shard(task):
   """Writes one shard under a temporary name, then renames it into place."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  tmp = temporary_path(task.path)
+  tmp = files.temporary_path(task.path)
   skipped = []
   try:
     with tf.io.TFRecordWriter(tmp) as writer:
@@ -373,15 +368,6 @@ def count_records(path):
       f.seek(offset)
       count += 1
   return count
-
-
-def write_text_atomically(path, text):
-  tmp = temporary_path(path)
-  with open(tmp, 'w', encoding='utf-8') as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
 
 
 def prepare_output_dir(out_dir):
@@ -474,7 +460,7 @@ def convert(raw_dir, out_dir, num_shards, num_workers, skip_bad_images,
   images = {'train': shuffled(train),
             'validation': list_validation(raw_dir, synsets)}
   prepare_output_dir(out_dir)
-  write_text_atomically(os.path.join(out_dir, 'labels.txt'),
+  files.write_text_atomically(os.path.join(out_dir, 'labels.txt'),
                         ''.join(f'{s}\n' for s in synsets))
 
   tasks = []
@@ -506,7 +492,7 @@ def convert(raw_dir, out_dir, num_shards, num_workers, skip_bad_images,
       'num_shards': {split: len(paths) for split, paths in shard_paths.items()},
       'image_format': 'JPEG',
   }
-  write_text_atomically(os.path.join(out_dir, 'metadata.json'),
+  files.write_text_atomically(os.path.join(out_dir, 'metadata.json'),
                         json.dumps(metadata, indent=2) + '\n')
   skipped = sum(len(r.skipped) for r in results)
   counts = ', '.join(f'{split} {n} images in {metadata["num_shards"][split]} '
@@ -532,10 +518,15 @@ def main(argv):
     sys.exit(130)
 
 
-if __name__ == '__main__':
+def run() -> None:
+  """The command line (also the console script of pyproject.toml)."""
   define_flags()
   # Not app.run: TensorFlow registers an absl init callback that scans for
   # GPUs, which logs CUDA errors on CPU-only machines and sets up a device
   # runtime, all to write files.
   app.define_help_flags()
   cli.run_main(main, cli.parse_flags_or_fail(sys.argv))
+
+
+if __name__ == '__main__':
+  run()

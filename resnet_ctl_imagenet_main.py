@@ -2,7 +2,7 @@
 
   python resnet_ctl_imagenet_main.py --use_synthetic_data -bs 32 -dt bf16
   python resnet_ctl_imagenet_main.py --config fashion_mnist_fast \\
-      --data_dir /tmp/fmnist/tfrecords              # a recipe, configs/
+      --data_dir /tmp/fmnist/tfrecords              # a recipe, resnet_keras/configs/
   python resnet_ctl_imagenet_main.py --helpfull      # every flag
 
 Flags -> RunConfig (resnet_keras/flags.py) -> run (resnet_keras/run.py).
@@ -36,5 +36,10 @@ def main(argv):
   run.run(cfg)
 
 
-if __name__ == '__main__':
+def run() -> None:
+  """The command line (also the console script of pyproject.toml)."""
   cli.run_entry_point(main, define_flags)
+
+
+if __name__ == '__main__':
+  run()

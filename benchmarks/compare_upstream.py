@@ -13,7 +13,7 @@ program, the ratio ours/upstream, and our model FLOP utilisation: achieved
 training FLOP/s over this machine's matmul peak in that dtype, measured at
 the start of the same run (benchmarks/hardware.py).
 
-  python benchmarks/compare_upstream.py --batch_sizes 16,32 --dtypes fp32,bf16
+  python -m benchmarks.compare_upstream --batch_sizes 16,32 --dtypes fp32,bf16
 """
 
 import argparse

@@ -5,7 +5,7 @@ Generates 256x256 RGB JPEGs in a temporary raw tree, converts it with
 the speed-up, with the CPU time of the parent and of the workers (the
 per-image work belongs in the workers).
 
-  python benchmarks/converter_workers.py [--images_per_class 150]
+  python -m benchmarks.converter_workers [--images_per_class 150]
 """
 
 import contextlib
@@ -20,9 +20,7 @@ from absl import app, flags
 import numpy as np
 from PIL import Image
 
-sys.path.insert(
-    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import preprocess_imagenet  # pylint: disable=g-import-not-at-top,wrong-import-position
+import preprocess_imagenet
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer('num_classes', 4, 'Classes in the generated tree.')

@@ -13,7 +13,7 @@ steady images/s and the share of time steps waited for input:
 for an input-bound job (a cheap model) and for one that is not (a model
 that costs more than the decoding), alternately, --pairs times.
 
-  python benchmarks/data_service.py [--pairs 2] [--work_dir /tmp/dsbench]
+  python -m benchmarks.data_service [--pairs 2] [--work_dir /tmp/dsbench]
 
 Needs root (network namespaces), like the multi-host tests.
 """
@@ -28,7 +28,6 @@ import sys
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO_ROOT)
 
 from benchmarks import hardware  # pylint: disable=g-import-not-at-top
 from benchmarks.input_pipeline import write_shards  # pylint: disable=g-import-not-at-top

@@ -4,9 +4,9 @@ ONNX file (when `pip install openvino` has put it there).
 
   # a run's exports (python -m resnet_keras.export --format
   #   saved_model,onnx,tflite --quantize none,float16,dynamic,int8):
-  python benchmarks/deploy.py --exports_dir MODEL_DIR/exports/ckpt-N
+  python -m benchmarks.deploy --exports_dir MODEL_DIR/exports/ckpt-N
   # ResNet-50 at 224 px, random weights, exported here first:
-  python benchmarks/deploy.py --resnet50 --work_dir /tmp/r50
+  python -m benchmarks.deploy --resnet50 --work_dir /tmp/r50
 
 Each file is called on uint8 pixels at batch 1 and 32: warm-up calls, then
 the median of --calls calls (wall time, on every core the process may use).
@@ -17,19 +17,19 @@ probabilities are from the SavedModel's on them.
 import argparse
 import os
 import statistics
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import hardware  # pylint: disable=g-import-not-at-top
-from resnet_keras import deploy  # pylint: disable=g-import-not-at-top
-from resnet_keras import export  # pylint: disable=g-import-not-at-top
+from benchmarks import hardware
+from resnet_keras.serving import contract
+from resnet_keras.serving import exports
+from resnet_keras.serving import readers
+from resnet_keras.serving import saved_model
 
-FILES = [export.CLASSIFIER_DIR, 'model.onnx'] + [
-    deploy.file_name('tflite', q) for q in deploy.QUANTIZATIONS]
+FILES = [contract.CLASSIFIER_DIR, 'model.onnx'] + [
+    contract.file_name('tflite', q) for q in contract.QUANTIZATIONS]
 BATCHES = (1, 32)
 
 
@@ -79,12 +79,12 @@ def resnet50_exports(work_dir: str) -> str:
   rng = np.random.RandomState(0)
   coarse = rng.randint(0, 256, (64, 14, 14, 3)).astype(np.float32)
   images = tf.cast(tf.image.resize(coarse, [224, 224]), tf.uint8).numpy()
-  export.export_run(network, cfg, work_dir)
-  plan = export.DeployPlan(
+  saved_model.export_run(network, cfg, work_dir)
+  plan = exports.DeployPlan(
       files=(('onnx', 'none'),) + tuple(('tflite', q)
-                                         for q in deploy.QUANTIZATIONS),
+                                         for q in contract.QUANTIZATIONS),
       check_images=images[:8], representative=images, labels=[])
-  export.write_deployables(network, cfg, work_dir, plan, 'random', 0)
+  exports.write_deployables(network, cfg, work_dir, plan, 'random', 0)
   return work_dir
 
 
@@ -99,7 +99,7 @@ def main():
   exports_dir = (resnet50_exports(args.work_dir) if args.resnet50
                  else args.exports_dir)
   paths = [os.path.join(exports_dir, name) for name in FILES]
-  models = [(p, deploy.load(p)) for p in paths if os.path.exists(p)]
+  models = [(p, readers.load(p)) for p in paths if os.path.exists(p)]
   onnx_file = os.path.join(exports_dir, 'model.onnx')
   try:
     models += [(onnx_file, OpenVino(onnx_file, f32)) for f32 in (True, False)]

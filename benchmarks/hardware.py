@@ -7,10 +7,8 @@ sheet), measured in the same run as the training it is compared with.
 """
 
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import env  # pylint: disable=g-import-not-at-top
 

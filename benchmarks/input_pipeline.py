@@ -14,17 +14,15 @@ Then each side's per-image preprocessing alone: the same cached records
 through its parse-and-augment function on one thread, which separates op
 cost from tf.data scheduling.
 
-  python benchmarks/input_pipeline.py [--data_dir DIR] [--image_size 224]
+  python -m benchmarks.input_pipeline [--data_dir DIR] [--image_size 224]
 """
 
 import argparse
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import env  # pylint: disable=g-import-not-at-top
 

@@ -5,9 +5,9 @@ Each lever is a pair of settings (flags and environment) of
 alternately (A B A B ...) so machine noise hits them alike. Prints steady
 img/s (first loop dropped) per side and the ratio.
 
-  python benchmarks/levers.py                       # every lever
-  python benchmarks/levers.py --levers conv_impl --batch 32 --dtype bf16
-  python benchmarks/levers.py --levers bf16 --batch 128 \
+  python -m benchmarks.levers                       # every lever
+  python -m benchmarks.levers --levers conv_impl --batch 32 --dtype bf16
+  python -m benchmarks.levers --levers bf16 --batch 128 \
       --model_flags='--resnet_depth=18 --stem=small --image_size=28'
 """
 

@@ -5,8 +5,8 @@ RSS (/proc/PID/status) at every step log line, and prints RSS against step
 plus the growth after warm-up (MiB per 100 steps, fitted over the second
 half of the run). A leak shows as a steady positive slope.
 
-  python benchmarks/memory.py                      # 1000 steps, 64 px
-  python benchmarks/memory.py --steps 40 --image_size 224 --batch 32 --log_steps 4
+  python -m benchmarks.memory                      # 1000 steps, 64 px
+  python -m benchmarks.memory --steps 40 --image_size 224 --batch 32 --log_steps 4
 """
 
 import argparse

@@ -13,8 +13,8 @@ PyTorch is no dependency of this project: run this with a Python that has it,
 e.g. a venv with the CPU wheel (`pip install torch==2.13.0`; torchvision is
 not needed, and its PyPI wheels are CUDA builds).
 
-  python benchmarks/pytorch_reference.py --depth 18 --stem small --image_size 28 --batch_size 128
-  python benchmarks/pytorch_reference.py --depth 50 --image_size 224 --batch_size 16 --modes eager,compile
+  python -m benchmarks.pytorch_reference --depth 18 --stem small --image_size 28 --batch_size 128
+  python -m benchmarks.pytorch_reference --depth 50 --image_size 224 --batch_size 16 --modes eager,compile
 
 Compare with ours on the same machine, in the same quiet period, e.g.
   python resnet_ctl_imagenet_main.py --use_synthetic_data --resnet_depth 18 \\
@@ -23,18 +23,15 @@ Compare with ours on the same machine, in the same quiet period, e.g.
 """
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import torch
 from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Both are free of TensorFlow.
-from resnet_keras.config import scaled_filters  # pylint: disable=g-import-not-at-top,wrong-import-position
-from resnet_keras.hardware import this_cpu  # pylint: disable=g-import-not-at-top,wrong-import-position
+from resnet_keras.config import scaled_filters
+from resnet_keras.hardware import this_cpu
 
 STAGE_FILTERS = (64, 128, 256, 512)
 BLOCKS = {10: (1, 1, 1, 1), 18: (2, 2, 2, 2), 34: (3, 4, 6, 3),

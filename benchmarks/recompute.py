@@ -9,8 +9,8 @@ synthetic batch. It reports RSS once the weights and optimizer slots exist,
 the peak RSS after the steps (their difference is what the steps' tensors
 added), and on a GPU tf.config.experimental.get_memory_info's peak.
 
-  python benchmarks/recompute.py                      # ResNet-50, 128 px, bs 32
-  python benchmarks/recompute.py --batch 64 --image_size 160 --dtype bf16
+  python -m benchmarks.recompute                      # ResNet-50, 128 px, bs 32
+  python -m benchmarks.recompute --batch 64 --image_size 160 --dtype bf16
 """
 
 import argparse
@@ -34,7 +34,6 @@ def rss_mib() -> float:
 
 def child(args) -> dict:
   """One setting's measurement, in this process."""
-  sys.path.insert(0, REPO_ROOT)
   from common import env  # pylint: disable=g-import-not-at-top
   env.prepare_tensorflow_environment()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
@@ -103,7 +102,6 @@ def main():
     return
   passed = [a for a in sys.argv[1:] if a not in ('--recompute', '--child')]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  sys.path.insert(0, REPO_ROOT)
   from resnet_keras import hardware  # pylint: disable=g-import-not-at-top
   print(f'CPU: {hardware.this_cpu().describe()}')
   print(f'ResNet-{args.resnet_depth} {args.dtype} batch {args.batch} at '
@@ -113,10 +111,10 @@ def main():
         f'{"added":>7} {"GPU peak":>9}  (MiB)')
   for _ in range(args.pairs):
     for recompute in (False, True):
-      command = [sys.executable, os.path.abspath(__file__), '--child'] + (
+      command = [sys.executable, '-m', 'benchmarks.recompute', '--child'] + (
           passed + (['--recompute'] if recompute else []))
       out = subprocess.run(command, capture_output=True, text=True, env=env,
-                           check=False)
+                           cwd=REPO_ROOT, check=False)
       if out.returncode:
         sys.exit(f'child failed:\n{out.stderr[-3000:]}')
       r = json.loads(out.stdout.strip().splitlines()[-1])

@@ -21,15 +21,12 @@ Two ceilings follow:
 Then our trainer runs on synthetic data (compare_upstream.run_once) and the
 script prints its img/s as a fraction of each ceiling.
 
-  python benchmarks/roofline.py [--batch 16] [--dtype bf16] [--no_measure]
+  python -m benchmarks.roofline [--batch 16] [--dtype bf16] [--no_measure]
 """
 
 import argparse
 import collections
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common import env  # pylint: disable=g-import-not-at-top
 

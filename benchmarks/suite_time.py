@@ -1,7 +1,7 @@
 """Where the test suite's time goes: the slowest tests and files.
 
   ./scripts/test.sh --durations=0 | tee suite.log
-  python benchmarks/suite_time.py suite.log [--top 15]
+  python -m benchmarks.suite_time suite.log [--top 15]
 
 Reads pytest's `--durations=0` report (setup, call and teardown of each
 test, as the xdist workers measured them) and prints, as Markdown tables for

@@ -1,6 +1,6 @@
 """Time to accuracy: recipes and their ablations, several seeds each.
 
-  python benchmarks/time_to_accuracy.py --data_dir DIR [--seeds 3]
+  python -m benchmarks.time_to_accuracy --data_dir DIR [--seeds 3]
       [--rows baseline,recipe] [--out_dir /tmp/tta]
 
 Each row is a recipe plus flags (ROWS); each (row, seed) is one training run
@@ -49,7 +49,7 @@ ROWS: Dict[str, List[str]] = {
                            '--zero_init_residual'],
     '+blurpool': SHORT + ['--lr_schedule=linear', '--ema_decay=0.99',
                           '--ema_warmup', '--eval_flip', '--blurpool'],
-    # The path to configs/fashion_mnist_fast.yaml: 3 epochs of batch 256
+    # The path to resnet_keras/configs/fashion_mnist_fast.yaml: 3 epochs of batch 256
     # with FFCV's schedule and flip TTA, then each change the recipe keeps.
     'short': SHORT3,
     '+whole_images': SHORT3 + ['--train_crop_min_area=1.0'],

@@ -1,17 +1,26 @@
-"""Files written whole or not at all: a reader (another tool, a resumed run)
-never sees one half-written, whatever stops the writer."""
+"""Files written whole or not at all: a reader (another tool, a resumed run,
+a glob for shards) never sees one half-written, whatever stops the writer."""
 
 import json
 import os
 from typing import Dict
 
 
+def temporary_path(path: str) -> str:
+  """Where `path` is written before it is renamed into place: beside it and
+  hidden, so readers that glob 'train-*' never see a partial file."""
+  directory, name = os.path.split(path)
+  return os.path.join(directory, f'.{name}.tmp')
+
+
 def write_bytes_atomically(path: str, content: bytes) -> None:
-  """Writes `content` to a temporary file beside `path`, then renames it
-  over `path` (atomic on POSIX file systems)."""
-  tmp = path + '.tmp'
+  """Writes `content` to a temporary file beside `path`, flushed to disk,
+  then renames it over `path` (atomic on POSIX file systems)."""
+  tmp = temporary_path(path)
   with open(tmp, 'wb') as f:
     f.write(content)
+    f.flush()
+    os.fsync(f.fileno())
   os.replace(tmp, path)
 
 

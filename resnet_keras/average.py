@@ -80,5 +80,10 @@ def main(argv):
   scoring.write_csv(os.path.join(output_dir, scoring.RESULTS_FILE), rows)
 
 
-if __name__ == '__main__':
+def run() -> None:
+  """The command line (also the console script of pyproject.toml)."""
   cli.run_entry_point(main, define_flags)
+
+
+if __name__ == '__main__':
+  run()

@@ -262,7 +262,7 @@ class ModelConfig:
       'Channels of every layer x this, rounded to multiples of 8 '
       "(Wide-ResNet's k; below 1 for a cheaper model): 0.25 trains "
       'ResNet-18 on 28x28 images several times faster on CPUs '
-      '(configs/fashion_mnist_resnet18_w025.yaml). 1: the standard '
+      '(the recipe fashion_mnist_resnet18_w025). 1: the standard '
       'ResNet.',
       within='> 0')
   conv_impl: str = option(

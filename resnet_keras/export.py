@@ -86,5 +86,10 @@ def main(argv):
       print(f'exported {path}')
 
 
-if __name__ == '__main__':
+def run() -> None:
+  """The command line (also the console script of pyproject.toml)."""
   cli.run_entry_point(main, define_flags)
+
+
+if __name__ == '__main__':
+  run()

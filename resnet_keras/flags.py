@@ -23,7 +23,7 @@ from resnet_keras.config import GROUPS, RunConfig
 def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
   """Defines every flag of the trainer in `values` (once)."""
   flags.DEFINE_string('config', None,
-                      'A recipe: NAME of configs/NAME.yaml (e.g. '
+                      'A recipe: NAME of resnet_keras/configs/NAME.yaml (e.g. '
                       'resnet50_lars_1worker) or a YAML file of flag: value '
                       'lines. Flags given on the command line override it.',
                       flag_values=values)

@@ -22,5 +22,10 @@ def main(argv: List[str]) -> None:
     print(path)
 
 
-if __name__ == '__main__':
+def run() -> None:
+  """The command line (also the console script of pyproject.toml)."""
   cli.run_entry_point(main)
+
+
+if __name__ == '__main__':
+  run()

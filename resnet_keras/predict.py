@@ -107,5 +107,10 @@ def main(argv):
       print(f'  {probabilities[i]:.4f}  {names[i]}')
 
 
-if __name__ == '__main__':
+def run() -> None:
+  """The command line (also the console script of pyproject.toml)."""
   cli.run_entry_point(main, define_flags)
+
+
+if __name__ == '__main__':
+  run()

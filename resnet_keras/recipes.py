@@ -2,7 +2,7 @@
 
 A recipe is a flat YAML mapping from flag names (long names, as in
 `--helpfull`) to values, plus an optional `description`. `--config NAME`
-reads `configs/NAME.yaml` from this repository; `--config PATH` reads any
+reads `resnet_keras/configs/NAME.yaml` (installed with the package); `--config PATH` reads any
 file. Precedence: the command line, then the recipe, then the flag defaults.
 The launcher's optimizer presets are applied the same way, after the recipe,
 so a recipe's value is never replaced by a preset.
@@ -17,8 +17,8 @@ import yaml
 from resnet_keras.config import RunConfig
 from common.errors import UsageError
 
-RECIPES_DIR = os.path.join(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__))), 'configs')
+RECIPES_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                           'configs')
 META_KEYS = ('description',)
 # absl flag type -> the YAML types a value may have (int for float: YAML
 # writes 40.0 as 40).
@@ -33,14 +33,14 @@ def available() -> List[str]:
 
 
 def resolve(name_or_path: str) -> str:
-  """configs/NAME.yaml for a name, else the path as given."""
+  """resnet_keras/configs/NAME.yaml for a name, else the path as given."""
   if os.path.isfile(name_or_path):
     return name_or_path
   path = os.path.join(RECIPES_DIR, f'{name_or_path}.yaml')
   if os.sep not in name_or_path and os.path.isfile(path):
     return path
   raise UsageError(f'--config={name_or_path} is neither a file nor a recipe '
-                   f'in configs/; recipes: {", ".join(available())}')
+                   f'in resnet_keras/configs/; recipes: {", ".join(available())}')
 
 
 def load(path: str) -> Dict[str, Any]:

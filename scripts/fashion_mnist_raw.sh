@@ -10,4 +10,4 @@ if [ ! -f "$IDX_DIR/train-images-idx3-ubyte.gz" ]; then
   SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq dataset-fashion-mnist
 fi
-python3 scripts/fashion_mnist_to_images.py --idx_dir "$IDX_DIR" --out_dir "$1"
+python3 -m scripts.fashion_mnist_to_images --idx_dir "$IDX_DIR" --out_dir "$1"

@@ -13,29 +13,21 @@ preprocess_imagenet.py gives original label k the label k + 1.
 The tree is built under a hidden temporary name and renamed when complete; a
 rerun whose output already holds the expected images does nothing.
 
-Usage:
-  python scripts/fashion_mnist_to_images.py \\
+Usage (from the repository's root; the conversion is
+resnet_keras/data/fashion_mnist.py):
+  python -m scripts.fashion_mnist_to_images \\
       --idx_dir /usr/share/datasets/fashion-mnist --out_dir RAW \\
       [--limit_per_class N] [--num_workers N]
 """
 
-import gzip
-import multiprocessing
 import os
-import shutil
-import sys
 import time
 
 from absl import flags
-import numpy as np
-from PIL import Image
 
-# Run as `python scripts/...`, which puts scripts/ rather than the repository
-# root on sys.path.
-sys.path.insert(
-    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import cli  # pylint: disable=wrong-import-position
-from common.errors import UsageError  # pylint: disable=wrong-import-position
+from common import cli
+from common.errors import UsageError
+from resnet_keras.data import fashion_mnist
 
 FLAGS = flags.FLAGS
 
@@ -57,171 +49,12 @@ def define_flags(values: flags.FlagValues) -> None:
                        flag_values=values)
 
 
-CLASS_NAMES = ('00_tshirt_top', '01_trouser', '02_pullover', '03_dress',
-               '04_coat', '05_sandal', '06_shirt', '07_sneaker', '08_bag',
-               '09_ankle_boot')
-# split -> (IDX file prefix, which is also the prefix of the PNG names).
-SPLITS = {'train': 'train', 'validation': 't10k'}
-IMAGE_SIZE = 28
-CHUNK_SIZE = 1000
-
-# The third byte of an IDX magic number encodes the element type.
-_IDX_DTYPES = {0x08: '>u1', 0x09: '>i1', 0x0B: '>i2', 0x0C: '>i4',
-               0x0D: '>f4', 0x0E: '>f8'}
-
-
-def parse_idx(data, name):
-  """The array held by IDX-format bytes; `name` is used in errors."""
-  if len(data) < 4 or data[:2] != b'\0\0' or data[2] not in _IDX_DTYPES:
-    raise UsageError(f'{name} is not an IDX file (bad magic number); '
-                     'reinstall dataset-fashion-mnist')
-  ndim = data[3]
-  header = 4 + 4 * ndim
-  shape = tuple(int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big')
-                for i in range(ndim))
-  dtype = np.dtype(_IDX_DTYPES[data[2]])
-  if len(data) != header + dtype.itemsize * int(np.prod(shape)):
-    raise UsageError(f'{name} holds {len(data)} bytes, which does not fit '
-                     f'its header (shape {shape}); reinstall '
-                     'dataset-fashion-mnist')
-  return np.frombuffer(data, dtype, offset=header).reshape(shape)
-
-
-def idx_path(idx_dir, prefix, kind):
-  suffix = {'images': 'images-idx3', 'labels': 'labels-idx1'}[kind]
-  return os.path.join(idx_dir, f'{prefix}-{suffix}-ubyte.gz')
-
-
-def read_idx(path):
-  if not os.path.isfile(path):
-    raise UsageError(f'{path} not found; install Fashion-MNIST with '
-                     '`apt-get install dataset-fashion-mnist` or point '
-                     '--idx_dir at the directory with its IDX files')
-  try:
-    with gzip.open(path, 'rb') as f:
-      data = f.read()
-  except (OSError, EOFError) as e:
-    raise UsageError(f'cannot read {path} ({e}); reinstall '
-                     'dataset-fashion-mnist') from None
-  return parse_idx(data, path)
-
-
-def read_labels(idx_dir, prefix):
-  path = idx_path(idx_dir, prefix, 'labels')
-  labels = read_idx(path)
-  if (labels.ndim != 1 or not labels.size
-      or labels.max() >= len(CLASS_NAMES)):
-    raise UsageError(f'{path} does not hold labels 0..9; reinstall '
-                     'dataset-fashion-mnist')
-  return labels
-
-
-def read_images(idx_dir, prefix, num_labels):
-  path = idx_path(idx_dir, prefix, 'images')
-  images = read_idx(path)
-  if images.shape != (num_labels, IMAGE_SIZE, IMAGE_SIZE):
-    raise UsageError(f'{path} has shape {images.shape}, expected '
-                     f'({num_labels}, {IMAGE_SIZE}, {IMAGE_SIZE}); reinstall '
-                     'dataset-fashion-mnist')
-  return images
-
-
-def select(labels, limit_per_class):
-  """Indices of the images to keep, in file order: the first N per class."""
-  if not limit_per_class:
-    return np.arange(len(labels))
-  keep = [np.flatnonzero(labels == c)[:limit_per_class]
-          for c in range(len(CLASS_NAMES))]
-  return np.sort(np.concatenate(keep))
-
-
-def class_counts(labels):
-  counts = np.bincount(labels, minlength=len(CLASS_NAMES))
-  return {name: int(n) for name, n in zip(CLASS_NAMES, counts) if n}
-
-
-def tree_counts(out_dir):
-  """{split: {class folder: number of .png files}} of an existing tree."""
-  counts = {}
-  for split in SPLITS:
-    split_dir = os.path.join(out_dir, split)
-    if os.path.isdir(split_dir):
-      with os.scandir(split_dir) as entries:
-        folders = [e.path for e in entries if e.is_dir()]
-      counts[split] = {
-          os.path.basename(folder): sum(f.endswith('.png')
-                                        for f in os.listdir(folder))
-          for folder in folders}
-  return counts
-
-
-def write_pngs(chunk):
-  """Writes (path, 28x28 uint8 array) pairs as RGB PNGs."""
-  for path, pixels in chunk:
-    Image.fromarray(pixels, 'L').convert('RGB').save(path)
-  return len(chunk)
-
-
-def png_jobs(split_dir, prefix, images, labels, indices):
-  """(path, pixels) for each kept image, in chunks for the workers."""
-  jobs = [(os.path.join(split_dir, CLASS_NAMES[labels[i]],
-                        f'{prefix}_{i:05d}.png'), images[i]) for i in indices]
-  return [jobs[i:i + CHUNK_SIZE] for i in range(0, len(jobs), CHUNK_SIZE)]
-
-
-def convert(idx_dir, out_dir, limit_per_class, num_workers):
-  """Writes the tree; returns the number of images written (0: up to date)."""
-  if limit_per_class < 0:
-    raise UsageError('--limit_per_class must be 0 (all) or positive, got '
-                     f'{limit_per_class}')
-  if num_workers < 1:
-    raise UsageError(f'--num_workers must be at least 1, got {num_workers}')
-  if not os.path.isdir(idx_dir):
-    raise UsageError(f'{idx_dir} does not exist; install Fashion-MNIST with '
-                     '`apt-get install dataset-fashion-mnist` or point '
-                     '--idx_dir at the directory with its IDX files')
-  labels = {split: read_labels(idx_dir, prefix)
-            for split, prefix in SPLITS.items()}
-  kept = {split: select(labels[split], limit_per_class) for split in SPLITS}
-  expected = {split: class_counts(labels[split][kept[split]])
-              for split in SPLITS}
-
-  out_dir = os.path.abspath(out_dir)
-  if os.path.exists(out_dir):
-    if tree_counts(out_dir) == expected:
-      return 0
-    raise UsageError(f'{out_dir} exists but does not hold this conversion '
-                     f'(limit_per_class={limit_per_class}); remove it or '
-                     'pass another --out_dir')
-
-  # An interrupted run leaves only this hidden directory, never a partial
-  # tree under the final name.
-  tmp = os.path.join(os.path.dirname(out_dir),
-                     f'.{os.path.basename(out_dir)}.tmp')
-  shutil.rmtree(tmp, ignore_errors=True)
-  chunks = []
-  try:
-    for split, prefix in SPLITS.items():
-      for name in expected[split]:
-        os.makedirs(os.path.join(tmp, split, name))
-      images = read_images(idx_dir, prefix, len(labels[split]))
-      chunks += png_jobs(os.path.join(tmp, split), prefix, images,
-                         labels[split], kept[split])
-    with multiprocessing.Pool(min(num_workers, len(chunks))) as pool:
-      written = sum(pool.imap_unordered(write_pngs, chunks))
-    os.rename(tmp, out_dir)
-  except OSError as e:
-    raise UsageError(f'cannot write {out_dir} ({e.strerror}); pass a '
-                     'writable --out_dir with enough space') from None
-  return written
-
-
 def main(argv):
   if len(argv) > 1:
     raise UsageError(f'unexpected arguments {" ".join(argv[1:])}; all '
                      'options are --flags')
   start = time.monotonic()
-  written = convert(FLAGS.idx_dir, FLAGS.out_dir, FLAGS.limit_per_class,
+  written = fashion_mnist.convert(FLAGS.idx_dir, FLAGS.out_dir, FLAGS.limit_per_class,
                     FLAGS.num_workers)
   seconds = time.monotonic() - start
   if written:
@@ -231,5 +64,10 @@ def main(argv):
     print(f'{FLAGS.out_dir} already holds the expected images; nothing to do')
 
 
-if __name__ == '__main__':
+def run() -> None:
+  """The command line (also the console script of pyproject.toml)."""
   cli.run_entry_point(main, define_flags)
+
+
+if __name__ == '__main__':
+  run()

@@ -48,7 +48,7 @@ for part in 0-4 5-9; do
     --validation_shards 2
 done
 
-# configs/fashion_mnist_resnet18.yaml (full ResNet-18, small stem at 28x28,
+# resnet_keras/configs/fashion_mnist_resnet18.yaml (full ResNet-18, small stem at 28x28,
 # bf16 where fast, gentle crops); one epoch to pretrain.
 COMMON=(--config fashion_mnist_resnet18 --clean)
 python3 resnet_ctl_imagenet_main.py "${COMMON[@]}" -dd "$WORK/tfrecords_0-4" \

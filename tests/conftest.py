@@ -1,14 +1,7 @@
-"""Shared test setup: the repo on sys.path, TensorFlow set up as in production,
-and the tiny trained runs the tool tests share."""
+"""Shared test setup: TensorFlow set up as in production, and the tiny
+trained runs the tool tests share."""
 
-import os
-import sys
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:
-  sys.path.insert(0, REPO_ROOT)
-
-from common import env  # pylint: disable=g-import-not-at-top
+from common import env
 
 env.prepare_tensorflow_environment()
 

@@ -1,4 +1,5 @@
-"""Tests for scripts/fashion_mnist_to_images.py on tiny fake IDX files."""
+"""scripts/fashion_mnist_to_images.py and its conversion
+(resnet_keras/data/fashion_mnist.py) on tiny fake IDX files."""
 
 import gzip
 import os
@@ -9,13 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SCRIPT = os.path.join(REPO_ROOT, 'scripts', 'fashion_mnist_to_images.py')
-# scripts/ is no package; the worker processes find the module by name.
-sys.path.insert(0, os.path.dirname(SCRIPT))
+from common.errors import UsageError
+from resnet_keras.data import fashion_mnist as fm
 
-import fashion_mnist_to_images as fm  # pylint: disable=g-import-not-at-top
-from common.errors import UsageError  # pylint: disable=g-import-not-at-top
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 NUM_TRAIN = 20
 NUM_TEST = 12
@@ -53,9 +51,9 @@ def fixture_idx_dir(tmp_path):
 
 
 def run_script(*args):
-  return subprocess.run([sys.executable, SCRIPT, *args], cwd=REPO_ROOT,
-                        capture_output=True, text=True, check=False,
-                        timeout=120)
+  return subprocess.run(
+      [sys.executable, '-m', 'scripts.fashion_mnist_to_images', *args],
+      cwd=REPO_ROOT, capture_output=True, text=True, check=False, timeout=120)
 
 
 def test_parse_idx_reads_big_endian_dims_and_data():

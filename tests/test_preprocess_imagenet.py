@@ -11,6 +11,7 @@ import pytest
 from PIL import Image
 
 import preprocess_imagenet as pi
+from common import files
 from common.errors import UsageError
 from tests import e2e
 
@@ -175,7 +176,7 @@ def test_shuffled_is_deterministic():
 
 def test_shard_and_temporary_names():
   assert pi.shard_name('train', 3, 1024) == 'train-00003-of-01024'
-  assert pi.temporary_path('/o/train/train-00003-of-00008') == (
+  assert files.temporary_path('/o/train/train-00003-of-00008') == (
       '/o/train/.train-00003-of-00008.tmp')
 
 
@@ -446,7 +447,7 @@ def test_resume_rewrites_only_missing_shards(tmp_path):
   # An interrupted run: the shard never got its final name, and its
   # temporary file was left half written.
   os.remove(os.path.join(train_dir, names[2]))
-  _write(pi.temporary_path(os.path.join(train_dir, names[2])), original[:50])
+  _write(files.temporary_path(os.path.join(train_dir, names[2])), original[:50])
   os.remove(os.path.join(out, 'metadata.json'))
 
   result = run_script('--raw_data_dir', raw, '--local_scratch_dir', out,

@@ -69,5 +69,10 @@ def main(argv):
   data_service.serve_until_signalled(server)
 
 
-if __name__ == '__main__':
+def run() -> None:
+  """The command line (also the console script of pyproject.toml)."""
   cli.run_entry_point(main, define_flags)
+
+
+if __name__ == '__main__':
+  run()
