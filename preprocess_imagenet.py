@@ -520,7 +520,7 @@ def main(argv):
 
 def run() -> None:
   """The command line (also the console script of pyproject.toml)."""
-  define_flags()
+  cli.define_main_flags(define_flags)
   # Not app.run: TensorFlow registers an absl init callback that scans for
   # GPUs, which logs CUDA errors on CPU-only machines and sets up a device
   # runtime, all to write files.

@@ -1,6 +1,7 @@
 """How entry points report bad input: one line, non-zero exit, no traceback."""
 
 import errno
+import inspect
 import logging as py_logging
 import os
 import sys
@@ -55,12 +56,25 @@ def run_main(main, argv):
          'checkpoints and exports written earlier are intact')
 
 
-def run_entry_point(main, define_flags=None) -> None:
-  """What every entry point's `__main__` does: its flags defined in absl's
-  FLAGS (`define_flags(values)`), parsed (a bad one is one line) and `main`
-  run (our errors are one line)."""
-  if define_flags:
+def define_main_flags(define_flags) -> None:
+  """`define_flags()` (or `define_flags(FLAGS)`), its flags made key flags of
+  the main module: --help lists the main module's, and under a console
+  script that is the script, not the module that defined them."""
+  before = set(flags.FLAGS)
+  if inspect.signature(define_flags).parameters:
     define_flags(flags.FLAGS)
+  else:
+    define_flags()
+  for name in set(flags.FLAGS) - before:
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
+
+
+def run_entry_point(main, define_flags=None) -> None:
+  """What every entry point's command line does: its flags defined in
+  absl's FLAGS (define_main_flags), parsed (a bad one is one line) and
+  `main` run (our errors are one line)."""
+  if define_flags:
+    define_main_flags(define_flags)
   app.run(lambda argv: run_main(main, argv), flags_parser=parse_flags_or_fail)
 
 

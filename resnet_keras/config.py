@@ -748,8 +748,8 @@ class RuntimeConfig:
           f'(not {self.distribution_strategy})')
 
 
-# The groups in the order the data flows: config.json, --print_config and
-# --helpfull list the fields in this order.
+# The groups in the order the data flows: --print_config (and asdict) list
+# the fields in this order.
 GROUPS = (DataConfig, DataServiceConfig, ModelConfig, WarmStartConfig,
           PrecisionConfig, LoopConfig, OptimizerConfig, OutputConfig,
           RuntimeConfig)

@@ -1,20 +1,9 @@
-"""Writes Fashion-MNIST as a raw image tree that preprocess_imagenet.py reads.
+"""Writes Fashion-MNIST as a raw image tree that preprocess_imagenet.py reads,
+from the IDX files of Debian's dataset-fashion-mnist: OUT/train/<class>/*.png
+and OUT/validation/<class>/*.png (resnet_keras/data/fashion_mnist.py says
+what and how).
 
-Reads the IDX files that Debian's dataset-fashion-mnist package installs
-(`apt-get install dataset-fashion-mnist`) and writes
-
-  OUT/train/<class>/train_00000.png        the 60,000 training images
-  OUT/validation/<class>/t10k_00000.png    the 10,000 test images
-
-as 28x28 RGB PNGs (the gray value in all three channels). The class folders
-(00_tshirt_top ... 09_ankle_boot) sort in the original label order, so
-preprocess_imagenet.py gives original label k the label k + 1.
-
-The tree is built under a hidden temporary name and renamed when complete; a
-rerun whose output already holds the expected images does nothing.
-
-Usage (from the repository's root; the conversion is
-resnet_keras/data/fashion_mnist.py):
+Usage (from the repository's root):
   python -m scripts.fashion_mnist_to_images \\
       --idx_dir /usr/share/datasets/fashion-mnist --out_dir RAW \\
       [--limit_per_class N] [--num_workers N]

@@ -1,30 +1,33 @@
-"""Every entry point's flags: name, alias target, type and default."""
+"""Every entry point's flags: name, alias target, type, default and bounds.
+
+tests/data/flag_surface.json is this, written by the code before the
+architecture redesign (python -m tests.support.flag_surface, from the
+repository's root); tests/test_flag_surface.py compares today's with it.
+"""
+
 import importlib
 import importlib.util
 import inspect
 import json
 import os
 import re
-import sys
 from unittest import mock
 
 from absl import flags
 
-ENTRY_POINTS = {
-    'resnet_ctl_imagenet_main': 'resnet_ctl_imagenet_main',
-    'demo_resnet_keras': 'demo_resnet_keras',
-    'preprocess_imagenet': 'preprocess_imagenet',
-    'resnet_keras.export': 'resnet_keras.export',
-    'resnet_keras.validate': 'resnet_keras.validate',
-    'resnet_keras.average': 'resnet_keras.average',
-    'resnet_keras.predict': 'resnet_keras.predict',
-    'resnet_keras.data.service': 'resnet_keras.data.service',
-}
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+ENTRY_POINTS = ('resnet_ctl_imagenet_main', 'demo_resnet_keras',
+                'preprocess_imagenet', 'resnet_keras.export',
+                'resnet_keras.validate', 'resnet_keras.average',
+                'resnet_keras.predict', 'resnet_keras.data.service')
+SCRIPTS = ('scripts/fashion_mnist_to_images.py',)
 
 
 def surface(define) -> dict:
   """The flags `define` adds: to a FlagValues of its own when it takes one,
-  else (preprocess_imagenet) to absl's FLAGS."""
+  else (preprocess_imagenet) to absl's FLAGS, from which they are removed
+  again."""
   if inspect.signature(define).parameters:
     values, before = flags.FlagValues(), set()
     with mock.patch.object(flags, 'FLAGS', values):
@@ -34,43 +37,45 @@ def surface(define) -> dict:
     before = set(values._flags())  # pylint: disable=protected-access
     define()
   rows = {}
-  own = values._flags()  # pylint: disable=protected-access
-  for name, flag in sorted(own.items()):
+  for name, flag in sorted(values._flags().items()):  # pylint: disable=protected-access
     if name in before:
       continue
     default = flag.default
     if name == 'num_workers' and default == os.cpu_count():
-      default = 'cpu_count'
+      default = 'cpu_count'  # The machine's, not the program's.
     if isinstance(default, tuple):
       default = list(default)
     alias = re.fullmatch(r'Alias for --(\w+)\.', flag.help or '')
-    alias_of = alias.group(1) if type(flag).__name__ == '_FlagAlias' else None
-    rows[name] = {'type': flag.flag_type(), 'default': default,
-                  'alias_of': alias_of, 'short_name': flag.short_name,
-                  'bounds': [getattr(flag.parser, 'lower_bound', None),
-                             getattr(flag.parser, 'upper_bound', None)]}
+    rows[name] = {
+        'type': flag.flag_type(), 'default': default,
+        'alias_of': alias.group(1) if type(flag).__name__ == '_FlagAlias'
+                    else None,
+        'short_name': flag.short_name,
+        'bounds': [getattr(flag.parser, 'lower_bound', None),
+                   getattr(flag.parser, 'upper_bound', None)]}
+  for name in set(rows) - before if values is flags.FLAGS else ():
+    delattr(values, name)
   return rows
 
 
-def _script(path):
+def _script(path: str):
   spec = importlib.util.spec_from_file_location(
-      os.path.splitext(os.path.basename(path))[0], path)
+      os.path.splitext(os.path.basename(path))[0],
+      os.path.join(REPO_ROOT, path))
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module
 
 
 def all_surfaces() -> dict:
-  out = {}
-  for label, module in ENTRY_POINTS.items():
-    out[label] = surface(importlib.import_module(module).define_flags)
-  out['scripts/fashion_mnist_to_images.py'] = surface(
-      _script('scripts/fashion_mnist_to_images.py').define_flags)
+  out = {name: surface(importlib.import_module(name).define_flags)
+         for name in ENTRY_POINTS}
+  for path in SCRIPTS:
+    out[path] = surface(_script(path).define_flags)
   return out
 
 
 if __name__ == '__main__':
-  sys.path.insert(0, os.getcwd())
-  from common import env
+  from common import env  # pylint: disable=g-import-not-at-top
   env.prepare_tensorflow_environment()
   print(json.dumps(all_surfaces(), indent=1, sort_keys=True, default=str))

@@ -1,0 +1,24 @@
+"""Every entry point's flags (names, short aliases, types, defaults, bounds)
+are what they were before the architecture redesign: tests/data/
+flag_surface.json, written by the code of commit 555cf07 with
+tests/support/flag_surface.py, which this test runs on today's code."""
+
+import json
+import os
+
+from tests.support import flag_surface
+
+RECORDED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data',
+                        'flag_surface.json')
+
+
+def test_every_flag_name_alias_and_default_is_unchanged():
+  with open(RECORDED) as f:
+    before = json.load(f)
+  # Through JSON, as the record was written (tuples become lists).
+  now = json.loads(json.dumps(flag_surface.all_surfaces(), default=str))
+  assert sorted(now) == sorted(before)
+  for entry_point, flags in before.items():
+    assert now[entry_point] == flags, entry_point
+  assert len(before['resnet_ctl_imagenet_main']) > 100
+  assert before['resnet_ctl_imagenet_main']['dd']['alias_of'] == 'data_dir'
