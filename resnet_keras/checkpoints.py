@@ -38,12 +38,12 @@ def make_manager(model, optimizer, model_dir: str,
       step_counter=optimizer.iterations)
 
 
-def latest_step(model_dir: str) -> int:
-  """Step of model_dir's latest checkpoint (0: none); run.py names
-  checkpoints by step (`ckpt-<step>`)."""
-  latest = tf.train.latest_checkpoint(model_dir) if os.path.isdir(
+def latest(model_dir: str) -> Tuple[Optional[str], int]:
+  """model_dir's latest checkpoint and its step ((None, 0): none); run.py
+  names checkpoints by step (`ckpt-<step>`)."""
+  path = tf.train.latest_checkpoint(model_dir) if os.path.isdir(
       model_dir) else None
-  return int(latest.rsplit('-', 1)[1]) if latest else 0
+  return path, int(path.rsplit('-', 1)[1]) if path else 0
 
 
 def checkpoint_of(model, optimizer=None,

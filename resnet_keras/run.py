@@ -10,6 +10,7 @@ parts are, assembly.py's; what a step computes, trainer.py's.
 """
 
 import dataclasses
+import gc
 import hashlib
 import os
 import resource
@@ -154,6 +155,17 @@ def _log_plan(basis: assembly.Basis, plan: TrainingPlan) -> None:
 
 def run(cfg: RunConfig) -> Dict:
   """Trains (and evaluates) as `cfg` says; returns the run summary."""
+  summary = _run(cfg)
+  if cfg.tf_data_service:
+    # Its clients end with the run. The run's objects hold them in reference
+    # cycles that only a garbage collection frees, and until then they keep
+    # calling the dispatcher, which may be gone.
+    gc.collect()
+  return summary
+
+
+def _run(cfg: RunConfig) -> Dict:
+  """Set up -> decide the start -> assemble -> restore -> loop -> finish."""
   started = time.time()
   basis = _set_up(cfg)
   plan = assembly.plan_for(basis)

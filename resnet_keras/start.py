@@ -95,15 +95,14 @@ def decide(cfg: RunConfig, plan: TrainingPlan) -> Start:
   model, a warm-start source of another model, and a restored step at or
   past the end of the plan.
   """
-  own = checkpoints.latest_step(cfg.model_dir)
+  latest, own = checkpoints.latest(cfg.model_dir)
   flag, path = ((RESTORE_FLAG, cfg.restore_from) if cfg.restore_from else
                 (PRETRAINED_FLAG, cfg.pretrained_checkpoint))
-  if own:
+  if latest:
     checkpoints.check_resumable(cfg.model_dir, cfg)
     if path:
       logging.info('%s ignored: --model_dir=%s has its own checkpoint (step '
                    '%d) and resumes from it', flag, cfg.model_dir, own)
-    latest = tf.train.latest_checkpoint(cfg.model_dir)
     return Start(RESUMED, own, batches_read=_batches_read(cfg.model_dir, own),
                  checkpoint=latest,
                  resumes_average=(bool(cfg.ema_decay) and

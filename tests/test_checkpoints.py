@@ -53,9 +53,9 @@ def test_a_missing_or_broken_config_json_is_a_usage_error(tmp_path, text,
 
 
 def test_checkpoints_are_named_by_step(tmp_path):
-  assert checkpoints.latest_step(str(tmp_path / 'none')) == 0
+  assert checkpoints.latest(str(tmp_path / 'none'))[1] == 0
   _saved(tmp_path)
-  assert checkpoints.latest_step(str(tmp_path)) == 8
+  assert checkpoints.latest(str(tmp_path))[1] == 8
 
 
 def test_checkpoint_names_become_paths(tmp_path):
