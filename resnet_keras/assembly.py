@@ -199,7 +199,7 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
   objective = Objective(
       model=model, optimizer=optimizer, backend=backend,
       num_classes=basis.info.num_classes,
-      strategy_batch_size=plan.program_batch_size,
+      program_batch_size=plan.program_batch_size,
       label_smoothing=cfg.label_smoothing, weight_decay=cfg.weight_decay,
       weight_decay_path=wd_path,
       num_accumulation_steps=cfg.num_accumulation_steps)

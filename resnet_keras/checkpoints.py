@@ -1,11 +1,14 @@
-"""Checkpoints in model_dir: what is saved, how often, how a rerun resumes.
+"""Checkpoints in model_dir: what they hold, what they are of, and reading
+them back.
 
 The model and the optimizer (slots, iteration count, loss scale), and the
 weight average of --ema_decay, are saved together, so a rerun with the same
 model_dir continues at the saved step with the same optimizer state,
-learning-rate position and average. config.json says what
-they are checkpoints of: a run refuses another model's checkpoints, and
-`python -m resnet_keras.validate` rebuilds the model and its data from it.
+learning-rate position and average (start.py decides that it resumes).
+config.json says what they are checkpoints of: a run refuses another
+model's checkpoints, and the tools rebuild the model and its data from it.
+When a run saves is the plan's (plan.TrainingPlan.is_checkpoint_step: epoch
+ends, --checkpoint_interval_steps, the end) and a stop signal's (run.py).
 """
 
 import dataclasses
@@ -31,7 +34,7 @@ CONFIG_FILE = 'config.json'
 def make_manager(model, optimizer, model_dir: str,
                  max_to_keep: int = MAX_TO_KEEP,
                  ema=None) -> tf.train.CheckpointManager:
-  """A manager for model_dir. run.py decides when to save (every epoch)."""
+  """A manager of model_dir's checkpoints, named by step (ckpt-<step>)."""
   checkpoint = checkpoint_of(model, optimizer, ema)
   return tf.train.CheckpointManager(
       checkpoint, directory=model_dir, max_to_keep=max_to_keep,
@@ -92,7 +95,7 @@ def record_config(model_dir: str, cfg: RunConfig, plan: TrainingPlan,
   """Writes model_dir/config.json; `cfg` has num_classes and dtype resolved.
 
   `runtime`: the machine, and what was chosen for it and why
-  (run.fit_to_hardware).
+  (runtime.fit_to_hardware).
   """
   record = {'config': dataclasses.asdict(cfg),
             'training_plan': dataclasses.asdict(plan)}

@@ -205,7 +205,7 @@ class DataConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataServiceConfig:
-  """Training input from a tf.data service (data/service.py)."""
+  """Training input from a tf.data service (data/data_service.py)."""
   tf_data_service: str = option(
       '',
       'grpc://HOST:PORT of a tf.data service dispatcher: the training '

@@ -35,17 +35,17 @@ class Objective:
 
   def __init__(self, *, model: tf_keras.Model, optimizer: Any,
                backend: distribution.Backend, num_classes: int,
-               strategy_batch_size: int, label_smoothing: float = 0.0,
+               program_batch_size: int, label_smoothing: float = 0.0,
                weight_decay: float = 0.0, weight_decay_path: str = 'none',
                num_accumulation_steps: int = 1):
-    """`strategy_batch_size`: the batch the backend's strategy trains per
-    step (its replicas together: the global batch, or one Horovod
+    """`program_batch_size`: the batch this program's replicas train per
+    step together (plan.TrainingPlan: the global batch, or one Horovod
     worker's), which each replica's loss is a share of the mean over."""
     self.model = model
     self.optimizer = optimizer
     self.backend = backend
     self.num_classes = num_classes
-    self.strategy_batch_size = strategy_batch_size
+    self.program_batch_size = program_batch_size
     self.label_smoothing = label_smoothing
     self.weight_decay = weight_decay
     self.weight_decay_path = weight_decay_path
@@ -74,12 +74,12 @@ class Objective:
     return tf.constant(0.0)
 
   def _forward(self, images, labels):
-    """Cross-entropy (a share of the strategy batch's mean) and the count
+    """Cross-entropy (a share of the program batch's mean) and the count
     of correct predictions."""
     probs = self.model(images, training=True)
     loss = tf.nn.compute_average_loss(
         cross_entropy(labels, probs, self.num_classes, self.label_smoothing),
-        global_batch_size=self.strategy_batch_size)
+        global_batch_size=self.program_batch_size)
     predictions = tf.argmax(probs, axis=-1, output_type=labels.dtype)
     correct = tf.reduce_sum(tf.cast(tf.equal(predictions, labels),
                                     tf.float32))

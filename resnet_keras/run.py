@@ -6,7 +6,8 @@ evaluation every `epochs_between_evals` epochs (from `eval_offset_epochs`)
 and at the end, checkpoints, the target-accuracy stop, export, and the
 records of a run in model_dir (config.json, metrics.jsonl, plots/,
 run_summary.json). Where a run starts is start.py's decision; what its
-parts are, assembly.py's; what a step computes, trainer.py's.
+parts are, assembly.py's; what a step computes, objective.py's and
+trainer.py's; evaluation, evaluator.py's.
 """
 
 import dataclasses

@@ -92,7 +92,7 @@ class StepRecord:
     return bool(self._stopped_early.numpy())
 
   def read(self, sum_over_workers: Callable, global_batch_size: int,
-           strategy_batch_size: int,
+           program_batch_size: int,
            weights_finite: Callable[[], bool]) -> LoopRecord:
     """The loop just run, as every worker saw it: losses and accuracies
     over the global batch (`sum_over_workers` sums Horovod workers' values
@@ -103,8 +103,8 @@ class StepRecord:
     loss_sums, correct_sums = sum_over_workers(
         tf.stack([self._losses[:num_steps], self._correct[:num_steps]]),
         'loop_losses_and_correct')
-    # Each strategy's loss is a mean over its own batch.
-    losses = loss_sums / (global_batch_size // strategy_batch_size)
+    # Each program's loss is a mean over its own batch.
+    losses = loss_sums / (global_batch_size // program_batch_size)
     return LoopRecord(
         first_step=first + 1, losses=losses,
         accuracies=correct_sums / global_batch_size,

@@ -38,7 +38,7 @@ class Trainer(orbit.StandardTrainer):
                stop_poll: Optional[Callable[[], tf.Tensor]] = None,
                use_tf_function: bool = True, use_tf_while_loop: bool = True):
     """`global_batch_size`: examples per optimizer step over the job (more
-    than the objective's strategy batch under Horovod). `stop_poll` (a
+    than the objective's program batch under Horovod). `stop_poll` (a
     graph predicate, guards.stop_poll) is checked before each step; when it
     is true, the loop ends there on every worker."""
     self.objective = objective
@@ -114,7 +114,7 @@ class Trainer(orbit.StandardTrainer):
     self.backend.sync_from_chief(self._worker_local)
     loop = self.record.read(
         self.backend.sum_over_workers, self.global_batch_size,
-        self.objective.strategy_batch_size, self._weights_finite)
+        self.objective.program_batch_size, self._weights_finite)
     output = {LOOP_RECORD: loop}
     num_steps = len(loop.losses)
     if num_steps:  # A stop before the loop's first step: no summaries.

@@ -24,7 +24,7 @@ def trainer(model, optimizer, train_dataset, batch_size: int,
   backend = distribution.Backend(tf.distribute.get_strategy())
   objective = Objective(model=model, optimizer=optimizer, backend=backend,
                         num_classes=num_classes,
-                        strategy_batch_size=batch_size, **objective_options)
+                        program_batch_size=batch_size, **objective_options)
   record = StepRecord(optimizer.iterations, steps_per_loop,
                       with_loss_scales=objective.uses_loss_scale)
   return Trainer(
