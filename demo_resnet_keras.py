@@ -12,8 +12,8 @@
   python demo_resnet_keras.py ... --dry_run   # print the command, run nothing
 
 Every flag of resnet_ctl_imagenet_main.py is accepted and forwarded as typed.
---config NAME (resnet_keras/configs/NAME.yaml) fills in a recipe's values, launcher
-settings included; then --optimizer LARS / SGD fill in their preset
+--config NAME (resnet_keras/configs/NAME.yaml) fills in a recipe's values,
+launcher settings included; then --optimizer LARS / SGD fill in their preset
 hyperparameters (RMSProp has none); neither replaces a value given on the
 command line (in any spelling), and a preset never replaces a recipe's
 value. The trainer gets every filled-in value as a flag, so --dry_run shows
@@ -21,7 +21,8 @@ them all. With more than one worker in total (--num_workers_per_hls > 1 or
 several MULTI_HLS_IPS hosts) the workers are started with mpirun;
 they train with Horovod (--use_horovod; -bs per worker) or tf.distribute
 (--distribution_strategy=multi_worker_mirrored; -bs global, each rank's
-TF_CONFIG derived from its MPI rank). Environment: MULTI_HLS_IPS,
+TF_CONFIG derived from its MPI rank). Environment: MULTI_HLS_IPS (the
+hosts, comma-separated: the reference's name, kept for its command lines),
 MPI_TCP_INCLUDE, DOCKER_SSHD_PORT (3022), MPI_ROOT, TF_BASE_PORT (2410).
 Several hosts are checked (ssh, Python, TensorFlow, Horovod, the project,
 ports) before anything starts. A failed job ends with one line naming the
@@ -65,8 +66,10 @@ def define_flags(values: flags.FlagValues) -> None:
   """The trainer's flags (forwarded to it) and the launcher's own."""
   flags_lib.define_flags(values)
   flags.DEFINE_integer('num_workers_per_hls', 1,
-                       'Workers (processes) per host. More than one worker in '
-                       'total runs them with mpirun; needs --use_horovod or '
+                       'Workers (processes) per host (the reference\'s name: '
+                       'an HLS is a Habana host; its hosts list is '
+                       'MULTI_HLS_IPS). More than one worker in total runs '
+                       'them with mpirun; needs --use_horovod or '
                        '--distribution_strategy=multi_worker_mirrored.',
                        flag_values=values)
   flags.DEFINE_boolean('kubernetes_run', False,
