@@ -5,7 +5,6 @@ import inspect
 import json
 import os
 import re
-import sys
 from unittest import mock
 
 from absl import flags
@@ -70,7 +69,7 @@ def all_surfaces() -> dict:
 
 
 if __name__ == '__main__':
-  sys.path.insert(0, os.getcwd())
+  # From the repository: python -m tests.support.flag_surface
   from common import env
   env.prepare_tensorflow_environment()
   print(json.dumps(all_surfaces(), indent=1, sort_keys=True, default=str))
