@@ -3,17 +3,26 @@
 # and runs the test suite on all cores (up to 4 pytest-xdist workers; set
 # TEST_WORKERS to choose). This is the README's test command, and CI runs
 # exactly this.
-#   ./scripts/test.sh            everything (what CI runs)
-#   ./scripts/test.sh --quick    unit and in-process tests only: no test that
-#                                starts TensorFlow in processes of its own,
-#                                nor the slowest whole runs (pytest.ini)
-# Other arguments go to pytest (e.g. tests/test_config.py, -k name).
+#   ./scripts/test.sh            everything (what CI runs): tests/unit,
+#                                tests/e2e, tests/processes, tests/multihost
+#   ./scripts/test.sh --quick    tests/unit and tests/e2e without the tests
+#                                marked slow (pytest.ini): functions and
+#                                modules, and the in-process runs and short
+#                                command lines under 8 s each; not
+#                                tests/processes (multi-worker jobs, signals,
+#                                logical CPUs, environment read at start-up)
+#                                nor tests/multihost (the namespace cluster)
+# Other arguments go to pytest (e.g. tests/unit/test_config.py, -k name);
+# named files or folders replace the default ones (--quick still leaves out
+# the slow tests among them).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 select=()
+paths=(tests)
 if [ "${1:-}" = "--quick" ]; then
   shift
-  select=(-m "not processes and not slow")
+  select=(-m "not slow")
+  paths=(tests/unit tests/e2e)
 fi
 python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt \
   -r requirements-test.txt -r requirements-deploy.txt
@@ -21,7 +30,7 @@ python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt \
 # run for real. Does nothing when already installed.
 ./scripts/install_horovod.sh
 # The multi-host tests build hosts as network namespaces with their own sshd
-# (tests/cluster.py); they need root and these Debian packages.
+# (tests/support/cluster.py); they need root and these Debian packages.
 if [ "$(id -u)" -eq 0 ]; then
   missing=()
   command -v ip >/dev/null || missing+=(iproute2)
@@ -35,8 +44,7 @@ if [ "$(id -u)" -eq 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   fi
 fi
-# The whole tests/ unless the arguments name test files or directories.
-paths=(tests)
+# The default folders unless the arguments name test files or directories.
 for arg in "$@"; do
   if [ -e "${arg%%::*}" ]; then paths=(); break; fi
 done

@@ -1,59 +1,129 @@
-"""Shared test setup: TensorFlow set up as in production, and the tiny
-trained runs the tool tests share."""
+"""Shared test setup: TensorFlow set up as in production, before anything
+imports it; and the fixtures tests in more than one folder use (unit/,
+e2e/, processes/): TensorFlow's state restored after a test, the tiny
+trained run on records, and the datasets a module's unit and end-to-end
+tests share. (The synthetic trained run: e2e/conftest.py.)"""
 
 from common import env
 
 env.prepare_tensorflow_environment()
 
-import pytest  # pylint: disable=g-import-not-at-top,wrong-import-position
+# pylint: disable=g-import-not-at-top,wrong-import-position
+import gc
 
-from tests import e2e  # pylint: disable=g-import-not-at-top,wrong-import-position
+import pytest
+import tensorflow as tf
+import tf_keras
 
-# Class names of `records_run`'s labels.txt.
-CLASS_NAMES = ('ant', 'bee', 'cat', 'dog', 'eel', 'fox')
+from tests.support import datasets
+from tests.support import records
+from tests.support import runner
+# pylint: enable=g-import-not-at-top,wrong-import-position
 
 
 @pytest.fixture
 def fresh_tensorflow_state():
   """What a run changes process-wide, restored after the test: the Keras
   session and precision policy, and TensorFlow's Python log level."""
-  import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  import tf_keras  # pylint: disable=g-import-not-at-top
   level = tf.get_logger().level
   yield
-  tf_keras.backend.clear_session()
-  tf_keras.mixed_precision.set_global_policy('float32')
-  tf.get_logger().setLevel(level)
-
-
-@pytest.fixture(scope='session')
-def synthetic_run(tmp_path_factory):
-  """model_dir of a tiny synthetic run: 2 epochs, ckpt-4, ckpt-8, export.
-
-  Shared by the tool tests, which only read it (and add their outputs).
-  """
-  model_dir = tmp_path_factory.mktemp('synthetic_run') / 'model'
-  e2e.train_tiny(model_dir)
-  return str(model_dir)
+  runner.reset_tensorflow_state(level)
 
 
 @pytest.fixture(scope='session')
 def records_run(tmp_path_factory):
   """(data_dir, model_dir) of a tiny run on ImageNet-format TFRecords.
 
-  Six classes named in labels.txt, 16 training and 9 validation images of
-  40-80 px; 2 epochs of 4 steps with ckpt-4, ckpt-8 and an export; the
-  class count comes from the data; an eval crop of half the short side.
+  Six classes named in labels.txt (records.CLASS_NAMES), 16 training and 9
+  validation images of 40-80 px; 2 epochs of 4 steps with ckpt-4, ckpt-8
+  and an export; the class count comes from the data; an eval crop of half
+  the short side. Shared by the tool and technique tests (e2e/) and the
+  multi-worker resume (processes/), which only read it.
   """
-  from tests import imagenet_fixture  # pylint: disable=g-import-not-at-top
   root = tmp_path_factory.mktemp('records_run')
   data_dir, model_dir = root / 'data', root / 'model'
-  imagenet_fixture.write_dataset(str(data_dir), num_classes=len(CLASS_NAMES),
-                                 train_per_shard=(8, 8), eval_per_shard=(5, 4))
-  (data_dir / 'labels.txt').write_text(''.join(f'{n}\n' for n in CLASS_NAMES))
-  args = [a for a in e2e.TINY if not a.startswith(
+  records.write_dataset(str(data_dir), num_classes=len(records.CLASS_NAMES),
+                        train_per_shard=(8, 8), eval_per_shard=(5, 4))
+  (data_dir / 'labels.txt').write_text(
+      ''.join(f'{n}\n' for n in records.CLASS_NAMES))
+  args = [a for a in runner.TINY if not a.startswith(
       ('--use_synthetic_data', '--num_classes', '--num_eval_examples',
        '--batch_size'))]
-  e2e.train_tiny(model_dir, args + ['--batch_size=4', f'--data_dir={data_dir}',
-                                    '--eval_crop_fraction=0.5'])
+  runner.train_tiny(model_dir, args + ['--batch_size=4',
+                                       f'--data_dir={data_dir}',
+                                       '--eval_crop_fraction=0.5'])
   return str(data_dir), str(model_dir)
+
+
+# -- Datasets a module's unit and end-to-end tests share ----------------------
+
+
+@pytest.fixture(scope='module')
+def data_dir(tmp_path_factory):
+  """(root, labels) of 3-class ImageNet-format records (records.
+  write_dataset's defaults): test_imagenet_data.py."""
+  root = tmp_path_factory.mktemp('imagenet')
+  labels = records.write_dataset(str(root))
+  return str(root), labels
+
+
+@pytest.fixture(scope='module')
+def clean_dir(tmp_path_factory):
+  """3-class ImageNet-format records, nothing corrupt; tests damage a copy
+  (records.copy_dataset): test_corrupt_data.py."""
+  root = str(tmp_path_factory.mktemp('clean'))
+  records.write_dataset(root)
+  return root
+
+
+@pytest.fixture
+def cifar10_dir(tmp_path):
+  """(root, its test images) of CIFAR-10 binary batches: 5 training files
+  of 2 images, a test file of 3: test_cifar_data.py."""
+  for i in range(1, 6):
+    datasets.write_cifar(tmp_path / f'data_batch_{i}.bin',
+                         [i % 10, (i + 3) % 10], 1, i)
+  images = datasets.write_cifar(tmp_path / 'test_batch.bin', [1, 2, 3], 1, 0)
+  return tmp_path, images
+
+
+@pytest.fixture
+def idx_dir(tmp_path):
+  """Fake Fashion-MNIST IDX files; returns (dir, {prefix: (images,
+  labels)}): test_fashion_mnist_to_images.py."""
+  idx = tmp_path / 'idx'
+  idx.mkdir()
+  data = {'train': datasets.fake_split(datasets.NUM_TRAIN, 1),
+          't10k': datasets.fake_split(datasets.NUM_TEST, 2)}
+  for prefix, (images, labels) in data.items():
+    datasets.write_idx(idx / f'{prefix}-images-idx3-ubyte.gz', images)
+    datasets.write_idx(idx / f'{prefix}-labels-idx1-ubyte.gz', labels)
+  return str(idx), data
+
+
+@pytest.fixture(scope='module')
+def service_records(tmp_path_factory):
+  """ImageNet-format records: 64 training images, each a flat colour of its
+  own (so an image is known by its colour after any crop):
+  test_data_service.py."""
+  root = str(tmp_path_factory.mktemp('service_records'))
+  records.write_dataset(root, num_classes=4, train_per_shard=(32, 32),
+                        eval_per_shard=(5, 4))
+  return root
+
+
+@pytest.fixture
+def in_process_service():
+  """(dispatcher, [worker, worker]) of a tf.data service in this process,
+  on loopback: test_data_service.py."""
+  svc = tf.data.experimental.service
+  dispatcher = svc.DispatchServer(svc.DispatcherConfig(port=0))
+  address = dispatcher.target.split('://')[1]
+  workers = [svc.WorkerServer(svc.WorkerConfig(dispatcher_address=address))
+             for _ in range(2)]
+  yield dispatcher, workers
+  # A finished run's iterators still beat to the dispatcher until collected.
+  tf_keras.backend.clear_session()
+  gc.collect()
+  for server in workers + [dispatcher]:
+    server._stop()  # pylint: disable=protected-access

@@ -1,0 +1,177 @@
+"""demo_resnet_keras.py as users run it, in short processes of its own
+(--dry_run contacts nobody and starts nothing): presets, dry-run commands
+and launch errors."""
+
+import json
+import os
+import platform
+import shlex
+
+import pytest
+
+from tests.support import runner
+
+DEMO = os.path.join(runner.REPO_ROOT, 'demo_resnet_keras.py')
+
+
+def dry_run(args, env=None):
+  result = runner.spawn_script(DEMO, ['--dry_run'] + args, timeout=120, env=env)
+  assert result.returncode == 0, result.stderr
+  return result.stdout
+
+
+def command_of(output):
+  line = next(l for l in output.splitlines() if l.startswith('command: '))
+  return shlex.split(line[len('command: '):])
+
+
+def trainer_args(argv):
+  return argv[argv.index(runner.MAIN) + 1:]
+
+
+def values_of(args, name):
+  """Every value `args` gives flag `name`, in any absl spelling."""
+  values = []
+  for i, arg in enumerate(args):
+    if arg in (f'--{name}', f'-{name}'):
+      values.append(args[i + 1] if i + 1 < len(args) and
+                    not args[i + 1].startswith('-') else 'true')
+    elif arg.startswith((f'--{name}=', f'-{name}=')):
+      values.append(arg.split('=', 1)[1])
+    elif arg == f'--no{name}':
+      values.append('false')
+  return values
+
+
+def test_lars_preset_for_one_worker():
+  args = trainer_args(command_of(dry_run(['--optimizer', 'LARS'])))
+  assert values_of(args, 'base_learning_rate') == ['2.5']
+  assert values_of(args, 'warmup_epochs') == ['3']
+  assert values_of(args, 'lr_schedule') == ['polynomial']
+  assert values_of(args, 'label_smoothing') == ['0.1']
+  assert values_of(args, 'weight_decay') == ['0.0001']
+  assert values_of(args, 'single_l2_loss_op') == ['true']
+
+
+def test_rmsprop_has_no_preset():
+  args = trainer_args(command_of(dry_run(['--optimizer', 'RMSProp'])))
+  for name in ('base_learning_rate', 'warmup_epochs', 'lr_schedule',
+               'weight_decay'):
+    assert values_of(args, name) == [], name
+
+
+@pytest.mark.parametrize('given,name,value', [
+    (['--base_learning_rate=3'], 'base_learning_rate', '3'),
+    (['--base_learning_rate', '3'], 'base_learning_rate', '3'),
+    (['-base_learning_rate=3'], 'base_learning_rate', '3'),
+    (['--warmup_epochs', '1'], 'warmup_epochs', '1'),
+    (['--nosingle_l2_loss_op'], 'single_l2_loss_op', 'false'),
+    (['--single_l2_loss_op=false'], 'single_l2_loss_op', 'false'),
+])
+def test_a_value_the_user_gave_wins_in_every_spelling(given, name, value):
+  args = trainer_args(command_of(dry_run(['--optimizer=LARS'] + given)))
+  assert values_of(args, name) == [value], args
+
+
+def test_multi_worker_horovod_uses_mpirun_and_the_large_batch_lr():
+  out = dry_run(['--optimizer', 'LARS', '--use_horovod',
+                 '--num_workers_per_hls', '2', '-bs', '8'])
+  argv = command_of(out)
+  assert argv[:4] == ['mpirun', '--allow-run-as-root', '-np', '2']
+  assert '--tag-output' in argv and '--merge-stderr-to-stdout' in argv
+  args = trainer_args(argv)
+  assert values_of(args, 'base_learning_rate') == ['9.5']
+  assert '--use_horovod' in args and '--num_workers_per_hls' not in out
+  # Every rank gets oneDNN as the launcher set it, and why (common/env.py).
+  forwarded = [argv[i + 1] for i, a in enumerate(argv) if a == '-x']
+  assert {'TF_ENABLE_ONEDNN_OPTS', 'RESNET_KERAS_ONEDNN_DEFAULTED'} <= set(
+      forwarded) or platform.machine().lower() not in ('x86_64', 'amd64')
+
+
+def test_multi_host_dry_run_contacts_nobody_and_prints_tf_configs():
+  env = {'MULTI_HLS_IPS': '192.0.2.1,192.0.2.2', 'TF_BASE_PORT': '7000'}
+  out = dry_run(['-ds', 'multi_worker_mirrored', '--num_workers_per_hls', '2',
+                 '--horovod_hierarchical_allreduce'], env=env)
+  argv = command_of(out)
+  assert argv[argv.index('-np') + 1] == '4'
+  hostfile = argv[argv.index('--hostfile') + 1]
+  assert not os.path.exists(hostfile)  # A dry run writes nothing.
+  assert '192.0.2.1 slots=2' in out and '192.0.2.2 slots=2' in out
+  assert 'env: HOROVOD_HIERARCHICAL_ALLREDUCE=1' in out
+  assert '-x' in argv and 'MULTI_HLS_IPS' in argv
+  configs = [json.loads(l.split(': ', 1)[1]) for l in out.splitlines()
+             if l.startswith('TF_CONFIG rank')]
+  assert [c['task']['index'] for c in configs] == [0, 1, 2, 3]
+  assert configs[3]['cluster']['worker'][3] == '192.0.2.2:7001'
+
+
+def test_data_service_hosts_dry_run_shows_the_servers_and_contacts_nobody():
+  out = dry_run(['--data_service_hosts', '192.0.2.5,192.0.2.6',
+                 '--data_service_port', '6000'])
+  args = trainer_args(command_of(out))
+  assert values_of(args, 'tf_data_service') == ['grpc://192.0.2.5:6000']
+  assert values_of(args, 'tf_data_service_workers') == ['2']
+  assert not any('data_service_hosts' in a for a in args)
+  servers = [l for l in out.splitlines() if l.startswith('data service ')]
+  assert [l.split(':')[0] for l in servers] == [
+      'data service dispatcher on 192.0.2.5', 'data service worker on 192.0.2.5',
+      'data service worker on 192.0.2.6']
+  assert '-m resnet_keras.data.service worker --port 6001 --dispatcher ' \
+         '192.0.2.5:6000' in servers[2]
+  assert 'pre-flight on 192.0.2.5: ports 6000, 6001 free' in out
+  result = runner.spawn_script(DEMO, ['--dry_run', '--data_service_hosts',
+                                      'h2', '--tf_data_service', 'grpc://h3:1'],
+                               timeout=120)
+  runner.assert_one_line_error(result, 'give one of them')
+
+
+def test_kubernetes_run_starts_this_rank_in_process():
+  out = dry_run(['--use_horovod', '--num_workers_per_hls', '8',
+                 '--kubernetes_run=True'])
+  argv = command_of(out)
+  assert argv[1] == runner.MAIN and 'mpirun' not in argv
+  assert not any('kubernetes_run' in a for a in argv)
+  # =False is a real false: several workers go back to mpirun.
+  out = dry_run(['--use_horovod', '--num_workers_per_hls', '8',
+                 '--kubernetes_run=False'])
+  assert command_of(out)[0] == 'mpirun'
+
+
+@pytest.mark.parametrize('args,fragments', [
+    (['--num_workers_per_hls', '2'], ['2 workers need a multi-worker backend',
+                                      '--use_horovod']),
+    (['--use_horovod', '-ds', 'mirrored'], ['--use_horovod and',
+                                           'use one']),
+    (['-ds', 'hpu'], ['hpu is Gaudi-only', 'multi_worker_mirrored']),
+    (['--optimizer', 'Adam'], ['--optimizer=Adam is not supported']),
+    (['--num_workers_per_hls', '0'], ['--num_workers_per_hls must be >= 1']),
+    (['-ds', 'multi_worker_mirrored', '--num_workers_per_hls', '4', '-bs', '2'],
+     ['--batch_size=2 is the global batch', 'multiple of the 4 workers',
+      '--batch_size=4']),
+    (['--no_such_flag'], ['no_such_flag']),
+])
+def test_launch_errors_are_one_line(args, fragments):
+  result = runner.spawn_script(DEMO, ['--dry_run'] + args, timeout=120)
+  runner.assert_one_line_error(result, *fragments)
+
+
+def test_multi_host_needs_a_multi_worker_backend():
+  result = runner.spawn_script(DEMO, ['--dry_run'], timeout=120,
+                          env={'MULTI_HLS_IPS': '192.0.2.1,192.0.2.2'})
+  runner.assert_one_line_error(result, '2 workers need a multi-worker backend')
+
+
+def test_help_lists_launcher_and_trainer_flags():
+  result = runner.spawn_script(DEMO, ['--helpfull'], timeout=120)
+  assert result.returncode == 0
+  for name in ('num_workers_per_hls', 'kubernetes_run', 'dry_run',
+               'optimizer', 'use_horovod', 'data_loader_image_type'):
+    assert f'--{name}' in result.stdout or f'--[no]{name}' in result.stdout
+
+
+def test_missing_mpirun_says_how_to_install_it(tmp_path):
+  result = runner.spawn_script(DEMO, ['--use_horovod',
+                                      '--num_workers_per_hls=2',
+                                      f'--model_dir={tmp_path}'],
+                               timeout=120, env={'PATH': str(tmp_path)})
+  runner.assert_one_line_error(result, 'mpirun not found', 'install_horovod.sh')

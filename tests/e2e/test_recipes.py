@@ -1,0 +1,164 @@
+"""Recipes (--config) through the entry points: every shipped recipe printed
+and read back (--print_config, a short process of its own), the launcher's
+recipes and presets, one-line errors, recipes that train. (Applying a
+recipe to flags: unit/.)"""
+
+import json
+import os
+
+import pytest
+import yaml
+
+from resnet_keras import recipes
+from tests.support import runner
+from tests.support.records import write_dataset
+
+DEMO = os.path.join(runner.REPO_ROOT, 'demo_resnet_keras.py')
+LAUNCHER_RECIPES = ('resnet50_lars_8workers', 'resnet50_lars_16workers',
+                    'resnet50_lars_32workers', 'resnet50_mlperf_lars')
+
+
+@pytest.mark.parametrize('points', [[0.2, 0.7], '0.2,0.7'])
+def test_decay_points_from_a_yaml_list_or_text(points, tmp_path):
+  path = tmp_path / 'stepped.yaml'
+  path.write_text(yaml.safe_dump({'lr_schedule': 'stepped',
+                                  'lr_decay_points': points,
+                                  'norm': 'group', 'groups': 16}))
+  values = yaml.safe_load(_print_config(runner.MAIN, ['--config', str(path)]))
+  assert values['lr_decay_points'] == '0.2,0.7'
+  assert values['norm'] == 'group' and values['groups'] == 16
+
+
+def _print_config(script, args):
+  result = runner.spawn_script(script, list(args) + ['--print_config'],
+                          timeout=120)
+  assert result.returncode == 0, result.stderr
+  return result.stdout
+
+
+@pytest.mark.parametrize('name', sorted(
+    set(recipes.available()) - set(LAUNCHER_RECIPES)))
+def test_single_process_recipes_print_and_read_back(name, tmp_path):
+  printed = _print_config(runner.MAIN, ['--config', name])
+  values = yaml.safe_load(printed)
+  with open(os.path.join(recipes.RECIPES_DIR, f'{name}.yaml')) as f:
+    recipe = yaml.safe_load(f)
+  for key, value in recipe.items():
+    if key not in recipes.META_KEYS:
+      assert values[key] == value, key
+  # The printed configuration is itself a recipe giving the same run.
+  path = tmp_path / 'effective.yaml'
+  path.write_text(printed)
+  assert _print_config(runner.MAIN, ['--config', str(path)]) == printed
+
+
+@pytest.mark.parametrize('name', LAUNCHER_RECIPES)
+def test_multi_worker_recipes_need_the_launcher(name):
+  result = runner.run_main(['--config', name])
+  runner.assert_one_line_error(result, 'num_workers_per_hls',
+                               'demo_resnet_keras.py')
+  values = yaml.safe_load(_print_config(DEMO, ['--config', name]))
+  assert values['num_workers_per_hls'] == 8 and values['use_horovod']
+
+
+def test_reference_recipe_values():
+  one = yaml.safe_load(_print_config(runner.MAIN, ['--config',
+                                                   'resnet50_lars_1worker']))
+  assert (one['optimizer'], one['base_learning_rate'], one['batch_size'],
+          one['train_epochs']) == ('LARS', 2.5, 256, 40)
+  big = yaml.safe_load(_print_config(DEMO, ['--config',
+                                            'resnet50_lars_32workers']))
+  assert (big['base_learning_rate'], big['warmup_epochs'],
+          big['lars_decay_epochs'], big['train_epochs'],
+          big['steps_per_loop']) == (17.0, 5.0, 43.0, 42, 1000)
+  mlperf = yaml.safe_load(_print_config(DEMO, ['--config',
+                                               'resnet50_mlperf_lars']))
+  assert mlperf['batch_size'] * mlperf['num_workers_per_hls'] == 2048
+  assert (mlperf['target_accuracy'], mlperf['epochs_between_evals'],
+          mlperf['eval_offset_epochs']) == (0.759, 4, 3)
+
+
+def test_launcher_recipe_beats_the_preset_and_flags_beat_both():
+  result = runner.spawn_script(DEMO, ['--config', 'resnet50_lars_16workers',
+                                 '--warmup_epochs', '2', '--dry_run'],
+                          timeout=120)
+  assert result.returncode == 0, result.stderr
+  command = next(l for l in result.stdout.splitlines()
+                 if l.startswith('command: '))
+  # The LARS preset for several workers says 9.5 and 3 warmup epochs.
+  assert '--base_learning_rate=13.0' in command
+  assert '--base_learning_rate=9.5' not in command
+  assert '--warmup_epochs 2' in command and '--warmup_epochs=' not in command
+  assert '-np 8' in command and '--config' not in command
+  assert 'HOROVOD_HIERARCHICAL_ALLREDUCE=1' in result.stdout
+
+
+@pytest.mark.parametrize('args,fragments', [
+    (['--config', 'no_such_recipe'], ['--config=no_such_recipe',
+                                      'resnet50_lars_1worker']),
+    (['--config', '{bad'], ['cannot be read as YAML']),
+    (['--config', '[1, 2]'], ['must be a mapping']),
+    (['--config', 'batch_size: many'], ['batch_size must be a int']),
+    (['--config', 'bogus: 1'], ['unknown key "bogus"']),
+])
+def test_bad_recipes_are_one_line(tmp_path, args, fragments):
+  if args[1] != 'no_such_recipe':
+    path = tmp_path / 'recipe.yaml'
+    path.write_text(args[1])
+    args = ['--config', str(path)]
+  for script in (runner.MAIN, DEMO):
+    result = runner.spawn_script(script, args + ['--print_config'], timeout=120)
+    runner.assert_one_line_error(result, *fragments)
+
+
+def test_the_quick_start_recipe_trains_with_overrides(tmp_path):
+  # The recipe scripts/fashion_mnist_demo.sh runs, as written but for its
+  # batch and length: whole-image training from the decoded cache, flip
+  # evaluation.
+  with open(os.path.join(runner.REPO_ROOT, 'scripts',
+                         'fashion_mnist_demo.sh')) as f:
+    assert 'FMNIST_RECIPE:-fashion_mnist_fast}' in f.read()
+  data_dir = str(tmp_path / 'data')
+  write_dataset(data_dir)
+  model_dir = str(tmp_path / 'run')
+  result = runner.run_main(['--config', 'fashion_mnist_fast', '-dd', data_dir,
+                            '-md', model_dir, '-bs', '4', '-te', '1',
+                            '--steps_per_loop', '2', '--log_steps', '2'])
+  assert result.returncode == 0, result.stderr
+  with open(os.path.join(model_dir, 'config.json')) as f:
+    effective = json.load(f)['config']
+  assert (effective['stem'], effective['image_size'],
+          effective['lr_schedule'], effective['batch_size'],
+          effective['resnet_depth'], effective['width_multiplier'],
+          effective['train_crop_min_area'], effective['eval_flip'],
+          effective['training_dataset_cache'], effective['stem_init']) == (
+              'small', 28, 'linear', 4, 10, 0.5, 1.0, True, True, 'pca')
+  # The PCA stem from the fixture's training images: flat colours, so their
+  # patches vary along the 3 colours only.
+  assert ('stem: 6 of its 32 filters start as +/- the 3 principal '
+          'directions of 3x3 patches of 17 training images') in result.stderr
+  summary = runner.read_summary(model_dir)
+  assert summary['train_steps'] == 4 and summary['eval_examples'] == 7
+
+
+@pytest.mark.slow
+def test_an_ffcv_recipe_trains_at_its_sizes_on_synthetic_data(tmp_path):
+  """resnet50_ffcv_16epochs as written (ResNet-50, BlurPool, flip
+  evaluation at 256 px, linear schedule), its batch and run shortened: two
+  epochs of one step, its ramp moved to them, so both sizes train."""
+  model_dir = str(tmp_path / 'run')
+  result = runner.run_main([
+      '--config', 'resnet50_ffcv_16epochs', '-synth', '-md', model_dir,
+      '-bs', '2', '-te', '2', '--train_steps', '1', '--steps_per_loop', '1',
+      '--num_eval_examples', '2', '--num_classes', '10',
+      '--progressive_resize_epochs', '0,1', '--dtype', 'fp32'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  for size, epoch in ((160, 0), (192, 1)):
+    assert (f'progressive resizing: training at {size} px from epoch '
+            f'{epoch}') in result.stderr
+  with open(os.path.join(model_dir, 'config.json')) as f:
+    effective = json.load(f)['config']
+  assert (effective['resnet_depth'], effective['blurpool'],
+          effective['eval_image_size'], effective['eval_flip'],
+          effective['lr_schedule']) == (50, True, 256, True, 'linear')
+  assert runner.read_summary(model_dir)['eval_examples'] == 2

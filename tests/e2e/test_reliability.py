@@ -1,0 +1,145 @@
+"""Runs that stop or resume losing nothing, through the trainer's main in
+this process: non-finite losses, checkpoint intervals, foreign checkpoints,
+a full disk, resumes and seeds that give the same weights. (Signals and
+kill -9, to a process of its own: processes/; the guard alone: unit/.)"""
+
+import glob
+import json
+import os
+import subprocess
+
+import pytest
+
+from resnet_keras import guards
+from tests.support import runner
+from tests.support.records import write_dataset
+
+
+def _train_with_checkpoint(model_dir):
+  """A tiny run that leaves one checkpoint, at step 4."""
+  result = runner.run_main([f'--model_dir={model_dir}',
+                            '--enable_checkpoint_and_export', '--skip_eval'] +
+                           runner.TINY)
+  assert result.returncode == 0, result.stderr[-3000:]
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tmp_path):
+  model_dir = str(tmp_path / 'model')
+  _train_with_checkpoint(model_dir)
+  assert runner.checkpoint_steps(model_dir) == [4]
+  exploding = runner.run_main([f'--model_dir={model_dir}', '-te', '3',
+                               '--enable_checkpoint_and_export', '--skip_eval',
+                               '--base_learning_rate=1e30',
+                               '--warmup_epochs=0'] + runner.TINY)
+  runner.assert_stopped_with(exploding, 'training loss is', 'at step',
+                            'ckpt-4', '--base_learning_rate')
+  assert exploding.returncode == guards.NON_FINITE_EXIT_CODE
+  assert runner.checkpoint_steps(model_dir) == [4]
+
+
+def test_checkpoint_interval_and_max_checkpoints(tmp_path):
+  model_dir = str(tmp_path / 'model')
+  result = runner.run_main([f'--model_dir={model_dir}', '-te', '2',
+                            '--enable_checkpoint_and_export', '--skip_eval',
+                            '--checkpoint_interval_steps=1',
+                            '--steps_per_loop=1', '--max_checkpoints=3'] +
+                           runner.TINY[:-3])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert result.stderr.count('saved checkpoint') == 8  # every step of 2x4
+  assert runner.checkpoint_steps(model_dir) == [6, 7, 8]
+
+
+def test_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
+  model_dir = str(tmp_path / 'model')
+  _train_with_checkpoint(model_dir)
+  before = {p: os.path.getmtime(p) for p in glob.glob(f'{model_dir}/*')}
+  other = [a for a in runner.TINY if not a.startswith('--num_classes')]
+  for change in (['--num_classes=5'], ['--resnet_depth=34', '--num_classes=10']):
+    result = runner.run_main([f'--model_dir={model_dir}',
+                              '--enable_checkpoint_and_export'] + other +
+                             change)
+    runner.assert_one_line_error(result, 'holds checkpoints of another model',
+                                 '--clean')
+  after = {p: os.path.getmtime(p) for p in glob.glob(f'{model_dir}/*')}
+  assert before == after
+
+
+@pytest.mark.slow
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+  data_dir = str(tmp_path / 'data')
+  write_dataset(data_dir)  # 17 training records: 4 steps of 4 per epoch
+
+  def train(model_dir, epochs):
+    result = runner.run_main([
+        '-dd', data_dir, '-md', model_dir, '--resnet_depth=10',
+        '--width_multiplier=0.25', '--image_size=32', '--batch_size=4',
+        f'-te={epochs}',
+        '--steps_per_loop=2', '--log_steps=2', '--global_seed=7',
+        '--enable_checkpoint_and_export', '--skip_eval'])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return runner.read_summary(model_dir)
+
+  straight = train(str(tmp_path / 'straight'), 2)
+  train(str(tmp_path / 'resumed'), 1)           # "interrupted" after epoch 1
+  resumed = train(str(tmp_path / 'resumed'), 2)
+  assert resumed['resumed_from_step'] == 4 and resumed['train_steps'] == 8
+  assert resumed['train_loss'] == straight['train_loss']
+  assert resumed['weights_sha256'] == straight['weights_sha256']
+
+
+@pytest.mark.slow
+def test_full_disk_is_one_line_and_keeps_what_was_written(tmp_path):
+  import tensorflow as tf
+  model_dir = str(tmp_path / 'small_disk')
+  os.makedirs(model_dir)
+  # Room for one checkpoint (weights + momentum, ~90 MB) and the export
+  # (~45 MB) of a ResNet-18, not for a second checkpoint.
+  subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=180M', 'tmpfs',
+                  model_dir], check=True)
+  try:
+    args = [f'--model_dir={model_dir}', '--enable_checkpoint_and_export',
+            '--skip_eval'] + runner.TINY[:-4] + ['--steps_per_loop=2',
+                                                 '--log_steps=2',
+                                                 '--resnet_depth=18',
+                                                 '--width_multiplier=1']
+    first = runner.run_main(args + ['--train_steps=2'])
+    assert first.returncode == 0, first.stderr[-3000:]
+    full = runner.run_main(args + ['--train_steps=4'])
+    runner.assert_stopped_with(full, 'no space left', '--model_dir')
+    assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-2')
+    tf.train.load_checkpoint(os.path.join(model_dir, 'ckpt-2'))
+    assert tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
+  finally:
+    subprocess.run(['umount', model_dir], check=True)
+
+
+def _train_losses(metrics_path):
+  with open(metrics_path) as f:
+    records = [json.loads(line) for line in f]
+  return [(r['step'], r.get('train_loss'), r.get('eval_loss'))
+          for r in records]
+
+
+@pytest.mark.slow
+def test_same_seed_gives_the_same_losses_step_by_step(tmp_path):
+  data_dir = str(tmp_path / 'data')
+  write_dataset(data_dir)
+
+  def train(name, seed):
+    # bf16 with matmul convolutions, uint8 images, random crops and flips,
+    # several threads per op: every source of drift the defaults have.
+    model_dir = str(tmp_path / name)
+    result = runner.run_main([
+        '-dd', data_dir, '-md', model_dir, '--resnet_depth=10',
+        '--width_multiplier=0.25', '--image_size=32', '--batch_size=4',
+        '-te=2', '-dt', 'bf16',
+        '-dlit', 'uint8', '--steps_per_loop=2', '--log_steps=1',
+        f'--global_seed={seed}'])
+    assert result.returncode == 0, result.stderr[-3000:]
+    return (_train_losses(os.path.join(model_dir, 'metrics.jsonl')),
+            runner.read_summary(model_dir)['weights_sha256'])
+
+  first, second, other = train('a', 5), train('b', 5), train('c', 6)
+  assert len(first[0]) == 8 + 2           # every step, and both evals
+  assert first == second
+  assert other[0] != first[0] and other[1] != first[1]

@@ -1,0 +1,405 @@
+"""Jobs across hosts: the launcher, exactly as the README runs it, on a
+cluster of network-namespace hosts (support/cluster.py). They need root
+(network namespaces) and skip without it, saying so.
+
+Training with Horovod and multi_worker_mirrored, failures that must end the
+job in bounded time with the lost host named, an outage that must not, the
+pre-flight check, and a restart that must end with an uninterrupted run's
+weights.
+"""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.support import cluster as cluster_lib
+from tests.support import runner
+from tests.support.records import write_dataset
+
+DEMO = os.path.join(runner.REPO_ROOT, 'demo_resnet_keras.py')
+# ResNet-10: every rank of a job shares this machine's 2 cores.
+TINY = ['--resnet_depth=10' if a.startswith('--resnet_depth') else a
+        for a in runner.TINY if not a.startswith(('--batch_size',
+                                                  '--train_steps'))]
+TRAINER = 'resnet_ctl_imagenet_main.py'
+FAILURE_TIMEOUT = 60  # The launcher's default --failure_timeout.
+# The failure tests set their own, shorter one: it is what bounds the time to
+# exit, so the test also proves the flag reaches mpirun and the workers (the
+# default's keepalive settings: unit/test_launch.py), in half the wait.
+SHORT_FAILURE_TIMEOUT = 24
+
+_missing = cluster_lib.missing_requirements()
+# One mpirun job at a time (as in processes/test_multi_worker.py): its ranks
+# share this machine's cores. The cluster is built once, in one worker.
+pytestmark = [pytest.mark.skipif(_missing is not None,
+                                 reason=f'no test cluster: {_missing}'),
+              pytest.mark.xdist_group('mpirun')]
+
+
+@pytest.fixture(scope='module')
+def cluster():
+  hosts = cluster_lib.Cluster(
+      2, state_dir=f'/run/resnet_keras_cluster_{os.getpid()}',
+      subnet_index=100 + os.getpid() % 150).start()
+  try:
+    yield hosts
+  finally:
+    hosts.stop()
+
+
+@pytest.fixture
+def healthy(cluster):
+  """The cluster, healed after the test: links up, no firewall, no job."""
+  yield cluster
+  for host in cluster.hosts:
+    cluster.restore_link(host)
+    cluster.clear_firewall(host)
+    cluster.kill_host_processes(host)
+
+
+def _start(cluster, args, log_path, env=None):
+  """The launcher on the first host; its output to `log_path`."""
+  environ = {**cluster.launcher_env(dict(os.environ)), **(env or {})}
+  log = open(log_path, 'w')
+  job = cluster.popen(cluster.hosts[0], [sys.executable, DEMO] + args,
+                      env=environ, cwd=runner.REPO_ROOT, stdout=log,
+                      stderr=subprocess.STDOUT)
+  log.close()
+  return job
+
+
+def _run(cluster, args, log_path, timeout=400):
+  job = _start(cluster, args, log_path)
+  try:
+    returncode = job.wait(timeout=timeout)
+  finally:
+    if job.poll() is None:
+      job.kill()
+  return returncode, open(log_path).read()
+
+
+def _wait_for_line(job, log_path, text, timeout=300):
+  deadline = time.monotonic() + timeout
+  while text not in open(log_path).read():
+    assert job.poll() is None, open(log_path).read()[-3000:]
+    assert time.monotonic() < deadline, f'no "{text}" in the log'
+    time.sleep(0.5)  # Polls a log file for a line; not a guessed wait.
+
+
+def _job_processes(cluster):
+  """host name -> PIDs of the job's processes (ranks, MPI daemons)."""
+  found = {}
+  for host in cluster.hosts:
+    pids = cluster.processes(host, TRAINER) + cluster.processes(host, 'orted')
+    if pids:
+      found[host.name] = pids
+  return found
+
+
+def _summaries(model_dir, num_workers):
+  return [runner.read_summary(os.path.join(model_dir, *(
+      [] if worker == 0 else [f'worker_{worker}'])))
+          for worker in range(num_workers)]
+
+
+def _no_error_lines(output):
+  """Lines a user would read as a failure."""
+  return [line for line in output.splitlines()
+          if re.search(r'\berror\b|UNAVAILABLE|cuInit|Traceback', line,
+                       re.IGNORECASE)]
+
+
+# One run shared by the Horovod test and the restart test, which must end
+# with its weights. Steps enough that the restart's kill, once ckpt-4 is
+# logged, lands mid-run.
+STEPS = 96
+SEEDED = ['--global_seed=7', '--checkpoint_interval_steps=4',
+          '--enable_checkpoint_and_export',
+          '--batch_size=8', f'--train_steps={STEPS}', '--train_epochs=1']
+
+
+@pytest.fixture(scope='module')
+def horovod_run(cluster, tmp_path_factory):
+  model_dir = tmp_path_factory.mktemp('horovod') / 'model'
+  started = time.monotonic()
+  returncode, output = _run(
+      cluster, ['--use_horovod', '--num_workers_per_hls=1',
+                f'--model_dir={model_dir}'] + SEEDED + TINY,
+      model_dir.parent / 'log.txt')
+  print(f'Horovod 2 hosts x 1 worker: {time.monotonic() - started:.0f} s')
+  assert returncode == 0, output[-4000:]
+  return str(model_dir), output
+
+
+def _assert_ran_across_hosts(cluster, summaries, global_batch, train_steps):
+  hosts = {(s['host']['hostname'], s['host']['address']) for s in summaries}
+  expected = {(h.name, h.address) for h in cluster.hosts}
+  assert hosts == expected, hosts  # Every host ran a worker, and only they.
+  assert len({s['weights_sha256'] for s in summaries}) == 1
+  for summary in summaries:
+    assert summary['num_workers'] == len(summaries)
+    assert summary['global_batch_size'] == global_batch
+    assert summary['train_steps'] == train_steps
+  assert summaries[0]['eval_examples'] == 13
+
+
+def test_horovod_one_worker_per_host(cluster, horovod_run):
+  model_dir, output = horovod_run
+  summaries = _summaries(model_dir, 2)
+  _assert_ran_across_hosts(cluster, summaries, global_batch=16,
+                           train_steps=STEPS)
+  assert summaries[0]['restarts'] == 0
+  # Only the chief wrote checkpoints and the export.
+  assert os.path.exists(os.path.join(model_dir, 'saved_model'))
+  assert os.path.exists(os.path.join(model_dir, f'ckpt-{STEPS}.index'))
+  worker_dir = os.path.join(model_dir, 'worker_1')
+  assert sorted(os.listdir(worker_dir)) == ['run_summary.json']
+  assert not _no_error_lines(output), _no_error_lines(output)
+
+
+@pytest.mark.parametrize('backend_args,batch,workers_per_host', [
+    # Two workers per host on 2 CPUs: oversubscribed, -np 4.
+    (['--use_horovod'], '--batch_size=4', 2),
+    # -bs is the global batch; each rank's TF_CONFIG names the hosts.
+    (['-ds', 'multi_worker_mirrored'], '--batch_size=16', 1),
+])
+def test_training_across_hosts(cluster, tmp_path, backend_args, batch,
+                               workers_per_host):
+  model_dir = tmp_path / 'model'
+  started = time.monotonic()
+  returncode, output = _run(
+      cluster, backend_args + [f'--num_workers_per_hls={workers_per_host}',
+                               batch, '--train_steps=4',
+                               f'--model_dir={model_dir}',
+                               '--enable_checkpoint_and_export'] + TINY,
+      tmp_path / 'log.txt')
+  print(f'{backend_args} 2 hosts x {workers_per_host}: '
+        f'{time.monotonic() - started:.0f} s')
+  assert returncode == 0, output[-4000:]
+  num_workers = 2 * workers_per_host
+  summaries = _summaries(str(model_dir), num_workers)
+  _assert_ran_across_hosts(cluster, summaries, global_batch=16,
+                           train_steps=4)
+  if 'multi_worker_mirrored' in backend_args:
+    addresses = [h.address for h in cluster.hosts]
+    for rank, address in enumerate(addresses):
+      assert (f'"worker": ["{addresses[0]}:2410", "{addresses[1]}:2410"]'
+              f'}}, "task": {{"type": "worker", "index": {rank}}}') in output
+  assert os.path.exists(model_dir / 'saved_model')
+  for worker in range(1, num_workers):
+    assert not os.path.exists(model_dir / f'worker_{worker}' / 'saved_model')
+  assert not _no_error_lines(output), _no_error_lines(output)
+
+
+def _start_long_job(cluster, tmp_path, extra=()):
+  log_path = tmp_path / 'log.txt'
+  job = _start(cluster, ['--use_horovod', '--num_workers_per_hls=1',
+                         '--batch_size=8', '--train_steps=100000',
+                         '--train_epochs=1', f'--model_dir={tmp_path / "m"}']
+               + list(extra) + TINY, log_path)
+  _wait_for_line(job, log_path, 'step 2/')
+  return job, log_path
+
+
+def _kill_rank(cluster, host):
+  for pid in cluster.processes(host, TRAINER):
+    os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize('failure,expected', [
+    (_kill_rank, 'rank 1 on host {address} was killed by SIGKILL'),
+    (lambda cluster, host: cluster.kill_host_processes(host),
+     'host {address}'),
+    (lambda cluster, host: cluster.cut_link(host),
+     'lost contact with host {address} (rank 1)'),
+    (lambda cluster, host: cluster.black_hole(host),
+     'lost contact with host {address} (rank 1)'),
+], ids=['kill_rank', 'kill_host_processes', 'cut_link', 'black_hole'])
+def test_a_failure_ends_the_job_in_bounded_time(healthy, tmp_path, failure,
+                                                expected):
+  cluster = healthy
+  job, log_path = _start_long_job(
+      cluster, tmp_path, [f'--failure_timeout={SHORT_FAILURE_TIMEOUT}'])
+  remote = cluster.hosts[1]
+  try:
+    failed_at = time.monotonic()
+    failure(cluster, remote)
+    returncode = job.wait(timeout=SHORT_FAILURE_TIMEOUT + 30)
+    took = time.monotonic() - failed_at
+  finally:
+    if job.poll() is None:
+      job.kill()
+  print(f'time to exit: {took:.1f} s')
+  assert returncode != 0
+  assert took < SHORT_FAILURE_TIMEOUT
+  last_line = open(log_path).read().strip().splitlines()[-1]
+  assert 'job failed' in last_line, last_line
+  assert expected.format(address=remote.address) in last_line, last_line
+  deadline = time.monotonic() + 10
+  while _job_processes(cluster) and time.monotonic() < deadline:
+    time.sleep(0.5)  # Processes being reaped; polled, not a guessed wait.
+  assert not _job_processes(cluster), 'a process of the job outlived it'
+
+
+def test_a_short_outage_does_not_end_the_job(healthy, tmp_path):
+  cluster = healthy
+  job, log_path = _start_long_job(cluster, tmp_path)
+  cluster.cut_link(cluster.hosts[1])
+  time.sleep(5)  # The outage itself.
+  cluster.restore_link(cluster.hosts[1])
+  try:
+    _wait_for_line(job, log_path, 'step 8/', timeout=FAILURE_TIMEOUT * 3)
+  finally:
+    job.send_signal(signal.SIGTERM)
+    job.wait(timeout=120)
+  output = open(log_path).read()
+  assert 'job failed' not in output
+  assert 'job stopped by SIGTERM' in output  # Ours, not a lost host.
+
+
+def test_preflight_names_each_host_and_starts_nothing(healthy, tmp_path):
+  cluster = healthy
+  log_path = tmp_path / 'log.txt'
+  job = _start(cluster, ['--use_horovod', f'--model_dir={tmp_path / "m"}',
+                         '--batch_size=8'] + TINY, log_path,
+               env={'DOCKER_SSHD_PORT': '3023'})
+  assert job.wait(timeout=60) == 2
+  lines = open(log_path).read().strip().splitlines()
+  for host in cluster.hosts:
+    assert any(line.startswith(f'error: host {host.address}: ssh on port '
+                               '3023 failed') for line in lines), lines
+  assert lines[-1].startswith('error: pre-flight check failed on 2 host(s)')
+  assert not (tmp_path / 'm').exists()
+  assert not _job_processes(cluster)
+
+
+def test_dry_run_shows_the_preflight_checks(cluster, tmp_path):
+  returncode, output = _run(
+      cluster, ['-ds', 'multi_worker_mirrored', '--dry_run',
+                f'--model_dir={tmp_path}', '--batch_size=8'] + TINY,
+      tmp_path / 'log.txt', timeout=60)
+  assert returncode == 0, output
+  address = cluster.hosts[1].address
+  assert f'pre-flight on {address}: ports 2410 free' in output
+  assert f'pre-flight on each of {cluster.hosts[0].address}, {address}' in \
+      output
+
+
+def test_a_restarted_job_ends_with_an_uninterrupted_runs_weights(
+    healthy, tmp_path, horovod_run):
+  cluster = healthy
+  model_dir = tmp_path / 'model'
+  log_path = tmp_path / 'log.txt'
+  job = _start(cluster, ['--use_horovod', '--num_workers_per_hls=1',
+                         '--max_restarts=1', f'--model_dir={model_dir}']
+               + SEEDED + TINY, log_path)
+  try:
+    _wait_for_line(job, log_path, 'ckpt-4')
+    _kill_rank(cluster, cluster.hosts[1])
+    assert job.wait(timeout=400) == 0, open(log_path).read()[-4000:]
+  finally:
+    if job.poll() is None:
+      job.kill()
+  output = open(log_path).read()
+  restarts = [l for l in output.splitlines() if 'restart 1 of 1' in l]
+  assert len(restarts) == 1 and 'killed by SIGKILL' in restarts[0], output
+  before = output[:output.index(restarts[0])]
+  reached = max(int(step) for step in re.findall(rf'step (\d+)/{STEPS}',
+                                                 before))
+  resumed = int(re.search(r'restored from \S+ at step (\d+)',
+                          output).group(1))
+  print(f'restart: reached step {reached}, resumed at step {resumed}: '
+        f'{reached - resumed} steps lost')
+  assert 4 <= resumed < STEPS  # It resumed mid-run, from a checkpoint.
+  summary = runner.read_summary(str(model_dir))
+  assert summary['restarts'] == 1
+  assert summary['train_steps'] == STEPS
+  uninterrupted = runner.read_summary(horovod_run[0])
+  assert summary['weights_sha256'] == uninterrupted['weights_sha256']
+
+
+def _last_step(log_path):
+  steps = re.findall(r' I step (\d+)/', open(log_path).read())
+  return int(steps[-1]) if steps else 0
+
+
+def _wait_for_step(job, log_path, step, timeout=300):
+  deadline = time.monotonic() + timeout
+  while _last_step(log_path) < step:
+    assert job.poll() is None, open(log_path).read()[-3000:]
+    assert time.monotonic() < deadline, open(log_path).read()[-3000:]
+    time.sleep(0.5)
+  return _last_step(log_path)
+
+
+def test_data_service_hosts_lose_a_worker_and_the_dispatcher_then_the_last(
+    healthy, tmp_path):
+  """--data_service_hosts h2,h1: a dispatcher on h2, data workers on h2 and
+  h1, one trainer on h1. h2's worker killed: training goes on and the log
+  says so; the dispatcher killed and restarted by hand from its work_dir:
+  goes on; h1's worker, the last, killed: the job ends within the
+  trainer's --tf_data_service_timeout, naming both hosts; no server is
+  left on either host."""
+  h1, h2 = healthy.hosts
+  data_dir = str(tmp_path / 'data')
+  write_dataset(data_dir, num_classes=4, train_per_shard=(32, 32),
+                eval_per_shard=(5, 4))
+  work_dir, timeout = str(tmp_path / 'dispatcher'), 15
+  args = [a for a in TINY if not a.startswith(('--use_synthetic_data',
+                                               '--num_classes'))] + [
+      f'--data_dir={data_dir}', '--batch_size=8', '--train_steps=1000000',
+      '--train_epochs=100000', '--epochs_between_evals=100000',
+      '--log_steps=2', f'--model_dir={tmp_path / "model"}',
+      f'--data_service_hosts={h2.address},{h1.address}',
+      f'--data_service_work_dir={work_dir}',
+      f'--tf_data_service_timeout={timeout}']
+  log = str(tmp_path / 'job.log')
+  # One trainer, on h1: no MULTI_HLS_IPS.
+  job = _start(healthy, args, log, env={'MULTI_HLS_IPS': ''})
+  try:
+    step = _wait_for_step(job, log, 10)
+    text = open(log).read()
+    assert (f'[data dispatcher {h2.address}] tf.data service dispatcher '
+            'ready at') in text
+    assert f'--tf_data_service=grpc://{h2.address}:5050' not in text  # argv
+    # The servers' own command lines (arguments NUL-separated), not the
+    # launcher's ssh commands that start them.
+    dispatcher = 'resnet_keras.data.service\0dispatcher'
+    worker = 'resnet_keras.data.service\0worker'
+    assert len(healthy.processes(h2, worker)) == 1
+    for pid in healthy.processes(h2, worker):
+      os.kill(pid, signal.SIGKILL)
+    _wait_for_line(job, log, f'data worker on {h2.address} exited')
+    assert 'training goes on with 1 data worker' in open(log).read()
+    step = _wait_for_step(job, log, step + 30)
+
+    for pid in healthy.processes(h2, dispatcher):
+      os.kill(pid, signal.SIGKILL)
+    _wait_for_line(job, log, f'dispatcher on {h2.address} exited')
+    healthy.popen(h2, [sys.executable, '-m', 'resnet_keras.data.service',
+                       'dispatcher', '--port', '5050', '--work_dir',
+                       work_dir], env=dict(os.environ), cwd=runner.REPO_ROOT,
+                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    step = _wait_for_step(job, log, step + 30)
+
+    for pid in healthy.processes(h1, worker):
+      os.kill(pid, signal.SIGKILL)
+    killed = time.monotonic()
+    assert job.wait(timeout=timeout + 90) == 1
+    assert time.monotonic() - killed < timeout + 45
+  finally:
+    if job.poll() is None:
+      job.kill()
+  lines = open(log).read().strip().splitlines()
+  assert 'no batch from the tf.data service at' in '\n'.join(lines[-6:])
+  assert lines[-1].endswith(
+      f'the tf.data service lost its servers on {h1.address}, {h2.address} '
+      'during the job: restart them there (or drop them from '
+      '--data_service_hosts) and rerun to resume')
+  for host in (h1, h2):
+    assert not healthy.processes(host, 'resnet_keras.data.service')

@@ -1,0 +1,233 @@
+"""Real 2-process jobs through demo_resnet_keras.py (mpirun on this host).
+
+Horovod and multi_worker_mirrored each train a tiny model; both workers must
+end with identical weights. A job whose worker dies must end, non-zero,
+without leaving processes behind.
+"""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.support import runner
+
+# One mpirun job at a time: its ranks share this machine's cores, and jobs on
+# this host would share the multi_worker_mirrored ports.
+pytestmark = pytest.mark.xdist_group('mpirun')
+
+DEMO = os.path.join(runner.REPO_ROOT, 'demo_resnet_keras.py')
+TINY = [a for a in runner.TINY if not a.startswith('--batch_size')]
+
+
+def _summaries(model_dir):
+  return (runner.read_summary(model_dir),
+          runner.read_summary(os.path.join(model_dir, 'worker_1')))
+
+
+# The time-to-accuracy techniques together (e2e/test_training_techniques.py):
+# two epochs at 24 then 32 px, evaluation and export at 40 px, the weight
+# average swapped in for them.
+TECHNIQUES = ['--stem=small', '--train_epochs=2',
+              '--progressive_resize_start_size=24', '--eval_image_size=40',
+              '--zero_init_residual', '--blurpool', '--ema_decay=0.5',
+              '--ema_warmup', '--eval_flip', '--lr_schedule=linear',
+              '--lr_per_epoch', '--label_smoothing=0.1']
+
+
+@pytest.mark.parametrize('backend_args,batch_flag,global_batch', [
+    # -bs per worker; Horovod's batch norm synchronises over the workers.
+    (['--use_horovod', '--sync_batch_norm'], '--batch_size=8', 16),
+    (['-ds', 'multi_worker_mirrored'] + TECHNIQUES, '--batch_size=16',
+     16),  # -bs global
+    # Accumulated gradients take Horovod's explicit all-reduce: without it
+    # the workers' weights would drift apart.
+    (['--use_horovod', '--num_accumulation_steps=2'] + TECHNIQUES,
+     '--batch_size=8', 16),
+])
+def test_two_workers_train_in_lockstep(tmp_path, backend_args, batch_flag,
+                                       global_batch):
+  model_dir = str(tmp_path / 'model')
+  result = runner.spawn_script(
+      DEMO, backend_args + ['--num_workers_per_hls=2', batch_flag,
+                            f'--model_dir={model_dir}',
+                            '--enable_checkpoint_and_export'] + TINY,
+      timeout=300)
+  techniques = '--ema_decay=0.5' in backend_args
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  chief, worker = _summaries(model_dir)
+  # The chief alone exports, and the export needs no Horovod (not imported
+  # here) nor any collective to load and run in training mode.
+  assert not os.path.exists(os.path.join(model_dir, 'worker_1', 'saved_model'))
+  loaded = tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
+  size = 40 if techniques else 32
+  assert loaded(tf.zeros([2, size, size, 3]), training=True).shape == (2, 10)
+  assert chief['num_workers'] == worker['num_workers'] == 2
+  assert (chief['worker_index'], worker['worker_index']) == (0, 1)
+  assert chief['global_batch_size'] == global_batch
+  assert chief['train_steps'] == (8 if techniques else 4)
+  if techniques:  # Both workers trained at both sizes, in step.
+    assert 'training at 32 px from epoch 1' in result.stdout + result.stderr
+  assert chief['eval_examples'] == 13  # Every example once, over both.
+  assert chief['weights_sha256'] == worker['weights_sha256']
+  # Losses and accuracies are reduced over the workers: both log the same.
+  assert chief['train_loss'] == pytest.approx(worker['train_loss'])
+  assert chief['train_accuracy'] == pytest.approx(worker['train_accuracy'])
+
+
+def _rank_pids(launcher_pid):
+  """pid -> MPI rank of the trainer processes under the launcher's mpirun."""
+  ranks = {}
+  for pid in os.listdir('/proc'):
+    if not pid.isdigit():
+      continue
+    try:
+      with open(f'/proc/{pid}/environ', 'rb') as f:
+        environ = dict(item.split(b'=', 1) for item in f.read().split(b'\0')
+                       if b'=' in item)
+      with open(f'/proc/{pid}/cmdline', 'rb') as f:
+        cmdline = f.read()
+    except OSError:
+      continue
+    if (b'resnet_ctl_imagenet_main.py' in cmdline and
+        b'OMPI_COMM_WORLD_RANK' in environ and
+        environ.get(b'RESNET_TEST_JOB') == str(launcher_pid).encode()):
+      ranks[int(pid)] = int(environ[b'OMPI_COMM_WORLD_RANK'])
+  return ranks
+
+
+def _start_long_job(tmp_path, backend_args):
+  """A 2-worker job through the launcher, once it logged step 2."""
+  log = open(tmp_path / 'log.txt', 'w+')
+  env = dict(os.environ, RESNET_TEST_JOB='pending')
+  args = [sys.executable, DEMO] + backend_args + [
+      '--num_workers_per_hls=2', f'--model_dir={tmp_path / "model"}',
+      '--batch_size=8', '--train_steps=100000', '--train_epochs=1'] + [
+          a for a in TINY if not a.startswith(('--train_steps', '--batch'))]
+  # The launcher execs mpirun, so its pid is mpirun's; tag the job with it.
+  job = subprocess.Popen(['sh', '-c', 'RESNET_TEST_JOB=$$ exec "$@"', 'sh'] +
+                         args, cwd=runner.REPO_ROOT, stdout=log,
+                         stderr=subprocess.STDOUT, env=env)
+  deadline = time.time() + 240
+  while 'step 2/' not in (tmp_path / 'log.txt').read_text():
+    assert job.poll() is None, (tmp_path / 'log.txt').read_text()[-3000:]
+    assert time.time() < deadline, 'training did not start'
+    time.sleep(1)  # Polls a log file for a line; not a guessed wait.
+  return job, log
+
+
+@pytest.mark.parametrize('backend_args', [
+    ['--use_horovod'], ['-ds', 'multi_worker_mirrored']])
+def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
+  job, log = _start_long_job(tmp_path, backend_args)
+  try:
+    ranks = _rank_pids(job.pid)
+    assert sorted(ranks.values()) == [0, 1], ranks
+    victim = next(pid for pid, rank in ranks.items() if rank == 1)
+    killed_at = time.time()
+    os.kill(victim, signal.SIGKILL)
+    returncode = job.wait(timeout=60)
+    assert returncode != 0
+    assert time.time() - killed_at < 60
+    output = (tmp_path / 'log.txt').read_text()
+    assert 'rank 1' in output or '[[' in output and ',1]' in output, output[-2000:]
+    time.sleep(1)
+    assert not _rank_pids(job.pid), 'a worker outlived the job'
+  finally:
+    if job.poll() is None:
+      job.kill()
+    log.close()
+
+
+@pytest.mark.parametrize('backend_args,signalled_ranks', [
+    (['-ds', 'multi_worker_mirrored'], (0, 1)),  # A preemption of the job.
+    # One worker's signal stops both at the same step (no worker left
+    # waiting in a collective), and the unsignalled chief saves.
+    (['--use_horovod'], (1,)),
+])
+def test_preempted_workers_agree_and_the_chief_saves(tmp_path, backend_args,
+                                                     signalled_ranks):
+  # Loops of 2 steps: a signal usually lands inside one, where the
+  # workers' stop flags are combined before each step.
+  job, log = _start_long_job(tmp_path, backend_args)
+  try:
+    ranks = _rank_pids(job.pid)
+    assert sorted(ranks.values()) == [0, 1], ranks
+    for pid, rank in ranks.items():
+      if rank in signalled_ranks:
+        os.kill(pid, signal.SIGTERM)
+    assert job.wait(timeout=120) != 0
+    output = (tmp_path / 'log.txt').read_text()
+    saved = [l for l in output.splitlines() if 'after signal' in l]
+    assert saved, output[-3000:]
+    step = int(saved[0].split('saved checkpoint at step ')[1].split()[0])
+    assert os.path.exists(tmp_path / 'model' / f'ckpt-{step}.index')
+    assert output.count(f'stopped by SIGTERM at step {step}') == 2, output[-3000:]
+    assert 'did not update' not in output  # orbit's short-loop warning
+  finally:
+    if job.poll() is None:
+      job.kill()
+    log.close()
+
+
+def test_port_in_use_is_one_line(tmp_path):
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+    taken.bind(('', 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    tf_config = json.dumps({'cluster': {'worker': [f'localhost:{port}']},
+                            'task': {'type': 'worker', 'index': 0}})
+    model_dir = tmp_path / 'run'
+    result = runner.spawn_main(['-ds', 'multi_worker_mirrored',
+                                f'--model_dir={model_dir}'] + runner.TINY,
+                               env={'TF_CONFIG': tf_config}, timeout=120)
+  runner.assert_one_line_error(result, f'port {port}', 'not free',
+                               'TF_BASE_PORT')
+  assert not model_dir.exists()
+
+
+def test_two_workers_resume_the_techniques_exactly(records_run, tmp_path):
+  """The time-to-accuracy techniques under Horovod's 2 processes
+  (e2e/test_training_techniques.py's run, its per-worker batch halved): 1
+  epoch then resumed to 3 ends as 3 straight: both workers' weights, every
+  variable of the last checkpoint, the weight average's included, and the
+  evaluations (which read the other worker's batch-norm statistics too:
+  it takes the chief's at each loop's end, as a resume gives them)."""
+  data_dir, _ = records_run
+  techniques = [a for a in runner.TECHNIQUES
+                if not a.startswith('--batch_size')]
+
+  def train(model_dir, epochs):
+    result = runner.spawn_script(
+        DEMO, ['--use_horovod', '--num_workers_per_hls=2', '--batch_size=2',
+               f'--data_dir={data_dir}', f'--model_dir={model_dir}',
+               f'--train_epochs={epochs}'] + techniques, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return _summaries(model_dir)
+
+  straight = train(str(tmp_path / 'straight'), 3)
+  train(str(tmp_path / 'resumed'), 1)
+  resumed = train(str(tmp_path / 'resumed'), 3)
+  assert resumed[0]['resumed_from_step'] == 4
+  assert straight[0]['global_batch_size'] == 4
+  hashes = {s['weights_sha256'] for s in straight + resumed}
+  assert len(hashes) == 1
+  final = [{n: tf.train.load_variable(path, n)
+            for n, _ in tf.train.list_variables(path)}
+           for path in (str(tmp_path / d / 'ckpt-12')
+                        for d in ('straight', 'resumed'))]
+  assert any(n.startswith('weight_average/') for n in final[0])
+  assert final[0].keys() == final[1].keys()
+  for name in final[0]:
+    np.testing.assert_array_equal(final[0][name], final[1][name],
+                                  err_msg=name)
+  assert straight[0]['eval_examples'] == resumed[0]['eval_examples'] == 9
+  for key in ('eval_accuracy', 'eval_loss'):
+    assert straight[0][key] == resumed[0][key], key

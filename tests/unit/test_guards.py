@@ -1,0 +1,73 @@
+"""The loop guard: a non-finite loss or weight stops a run with one line
+naming the step, what was kept and the likely causes; a signal asks for a
+stop after the current step. (Whole runs: e2e/ and processes/
+test_reliability.py.)"""
+
+import signal
+
+import numpy as np
+import pytest
+
+from common.errors import RunStopped
+from resnet_keras import guards
+from resnet_keras.metrics import LOOP_RECORD, LoopRecord
+
+
+def test_non_finite_step_finds_the_first_bad_loss():
+  assert guards.non_finite_step(np.array([1.0, 2.0]), 11) is None
+  assert guards.non_finite_step(np.array([1.0, np.inf, np.nan]), 11) == 12
+
+
+def _loop(losses, weights_finite=True, stopped_early=False):
+  """A loop's output, as the trainer gives it to the guard."""
+  return {LOOP_RECORD: LoopRecord(
+      first_step=5, losses=np.array(losses), accuracies=np.zeros(len(losses)),
+      seconds=1.0, weights_finite=weights_finite,
+      stopped_early=stopped_early)}
+
+
+def _guard():
+  return guards.LoopGuard(any_worker=lambda *flags: flags,
+                          last_checkpoint=lambda: '/m/ckpt-4', dtype='fp16',
+                          stopped_early=lambda: False)
+
+
+def test_guard_names_the_first_non_finite_loss_checkpoint_and_causes():
+  with pytest.raises(RunStopped) as stop:
+    _guard()(_loop([1.0, np.nan, np.inf]))
+  assert stop.value.exit_code == guards.NON_FINITE_EXIT_CODE
+  text = str(stop.value)
+  assert 'loss is nan at step 6' in text and '/m/ckpt-4' in text
+  assert '--base_learning_rate' in text and 'loss scaling' in text
+  assert 'no checkpoint' in guards.non_finite_message('x', None, 'fp32')
+
+
+def test_guard_stops_on_non_finite_weights_behind_finite_losses():
+  _guard()(_loop([1.0, 2.0]))  # All finite: carries on.
+  with pytest.raises(RunStopped) as stop:
+    _guard()(_loop([1.0, 2.0], weights_finite=False))
+  assert stop.value.exit_code == guards.NON_FINITE_EXIT_CODE
+  assert 'non-finite after step 6 (the losses were finite)' in str(stop.value)
+
+
+def test_guard_turns_a_signal_into_a_stop_and_restores_the_handlers():
+  guard = _guard()
+  before = signal.getsignal(signal.SIGTERM)
+  guard.install()
+  try:
+    assert not guard.stop_requested()
+    signal.raise_signal(signal.SIGTERM)
+    assert guard.stop_requested()
+    with pytest.raises(guards.SignalReceived) as stop:
+      guard(_loop([1.0]))
+    assert stop.value.exit_code == 143
+  finally:
+    guard.uninstall()
+  assert signal.getsignal(signal.SIGTERM) is before
+  assert signal.set_wakeup_fd(-1) == -1  # The wakeup fd is given back.
+
+
+def test_a_loop_another_worker_stopped_stops_this_one():
+  with pytest.raises(guards.SignalReceived) as stop:
+    _guard()(_loop([1.0], stopped_early=True))
+  assert stop.value.exit_code == 143
