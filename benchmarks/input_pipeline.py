@@ -34,7 +34,7 @@ from official.legacy.image_classification.resnet import imagenet_preprocessing  
 
 from resnet_keras.data import imagenet  # pylint: disable=g-import-not-at-top
 from resnet_keras.data.preprocessing import augmentation_seed  # pylint: disable=g-import-not-at-top
-from tests.imagenet_fixture import _example  # pylint: disable=g-import-not-at-top
+from tests.support.records import example
 
 import hardware  # pylint: disable=g-import-not-at-top,wrong-import-order
 
@@ -53,7 +53,7 @@ def write_shards(folder, num_shards, per_shard, seed=0):
         small = rng.randint(0, 256, [h // 8, w // 8, 3]).astype(np.uint8)
         pixels = tf.image.resize(small, [h, w]).numpy().astype(np.uint8)
         jpeg = tf.io.encode_jpeg(pixels, quality=90).numpy()
-        writer.write(_example(jpeg, int(rng.randint(1, 1001)), h, w))
+        writer.write(example(jpeg, int(rng.randint(1, 1001)), h, w))
     files.append(path)
   return files
 

@@ -10,7 +10,9 @@ env.prepare_tensorflow_environment()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import gc
+import time
 
+import psutil
 import pytest
 import tensorflow as tf
 import tf_keras
@@ -19,6 +21,39 @@ from tests.support import datasets
 from tests.support import records
 from tests.support import runner
 # pylint: enable=g-import-not-at-top,wrong-import-position
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+  """Every process a test starts has ended when the test has: none is left
+  to hold ports, files or a dispatcher's attention in later tests.
+  Processes of fixtures set up before the test (a module's cluster) are
+  theirs to end; exited ones that were not waited for (zombies) are gone."""
+  this = psutil.Process()
+  before = {p.pid for p in this.children(recursive=True)}
+  yield
+  deadline = time.monotonic() + 30  # What a killed job's children may take.
+  while True:
+    left = [p for p in this.children(recursive=True)
+            if p.pid not in before and _alive(p)]
+    if not left or time.monotonic() > deadline:
+      break
+    time.sleep(0.2)
+  assert not left, 'left running: ' + '; '.join(_command(p) for p in left)
+
+
+def _alive(process: psutil.Process) -> bool:
+  try:
+    return process.status() != psutil.STATUS_ZOMBIE
+  except psutil.NoSuchProcess:
+    return False
+
+
+def _command(process: psutil.Process) -> str:
+  try:
+    return ' '.join(process.cmdline()[:6])
+  except psutil.NoSuchProcess:
+    return f'pid {process.pid} (ended)'
 
 
 @pytest.fixture

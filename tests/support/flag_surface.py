@@ -2,7 +2,8 @@
 
 tests/data/flag_surface.json is this, written by the code before the
 architecture redesign (python -m tests.support.flag_surface, from the
-repository's root); tests/test_flag_surface.py compares today's with it.
+repository's root); tests/unit/test_flag_surface.py compares today's with
+it.
 """
 
 import importlib

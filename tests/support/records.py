@@ -11,7 +11,7 @@ import tensorflow as tf
 CLASS_NAMES = ('ant', 'bee', 'cat', 'dog', 'eel', 'fox')
 
 
-def _example(jpeg: bytes, label: int, height: int, width: int,
+def example(jpeg: bytes, label: int, height: int, width: int,
              boxes=None) -> bytes:
   def ints(v):
     return tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
@@ -53,7 +53,7 @@ def write_dataset(root, num_classes=3, train_per_shard=(6, 6, 5),
           pixels = np.full([h, w, 3], rng.randint(0, 256, 3), np.uint8)
           jpeg = tf.io.encode_jpeg(pixels, quality=100).numpy()
           boxes = [(0.1, 0.1, 0.9, 0.9)] if split == 'train' else None
-          writer.write(_example(jpeg, label + 1, h, w, boxes))
+          writer.write(example(jpeg, label + 1, h, w, boxes))
           labels[split].append(label)
   return labels
 
@@ -69,7 +69,7 @@ def truncate(path, keep_fraction=0.6):
 def append_undecodable(path, label=1):
   """Rewrites the shard with one more record whose image is not a JPEG."""
   records = [r.numpy() for r in tf.data.TFRecordDataset(path)]
-  records.append(_example(b'\xff\xd8\xff not really a jpeg', label, 8, 8))
+  records.append(example(b'\xff\xd8\xff not really a jpeg', label, 8, 8))
   with tf.io.TFRecordWriter(path) as writer:
     for record in records:
       writer.write(record)

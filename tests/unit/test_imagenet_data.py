@@ -11,7 +11,7 @@ import tensorflow as tf
 from resnet_keras.data import imagenet
 from resnet_keras.data.preprocessing import normalize_images
 from common.errors import UsageError
-from tests.support.records import _example
+from tests.support.records import example
 from tests.support.records import write_dataset
 
 
@@ -21,7 +21,7 @@ def test_parse_record_returns_label_and_boxes_in_y_x_order(boxes):
   # The records store each coordinate as its own list (image/object/bbox/
   # xmin, ymin, ...); the crop sampler wants them regrouped per box as
   # [1, num_boxes, (ymin, xmin, ymax, xmax)].
-  record = _example(b'jpeg', 7, 10, 10, boxes=boxes)
+  record = example(b'jpeg', 7, 10, 10, boxes=boxes)
   image_bytes, label, parsed = imagenet.parse_record(tf.constant(record))
   assert image_bytes.numpy() == b'jpeg'
   assert int(label) == 6  # 1-based in the record.
@@ -159,7 +159,7 @@ def test_a_decoded_cache_serves_what_decoding_every_epoch_serves(
   with tf.io.TFRecordWriter(path) as writer:
     for label in range(10):
       pixels = rng.randint(0, 256, [28, 28, 3]).astype(np.uint8)
-      writer.write(_example(tf.io.encode_jpeg(pixels).numpy(), label % 3 + 1,
+      writer.write(example(tf.io.encode_jpeg(pixels).numpy(), label % 3 + 1,
                             28, 28, None))
   kwargs = dict(is_training=True, batch_size=5, image_size=24, dtype=dtype,
                 num_classes=3, seed=3, crop_min_area=1.0)

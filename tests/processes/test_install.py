@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
-from tests import e2e
+from tests.support import runner
 
-pytestmark = pytest.mark.processes
 # Console scripts beside resnet-keras-train (pyproject.toml).
 TOOLS = ('launch', 'preprocess', 'export', 'validate', 'average', 'predict',
          'plots', 'data-service')
@@ -19,14 +18,14 @@ TOOLS = ('launch', 'preprocess', 'export', 'validate', 'average', 'predict',
 def _sources(destination):
   """The checkout's tracked files, copied: pip builds in the tree it gets,
   and the checkout stays clean."""
-  names = subprocess.run(['git', 'ls-files', '-z'], cwd=e2e.REPO_ROOT,
+  names = subprocess.run(['git', 'ls-files', '-z'], cwd=runner.REPO_ROOT,
                          capture_output=True, check=True).stdout
   for name in names.decode().split('\0'):
     if not name or name.startswith('tests/'):
       continue
     target = os.path.join(destination, name)
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    with open(os.path.join(e2e.REPO_ROOT, name), 'rb') as f, \
+    with open(os.path.join(runner.REPO_ROOT, name), 'rb') as f, \
         open(target, 'wb') as g:
       g.write(f.read())
   return destination

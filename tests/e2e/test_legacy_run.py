@@ -12,10 +12,9 @@ import pytest
 
 from resnet_keras.serving import contract
 from resnet_keras.serving import readers
-from tests import e2e
+from tests.support import runner
 
-LEGACY_RUN = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data',
-                          'legacy_run')
+LEGACY_RUN = os.path.join(runner.REPO_ROOT, 'tests', 'data', 'legacy_run')
 # The command line that wrote it, but for --train_epochs (1) and
 # --model_dir; config.json records the same values.
 ARGS = ['--use_synthetic_data', '--resnet_depth=10', '--width_multiplier=0.125',
@@ -36,29 +35,30 @@ def legacy_dir(tmp_path):
 
 @pytest.mark.slow
 def test_it_resumes_to_the_weights_of_a_run_made_today(legacy_dir, tmp_path):
-  resumed = e2e.run_main(ARGS + ['-md', legacy_dir, '-te', '2'])
+  resumed = runner.run_main(ARGS + ['-md', legacy_dir, '-te', '2'])
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert 'restored from' in resumed.stderr
   assert 'weight average (resumed from' in resumed.stderr
-  summary = e2e.read_summary(legacy_dir)
+  summary = runner.read_summary(legacy_dir)
   assert summary['resumed_from_step'] == 2 and summary['train_steps'] == 4
   straight_dir = str(tmp_path / 'straight')
-  straight = e2e.run_main(ARGS + ['-md', straight_dir, '-te', '2'])
+  straight = runner.run_main(ARGS + ['-md', straight_dir, '-te', '2'])
   assert straight.returncode == 0, straight.stderr[-3000:]
-  assert summary['weights_sha256'] == e2e.read_summary(
+  assert summary['weights_sha256'] == runner.read_summary(
       straight_dir)['weights_sha256']
   assert summary['eval_loss'] == pytest.approx(
-      e2e.read_summary(straight_dir)['eval_loss'], rel=1e-6)
+      runner.read_summary(straight_dir)['eval_loss'], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_it_validates_as_it_evaluated_and_exports_its_saved_model(legacy_dir):
-  result = e2e.run_tool('resnet_keras.validate', ['--model_dir', legacy_dir])
+  result = runner.run_tool('resnet_keras.validate', ['--model_dir', legacy_dir])
   assert result.returncode == 0, result.stderr[-3000:]
   row = result.stdout.splitlines()[1].split()
   assert row[0] == 'ckpt-2' and row[1] == '2'
   assert float(row[-1]) == pytest.approx(LEGACY_EVAL_LOSS, abs=1e-4)  # loss
 
-  exported = e2e.run_tool('resnet_keras.export', ['--model_dir', legacy_dir])
+  exported = runner.run_tool('resnet_keras.export', ['--model_dir', legacy_dir])
   assert exported.returncode == 0, exported.stderr[-3000:]
   pixels = np.random.RandomState(0).randint(0, 256, (3, 16, 16, 3),
                                             ).astype(np.uint8)

@@ -8,7 +8,7 @@ import os
 
 from tests.support import flag_surface
 
-RECORDED = os.path.join(os.path.dirname(os.path.abspath(__file__)), 'data',
+RECORDED = os.path.join(flag_surface.REPO_ROOT, 'tests', 'data',
                         'flag_surface.json')
 
 
