@@ -35,11 +35,20 @@ def no_process_left_behind():
   deadline = time.monotonic() + 30  # What a killed job's children may take.
   while True:
     left = [p for p in this.children(recursive=True)
-            if p.pid not in before and _alive(p)]
+            if p.pid not in before and _alive(p) and not _interpreters(p)]
     if not left or time.monotonic() > deadline:
       break
     time.sleep(0.2)
   assert not left, 'left running: ' + '; '.join(_command(p) for p in left)
+
+
+def _interpreters(process: psutil.Process) -> bool:
+  """multiprocessing's resource tracker: one per interpreter, started by its
+  first process pool and ended with the interpreter."""
+  try:
+    return 'multiprocessing.resource_tracker' in ' '.join(process.cmdline())
+  except psutil.NoSuchProcess:
+    return False
 
 
 def _alive(process: psutil.Process) -> bool:

@@ -49,12 +49,16 @@ def _wandb_log(run_dir):
 def test_offline_run_logs_the_metrics_log_and_config(tmp_path):
   # requirements-test.txt (installed by scripts/test.sh) provides it: a
   # missing wandb fails here rather than skipping the test.
-  import wandb  # pylint: disable=g-import-not-at-top,unused-import
+  import wandb  # pylint: disable=g-import-not-at-top
   model_dir = tmp_path / 'model'
-  result = runner.run_main(
-      runner.TINY + ['-md', str(model_dir), '--wandb', '--wandb_project',
-                     'tiny', '--wandb_run_name', 'first'],
-      env=_offline_env(tmp_path))
+  try:
+    result = runner.run_main(
+        runner.TINY + ['-md', str(model_dir), '--wandb', '--wandb_project',
+                       'tiny', '--wandb_run_name', 'first'],
+        env=_offline_env(tmp_path))
+  finally:
+    # wandb's service process serves this interpreter until torn down.
+    wandb.teardown()
   assert result.returncode == 0, result.stderr[-3000:]
   assert '--wandb: offline, not logged in' in result.stderr
   (run_dir,) = glob.glob(str(model_dir / 'wandb' / 'offline-run-*'))
