@@ -188,14 +188,6 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
   # (--global_seed) follow TensorFlow's count of the ops made before it.
   evaluator = None if cfg.skip_eval else _evaluator(
       basis, model, plan.replica_batch_size, averaged, skipped, options)
-  record = StepRecord(optimizer.iterations, plan.steps_per_loop,
-                      with_loss_scales=isinstance(
-                          optimizer,
-                          tf_keras.mixed_precision.LossScaleOptimizer))
-  guard = guards.LoopGuard(
-      any_worker=backend.any_worker,
-      last_checkpoint=lambda: manager and manager.latest_checkpoint,
-      dtype=cfg.dtype, stopped_early=record.stopped_early)
   objective = Objective(
       model=model, optimizer=optimizer, backend=backend,
       num_classes=basis.info.num_classes,
@@ -203,6 +195,12 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
       label_smoothing=cfg.label_smoothing, weight_decay=cfg.weight_decay,
       weight_decay_path=wd_path,
       num_accumulation_steps=cfg.num_accumulation_steps)
+  record = StepRecord(optimizer.iterations, plan.steps_per_loop,
+                      with_loss_scales=objective.uses_loss_scale)
+  guard = guards.LoopGuard(
+      any_worker=backend.any_worker,
+      last_checkpoint=lambda: manager and manager.latest_checkpoint,
+      dtype=cfg.dtype, stopped_early=record.stopped_early)
   train_image_size = schedules.image_size_for_run(
       cfg, start.step // plan.steps_per_epoch)
   trainer = Trainer(

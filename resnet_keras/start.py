@@ -75,7 +75,6 @@ class Start:
   batches_read: int = 0
   checkpoint: Optional[str] = None  # restored: model_dir's, or the source's
   source: Optional[Source] = None  # WARM only
-  restore_optimizer: bool = False  # WARM: --restore_optimizer
   # --stem_init=pca: the stem is fitted to training images (FRESH only).
   fit_stem: bool = False
   # The weight average goes on from the checkpoint's (RESUMED with one);
@@ -117,8 +116,7 @@ def decide(cfg: RunConfig, plan: TrainingPlan) -> Start:
         f'--restore_optimizer restored step {step}, but this run has '
         f'only {plan.total_train_steps} steps, so it would train nothing; '
         'raise --train_epochs, or drop --restore_optimizer to start at step 0')
-  return Start(WARM, step, checkpoint=source.checkpoint, source=source,
-               restore_optimizer=cfg.restore_optimizer)
+  return Start(WARM, step, checkpoint=source.checkpoint, source=source)
 
 
 def resolve_source(cfg: RunConfig, flag: str, path: str) -> Source:
@@ -191,7 +189,7 @@ def restore(start: Start, weights: Weights, cfg: RunConfig,
     _restore_own(start, weights.checkpoint, cfg, backend)
   elif start.kind == WARM:
     apply(start.source, weights.network, weights.model, weights.optimizer,
-          start.restore_optimizer)
+          cfg.restore_optimizer)
   elif start.fit_stem:
     init_stem_from_training_images(cfg, info, weights.network)
   averaged = weights.ema
