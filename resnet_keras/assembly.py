@@ -159,6 +159,10 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
   with strategy.scope():
     network, model = build_model(cfg, basis.info.num_classes, basis.machine,
                                  wd_path, backend.hvd)
+    # --loss=bce trains on the logits; evaluation and exports keep the
+    # softmax of `model` and `network`.
+    logits_model = (models.build_logits_model(cfg, network)
+                    if cfg.loss == 'bce' else None)
     schedule, optimizer = build_optimizer(cfg, plan)
     optimizers.create_slots(optimizer, model.trainable_variables)
     averaged = build_ema(cfg, model)
@@ -194,7 +198,10 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
       program_batch_size=plan.program_batch_size,
       label_smoothing=cfg.label_smoothing, weight_decay=cfg.weight_decay,
       weight_decay_path=wd_path,
-      num_accumulation_steps=cfg.num_accumulation_steps)
+      num_accumulation_steps=cfg.num_accumulation_steps, loss=cfg.loss,
+      bce_target_threshold=cfg.bce_target_threshold,
+      logits_model=logits_model,
+      drop_path_seed=cfg.global_seed if cfg.drop_path_rate else None)
   record = StepRecord(optimizer.iterations, plan.steps_per_loop,
                       with_loss_scales=objective.uses_loss_scale)
   guard = guards.LoopGuard(

@@ -21,12 +21,17 @@ import math
 from typing import Any, Dict, Optional, Tuple, Type, TypeVar
 
 from common.errors import UsageError
+from resnet_keras.data.randaugment_spec import parse_randaugment
 from resnet_keras.options import check_fields, option
 
 DATASETS = ('imagenet', 'cifar10', 'cifar100')
 DTYPES = ('fp32', 'bf16', 'fp16', 'auto')
 LOADER_IMAGE_TYPES = ('fp32', 'bf16', 'uint8')
-OPTIMIZERS = ('SGD', 'LARS', 'RMSProp')
+OPTIMIZERS = ('SGD', 'LARS', 'RMSProp', 'AdamW', 'LAMB')
+# Adam's moments and decoupled weight decay, inside the optimizer.
+ADAM_OPTIMIZERS = ('AdamW', 'LAMB')
+# The per-example loss of a training step (objective.py).
+LOSSES = ('softmax', 'bce')
 LR_SCHEDULES = ('piecewise', 'polynomial', 'constant', 'cosine', 'stepped',
                 'exponential', 'linear')
 RESNET_DEPTHS = (10, 18, 34, 50, 101, 152)
@@ -46,6 +51,7 @@ STEM_INITS = ('random', 'pca')
 KERAS_APPLICATIONS_MODELS = ('ResNet50', 'ResNet101', 'ResNet152',
                              'ResNet50V2', 'ResNet101V2', 'ResNet152V2')
 DATA_SERVICE_SHARDING = ('off', 'dynamic')
+ERASING_MODES = ('pixel', 'const')
 DISTRIBUTION_STRATEGIES = ('off', 'one_device', 'mirrored',
                            'multi_worker_mirrored')
 
@@ -204,6 +210,76 @@ class DataConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class AugmentationConfig:
+  """timm's training augmentations (data/augment.py): per image after the
+  crop and flip, then per batch. All off by default."""
+  randaugment: str = option(
+      '',
+      "RandAugment in timm's grammar: rand-m<magnitude 0-10>-n<ops>"
+      '-mstd<magnitude noise>-inc<1: the increasing-severity op set>'
+      '-p<probability of each op>, e.g. rand-m7-mstd0.5-inc1 (ResNet '
+      'strikes back; n defaults to 2, p to 0.5), or trivial '
+      '(TrivialAugment: one op, magnitude uniform in 0-10). Translations '
+      "are fractions of the image's side; grey images stay grey. Empty: "
+      'off.')
+  random_erasing: float = option(
+      0.0,
+      "Probability of timm's random erasing per image: a box of 2%-1/3 of "
+      'the area, aspect log-uniform in 0.3-3.3, after RandAugment.',
+      within='[0, 1]', says='is a probability,')
+  random_erasing_mode: str = option(
+      'pixel',
+      "What erasing fills the box with: pixel (per-pixel noise, N(0, 1) "
+      "after timm's normalisation) or const (the mean: 0 after "
+      'normalisation).',
+      choices=ERASING_MODES)
+  mixup_alpha: float = option(
+      0.0,
+      'Mixup: each batch blended with itself reversed, by a weight from '
+      'Beta(alpha, alpha) (0.1-0.2 in ResNet strikes back); the targets '
+      'blend alike, label smoothing applied once inside them. 0: off.',
+      within='>= 0')
+  cutmix_alpha: float = option(
+      0.0,
+      'CutMix: a box of the batch reversed pasted into each batch, its '
+      'area from Beta(alpha, alpha) (1.0 in ResNet strikes back), the '
+      'targets weighted by the box clipped at the border. 0: off.',
+      within='>= 0')
+  mix_prob: float = option(
+      1.0,
+      'Probability that a batch is mixed at all (mixup or CutMix); the '
+      'others train on their smoothed one-hot targets.',
+      within='[0, 1]', says='is a probability,')
+  mix_switch_prob: float = option(
+      0.5,
+      'With both --mixup_alpha and --cutmix_alpha: probability that a '
+      'mixed batch uses CutMix rather than mixup.',
+      within='[0, 1]', says='is a probability,')
+  repeated_augmentation: int = option(
+      1,
+      'Each training image comes this many times in a row, augmented '
+      'differently each time (3 in ResNet strikes back A1/A2); the epoch '
+      'keeps its length, so it holds 1/N of the images N times each. 1: '
+      'off.',
+      within='>= 1')
+
+  @property
+  def mixes_batches(self) -> bool:
+    return self.mixup_alpha > 0 or self.cutmix_alpha > 0
+
+  @property
+  def augments_images(self) -> bool:
+    return bool(self.randaugment) or self.random_erasing > 0
+
+  def _check_augmentation(self) -> None:
+    check_fields(self, AugmentationConfig)
+    try:
+      parse_randaugment(self.randaugment)
+    except ValueError as e:
+      raise UsageError(f'--randaugment: {e}') from None
+
+
+@dataclasses.dataclass(frozen=True)
 class DataServiceConfig:
   """Training input from a tf.data service (data/data_service.py)."""
   tf_data_service: str = option(
@@ -328,6 +404,14 @@ class ModelConfig:
       "brightness (airbench's whitening, as an initialisation: the "
       'filters keep training). Only the initial values change.',
       choices=STEM_INITS)
+  drop_path_rate: float = option(
+      0.0,
+      'Stochastic depth: in training each residual branch is dropped per '
+      "example, the rate rising linearly from 0 at the first block to this "
+      'at the last, survivors scaled by 1/keep (0.05 in ResNet strikes '
+      'back A1/A2); evaluation, exports and the weight average run every '
+      'branch. No new weights. 0: off.',
+      within='[0, 1)', says='is a rate,')
 
   @property
   def model_name(self) -> str:
@@ -362,7 +446,8 @@ class ModelConfig:
                            ('enable_recompute', self.enable_recompute),
                            ('zero_init_residual', self.zero_init_residual),
                            ('blurpool', self.blurpool),
-                           ('stem_init=pca', self.stem_init == 'pca')):
+                           ('stem_init=pca', self.stem_init == 'pca'),
+                           ('drop_path_rate', self.drop_path_rate > 0)):
         if wished:
           raise UsageError(f'--{name} applies to this project\'s ResNets; '
                            '--keras_applications_model backbones have plain '
@@ -533,12 +618,19 @@ class OptimizerConfig:
   average of the weights."""
   optimizer: str = option(
       'SGD',
-      'SGD (momentum), LARS or RMSProp.',
+      'SGD (momentum), LARS, RMSProp, AdamW (decoupled weight decay, as '
+      "PyTorch's and timm's) or LAMB (AdamW's update scaled per kernel "
+      'by ||w|| / ||update||, as timm\'s, which "ResNet strikes back" '
+      'trains with). LARS and LAMB adapt conv/dense kernels only; '
+      'biases and normalisation weights get neither weight decay nor '
+      'the trust ratio.',
       choices=OPTIMIZERS)
   base_learning_rate: float = option(
       0.1,
-      'SGD and RMSProp: learning rate per 256 images (scaled by global '
-      'batch / 256); LARS: the peak learning rate as is.',
+      'SGD, RMSProp, AdamW and LAMB: learning rate per 256 images '
+      '(scaled by global batch / 256: "ResNet strikes back" LAMB, 5e-3 '
+      'at batch 2048, is 6.25e-4 here); LARS: the peak learning rate as '
+      'is.',
       within='> 0')
   warmup_epochs: float = option(
       5.0,
@@ -572,11 +664,35 @@ class OptimizerConfig:
       within='>= 0')
   momentum: float = option(
       0.9,
-      'Momentum of SGD, LARS and RMSProp.',
+      'Momentum of SGD, LARS and RMSProp (AdamW and LAMB: --adam_beta1).',
       within='[0, 1)')
   nesterov: bool = option(
       False,
       'Nesterov momentum (SGD and LARS).')
+  adam_beta1: float = option(
+      0.9,
+      'AdamW and LAMB: decay of the moving average of gradients.',
+      within='[0, 1)')
+  adam_beta2: float = option(
+      0.999,
+      'AdamW and LAMB: decay of the moving average of squared '
+      'gradients.',
+      within='[0, 1)')
+  adam_epsilon: float = option(
+      1e-6,
+      'AdamW and LAMB: added to sqrt(v_hat) in the denominator (bias-'
+      "corrected, as PyTorch's). 1e-6 is timm's LAMB default, which the "
+      '"ResNet strikes back" recipes trained with; PyTorch\'s and timm\'s '
+      'AdamW default is 1e-8 (pass it to match them).',
+      within='> 0')
+  clip_grad_norm: float = option(
+      0.0,
+      'Clip the global norm of the gradients (all variables together) '
+      'to this value: after the all-reduce, gradient accumulation and '
+      'the removal of the loss scale, before the optimizer. timm\'s LAMB '
+      'clips at 1.0 itself ("ResNet strikes back"): pass 1 to match it. '
+      '0: off.',
+      within='>= 0', note='(0: off)')
   rmsprop_rho: float = option(
       0.9,
       'RMSProp: decay of the moving average of squared gradients.',
@@ -600,14 +716,39 @@ class OptimizerConfig:
       'exponential: epochs (after warmup) per multiplication by '
       'lr_decay_factor.',
       within='> 0')
+  loss: str = option(
+      'softmax',
+      'softmax: cross-entropy of the softmax. bce: a sigmoid cross-'
+      'entropy per class on the logits (timm\'s BinaryCrossEntropy, as '
+      'in "ResNet strikes back"), summed over the classes and averaged '
+      "over the batch (timm's sum_classes): each logit's gradient is "
+      "sigmoid(z) - target, as the softmax's is p - target, so SGD's "
+      'learning rates keep their scale (a mean over the classes, '
+      "timm's default, divides the gradient by the class count; AdamW "
+      "and LAMB are invariant to the loss's scale). Its loss starts "
+      'near classes x log 2. Evaluation, exports and predictions still '
+      'give the softmax probabilities.',
+      choices=LOSSES)
+  bce_target_threshold: float = option(
+      0.0,
+      '--loss=bce: targets above this become 1 and the others 0, after '
+      'label smoothing and mixing (timm\'s target_threshold: 0.2 in the '
+      'public "ResNet strikes back" reproductions). 0: soft targets as '
+      'they are.',
+      within='[0, 1)', note='(0: none)')
   label_smoothing: float = option(
       0.0,
-      'Label smoothing of the cross-entropy loss.',
+      'Label smoothing of the loss: targets 1 - s + s/classes and '
+      's/classes.',
       within='[0, 1)')
   weight_decay: float = option(
       1e-4,
-      'Adds weight_decay * w to the gradient of every conv/dense '
-      'kernel, on every path (regularisers, single L2 op, LARS).',
+      'SGD, RMSProp and LARS: adds weight_decay * w to the gradient of '
+      'every conv/dense kernel, on every path (regularisers, single L2 '
+      'op, LARS). AdamW and LAMB: decoupled, inside the optimizer: w -= '
+      "lr * weight_decay * w each step (PyTorch's and timm's AdamW; LAMB "
+      'scales it by the trust ratio with the rest of the update), so '
+      'typical values are 0.01-0.05, not 1e-4.',
       within='>= 0')
   single_l2_loss_op: bool = option(
       False,
@@ -628,11 +769,24 @@ class OptimizerConfig:
   def uses_lars(self) -> bool:
     return self.optimizer == 'LARS'
 
+  @property
+  def uses_adam(self) -> bool:
+    """AdamW or LAMB: Adam's moments, weight decay inside the optimizer."""
+    return self.optimizer in ADAM_OPTIMIZERS
+
   def _check_optimizer(self) -> None:
     check_fields(self, OptimizerConfig)
-    if self.nesterov and self.optimizer == 'RMSProp':
-      raise UsageError('--nesterov applies to SGD and LARS momentum; '
-                       'RMSProp has no Nesterov form here (drop --nesterov)')
+    if self.nesterov and self.optimizer not in ('SGD', 'LARS'):
+      raise UsageError(f'--nesterov applies to SGD and LARS momentum; '
+                       f'{self.optimizer} has no Nesterov form here (drop '
+                       '--nesterov)')
+    if self.single_l2_loss_op and self.uses_adam:
+      raise UsageError(f'--single_l2_loss_op is an L2 loss term of SGD and '
+                       f'RMSProp; {self.optimizer} decays the weights inside '
+                       'the optimizer (drop --single_l2_loss_op)')
+    if self.bce_target_threshold and self.loss != 'bce':
+      raise UsageError('--bce_target_threshold binarises the targets of '
+                       '--loss=bce; add --loss=bce or drop the threshold')
     points = tuple(self.lr_decay_points)
     if not (points and all(0 < p < 1 for p in points) and
             list(points) == sorted(set(points))):
@@ -750,9 +904,9 @@ class RuntimeConfig:
 
 # The groups in the order the data flows: --print_config (and asdict) list
 # the fields in this order.
-GROUPS = (DataConfig, DataServiceConfig, ModelConfig, WarmStartConfig,
-          PrecisionConfig, LoopConfig, OptimizerConfig, OutputConfig,
-          RuntimeConfig)
+GROUPS = (DataConfig, AugmentationConfig, DataServiceConfig, ModelConfig,
+          WarmStartConfig, PrecisionConfig, LoopConfig, OptimizerConfig,
+          OutputConfig, RuntimeConfig)
 
 
 # Bases in reverse: a dataclass lists its bases' fields from the last base
@@ -771,6 +925,7 @@ class RunConfig(*reversed(GROUPS)):
   def check(self) -> None:
     """Raises UsageError naming the first bad value and what is allowed."""
     self._check_data()
+    self._check_augmentation()
     self._check_data_service()
     self._check_model()
     self._check_warm_start()
@@ -782,6 +937,10 @@ class RunConfig(*reversed(GROUPS)):
     self._check_across_groups()
 
   def _check_across_groups(self) -> None:
+    if self.loss == 'bce' and self.enable_recompute:
+      raise UsageError('--loss=bce trains on the logits of a view of the '
+                       'network that --enable_recompute\'s model does not '
+                       'have: drop one of the two flags')
     if self.stem_init == 'pca' and self.use_synthetic_data:
       raise UsageError('--stem_init=pca starts the stem from training '
                        'images, which --use_synthetic_data has none of: drop '

@@ -58,12 +58,16 @@ def format_step_line(step: int, total_steps: int, epoch: float, loss: float,
                      accuracy: float, learning_rate: float,
                      examples_per_second: float,
                      loss_scale: Optional[float] = None,
-                     input_wait: float = 0.0) -> str:
+                     input_wait: float = 0.0,
+                     mixed_targets: bool = False) -> str:
   """One log line; `input_wait`: the share of the loop's time its steps
-  waited for their batches (what more input workers would win back)."""
+  waited for their batches (what more input workers would win back).
+  `mixed_targets`: the loss and accuracy are on mixup/CutMix batches (the
+  accuracy counts the larger share of each target), and the line says so."""
   scale = '' if loss_scale is None else f'loss scale {loss_scale:g} | '
-  return (f'step {step}/{total_steps} | epoch {epoch:.2f} | loss {loss:.4f} | '
-          f'accuracy {accuracy:.4f} | lr {learning_rate:.6g} | {scale}'
+  mixed = ' on mixed targets' if mixed_targets else ''
+  return (f'step {step}/{total_steps} | epoch {epoch:.2f} | loss{mixed} '
+          f'{loss:.4f} | accuracy{mixed} {accuracy:.4f} | lr {learning_rate:.6g} | {scale}'
           f'{examples_per_second:.1f} examples/sec | input wait '
           f'{100 * input_wait:.0f}%')
 
@@ -75,8 +79,10 @@ class StepLogger:
                total_steps: int, steps_per_epoch: int, global_batch_size: int,
                learning_rate_at: Callable[[int], float],
                progress_bar: Optional[bool] = None,
-               metrics_log: Optional['MetricsLog'] = None):
+               metrics_log: Optional['MetricsLog'] = None,
+               mixed_targets: bool = False):
     self._metrics_log = metrics_log
+    self._mixed_targets = mixed_targets
     self._log_steps = log_steps
     self._total_steps = total_steps
     self._steps_per_epoch = steps_per_epoch
@@ -125,10 +131,12 @@ class StepLogger:
                   'examples_per_second': rate}
         if loop.loss_scales is not None:  # fp16: the scale after this step.
           record['loss_scale'] = float(loop.loss_scales[i])
+        if self._mixed_targets:
+          record['train_targets'] = 'mixed'
         line = format_step_line(
             step, self._total_steps, record['epoch'], record['train_loss'],
             record['train_accuracy'], record['learning_rate'], rate,
-            record.get('loss_scale'), wait)
+            record.get('loss_scale'), wait, self._mixed_targets)
         if self._bar is not None:
           self._bar.write(line)
         logging.info(line)

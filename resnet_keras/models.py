@@ -12,7 +12,9 @@ wraps it with the input the data pipeline delivers (uint8 images get cast and
 normalised on the device as the first layer).
 """
 
+import contextlib
 import math
+import threading
 from typing import Any, Callable, Optional, Sequence, Tuple
 
 import numpy as np
@@ -147,24 +149,33 @@ def _xla_add_relu(a, b):
 
 
 class ResidualAdd(layers.Add):
-  """The residual add; with impl 'xla', in training, also the ReLU after it.
+  """The residual add [branch, shortcut]; with impl 'xla', in training, also
+  the ReLU after it; with `drop_rate`, in training, drop path on the branch.
 
   The fused add + ReLU lives in this layer and the ResidualRelu after it
-  passes its input through: the model keeps the same layers whichever
-  implementation trains it, so checkpoints move freely between them.
+  passes its input through, and drop path lives here too rather than in a
+  layer of its own: the model keeps the same layers whatever trains it, so
+  checkpoints move freely between implementations and drop path rates (a
+  functional model's checkpoint numbers its layers).
   """
 
-  def __init__(self, impl: str = 'native', **kwargs):
+  def __init__(self, impl: str = 'native', drop_rate: float = 0.0,
+               index: int = 0, **kwargs):
     super().__init__(**kwargs)
     self.impl = impl
+    self.drop_rate = drop_rate
+    self.index = index
 
   def call(self, inputs, training=None):
+    if training and self.drop_rate:
+      inputs = [drop_path(inputs[0], self.drop_rate, self.index), inputs[1]]
     if self.impl == 'xla' and training:
       return _xla_add_relu(*inputs)
     return super().call(inputs)
 
   def get_config(self):
-    return {**super().get_config(), 'impl': self.impl}
+    return {**super().get_config(), 'impl': self.impl,
+            'drop_rate': self.drop_rate, 'index': self.index}
 
 
 class ResidualRelu(layers.Layer):
@@ -192,6 +203,54 @@ class ResidualRelu(layers.Layer):
 
   def get_config(self):
     return {**super().get_config(), 'impl': self.impl}
+
+
+class _DrawSeed(threading.local):
+  """The seed of the training call being traced (drop_path_seed)."""
+  value = None
+
+
+_DRAW_SEED = _DrawSeed()
+
+
+@contextlib.contextmanager
+def drop_path_seed(seed):
+  """Within: drop_path draws its masks from `seed` ([2] int64), each block
+  folding in its own index. The objective opens it around a training
+  step's forward and backward pass with a seed of (run seed, step,
+  micro-batch, replica), so a resumed seeded run drops exactly the branches
+  the uninterrupted one did (stateful random ops restart their streams)."""
+  previous, _DRAW_SEED.value = _DRAW_SEED.value, seed
+  try:
+    yield
+  finally:
+    _DRAW_SEED.value = previous
+
+
+def drop_path(branch, rate: float, index: int):
+  """Stochastic depth (Huang et al., 2016; timm's drop_path) of a residual
+  branch in training: each example's branch zeroed with probability `rate`,
+  the survivors scaled by 1 / (1 - rate), so its expectation is the
+  branch. `index` keys this block's draws within drop_path_seed's."""
+  keep = 1.0 - rate
+  shape = tf.concat([tf.shape(branch)[:1],
+                     tf.ones([branch.shape.rank - 1], tf.int32)], 0)
+  if _DRAW_SEED.value is None:  # Outside a seeded training step.
+    draws = tf.random.uniform(shape)
+  else:
+    draws = tf.random.stateless_uniform(
+        shape, tf.random.experimental.stateless_fold_in(_DRAW_SEED.value,
+                                                        index))
+  mask = tf.cast(draws < keep, branch.dtype) / tf.cast(keep, branch.dtype)
+  return branch * mask
+
+
+def drop_path_rates(num_blocks: int, rate: float):
+  """Each block's rate: linear from 0 at the first to `rate` at the last
+  (timm's ResNet: rate * index / (blocks - 1))."""
+  if num_blocks == 1:
+    return [rate]
+  return [rate * i / (num_blocks - 1) for i in range(num_blocks)]
 
 
 def _conv(filters, kernel_size, strides, name, regularizer,
@@ -309,11 +368,12 @@ def _blurred(x, strides, name, blurpool):
 
 
 def _block(x, filters, strides, bottleneck, name, conv, norm, residual_relu,
-           zero_init_residual=False, blurpool=False):
+           zero_init_residual=False, blurpool=False, drop=(0.0, 0)):
   """One residual block; projects the shortcut when the shape changes.
   With `zero_init_residual` the branch's last norm starts at gamma 0, so
   the block starts as relu(shortcut). With `blurpool` the inputs of its
-  strided convolutions are blurred first (FFCV's BlurPool)."""
+  strided convolutions are blurred first (FFCV's BlurPool). `drop`: the
+  branch's drop path (rate, block index)."""
   out_filters = filters * 4 if bottleneck else filters
   shortcut = x
   blurred_input = _blurred(x, strides, name + '_blur', blurpool)
@@ -333,7 +393,7 @@ def _block(x, filters, strides, bottleneck, name, conv, norm, residual_relu,
     x = norm(f'{name}_bn{i + 1}', zero_init=last and zero_init_residual)(x)
     if not last:
       x = layers.Activation('relu', name=f'{name}_relu{i + 1}')(x)
-  x = ResidualAdd(residual_relu, name=name + '_add')([x, shortcut])
+  x = ResidualAdd(residual_relu, *drop, name=name + '_add')([x, shortcut])
   return ResidualRelu(residual_relu, name=name + '_out')(x)
 
 
@@ -468,7 +528,8 @@ def resnet(depth: int, num_classes: int, image_size: Optional[int],
            recompute: bool = False,
            filters: Sequence[int] = STAGE_FILTERS,
            zero_init_residual: bool = False,
-           blurpool: bool = False) -> tf_keras.Model:
+           blurpool: bool = False,
+           drop_path_rate: float = 0.0) -> tf_keras.Model:
   """ResNet v1.5 of `depth` on normalised float images.
 
   Args:
@@ -494,6 +555,8 @@ def resnet(depth: int, num_classes: int, image_size: Optional[int],
     blurpool: anti-aliased downsampling (`Blur`): the inputs of strided
       convolutions of 16 or more channels are blurred first, and the stem's
       max pooling becomes a stride-1 max and a blurred subsampling.
+    drop_path_rate: stochastic depth of the last block (`drop_path_rates`),
+      in the residual adds: the same layers and checkpoints at any rate.
   """
   norm = norm or norm_factory()
   blocks, bottleneck = _STAGES[depth]
@@ -511,12 +574,14 @@ def resnet(depth: int, num_classes: int, image_size: Optional[int],
   elif pool:
     x = layers.MaxPooling2D(3, strides=2, padding='same', name='stem_pool')(x)
   boundaries = [x]
+  drops = iter((rate, index) for index, rate in enumerate(
+      drop_path_rates(sum(blocks), drop_path_rate)))
   for stage, (num_blocks, stage_filters) in enumerate(zip(blocks, filters)):
     for b in range(num_blocks):
       strides = 2 if stage > 0 and b == 0 else 1
       x = _block(x, stage_filters, strides, bottleneck,
                  f'stage{stage + 1}_block{b + 1}', conv, norm, residual_relu,
-                 zero_init_residual, blurpool)
+                 zero_init_residual, blurpool, next(drops))
     boundaries.append(x)
   x = layers.GlobalAveragePooling2D(name='avg_pool')(x)
   outputs = _classifier_head(x, num_classes, regularizer)
@@ -583,7 +648,8 @@ def build_network(cfg: RunConfig, num_classes: int, use_regularizers: bool,
                      recompute=cfg.enable_recompute,
                      filters=cfg.stage_filters,
                      zero_init_residual=cfg.zero_init_residual,
-                     blurpool=cfg.blurpool)
+                     blurpool=cfg.blurpool,
+                     drop_path_rate=cfg.drop_path_rate)
   # Also when validate or average rebuild the run: its checkpoints hold
   # optimizer slots for the trainable variables only.
   if cfg.freeze_backbone:
@@ -607,6 +673,14 @@ def build_training_model(network: tf_keras.Model, image_size: Optional[int],
   return tf_keras.Model(inputs, network(x), name='training_model')
 
 
+def _for_training(cfg: RunConfig, network: tf_keras.Model) -> tf_keras.Model:
+  """`network` wrapped for the run's input, under the current policy."""
+  return build_training_model(
+      network, cfg.input_size, datasets.loader_dtype(cfg),
+      normalize_on_device=cfg.data_loader_image_type == 'uint8',
+      compute_dtype=tf_keras.mixed_precision.global_policy().compute_dtype)
+
+
 def build_models(cfg: RunConfig, num_classes: int, use_regularizers: bool,
                  machine: Optional[hardware.Machine] = None, hvd: Any = None
                  ) -> Tuple[tf_keras.Model, tf_keras.Model]:
@@ -616,11 +690,25 @@ def build_models(cfg: RunConfig, num_classes: int, use_regularizers: bool,
   checkpoint's object graph is the same in both.
   """
   network = build_network(cfg, num_classes, use_regularizers, machine, hvd)
-  model = build_training_model(
-      network, cfg.input_size, datasets.loader_dtype(cfg),
-      normalize_on_device=cfg.data_loader_image_type == 'uint8',
-      compute_dtype=tf_keras.mixed_precision.global_policy().compute_dtype)
-  return network, model
+  return network, _for_training(cfg, network)
+
+
+def logits_view(network: tf_keras.Model) -> tf_keras.Model:
+  """`network` up to its head's logits, before the softmax: the same layers
+  and variables, so a loss on the logits trains the network itself. A
+  functional view: it bypasses StagewiseRecompute's call (config.py refuses
+  --loss=bce with --enable_recompute)."""
+  return tf_keras.Model(network.inputs, network.get_layer(HEAD_LAYER).output,
+                        name=f'{network.name}_logits')
+
+
+def build_logits_model(cfg: RunConfig,
+                       network: tf_keras.Model) -> tf_keras.Model:
+  """The training model's twin that outputs the logits (--loss=bce): what
+  the objective trains on, while the training model, evaluation and the
+  export keep the softmax probabilities. Nothing tracks it: checkpoints
+  hold the training model's variables, which are its own."""
+  return _for_training(cfg, logits_view(network))
 
 
 def count_trainable_parameters(model: tf_keras.Model) -> int:

@@ -1,33 +1,92 @@
 """What a training step minimises, and its gradients.
 
-The forward pass of the training model; the cross-entropy (with label
-smoothing) as this replica's share of the mean over the batch its strategy
-trains; weight decay on the path the optimizer's configuration chose
+The forward pass of the training model; the loss (`--loss`) as this
+replica's share of the mean over the batch its strategy trains: the
+cross-entropy of the softmax (with label smoothing), or a sigmoid
+cross-entropy per class on the logits (`binary_cross_entropy`, through the
+logits twin of the training model, models.build_logits_model), summed over
+the classes; weight decay on the path the optimizer's configuration chose
 (optimizers.weight_decay_path: per-layer regularisers, one L2 term, or
-inside LARS, where it adds nothing here); fp16's loss scaling applied to
-the loss and taken out of the gradients. With gradient accumulation the
-batch is split into K micro-batches whose float32 gradients are summed in a
+inside LARS, AdamW or LAMB, where it adds nothing here); fp16's loss
+scaling applied to the loss and taken out of the gradients. Labels are
+class indices, or per-class targets [batch, classes] (mixed batches, their
+label smoothing already inside). With gradient accumulation the batch is
+split into K micro-batches whose float32 gradients are summed in a
 `tf.while_loop`, and weight decay is added once: the all-reduce (Horovod's
 explicit one here, tf.distribute's inside `apply_gradients`) then runs once
-per optimizer step, not per micro-batch.
+per optimizer step, not per micro-batch. --clip_grad_norm clips after that,
+inside the optimizer (optimizers.py).
 """
 
-from typing import Any, Tuple
+from typing import Any, Optional, Tuple
 
 import tensorflow as tf
 import tf_keras
 
 from common import distribution
+from resnet_keras import models
 from resnet_keras import optimizers as optimizers_lib
 
 
+def _is_soft(labels) -> bool:
+  """Per-class float targets [batch, classes] rather than class indices."""
+  return labels.dtype.is_floating and labels.shape.rank == 2
+
+
 def cross_entropy(labels, probs, num_classes: int, label_smoothing: float = 0.0):
-  """Per-example cross-entropy of softmax outputs `probs`."""
+  """Per-example cross-entropy of softmax outputs `probs`: against class
+  indices (smoothed here), or -sum(targets * log probs) against soft
+  targets, whose smoothing is already in them."""
+  if _is_soft(labels):
+    return tf_keras.losses.categorical_crossentropy(labels, probs)
   if label_smoothing:
     one_hot = tf.one_hot(labels, num_classes)
     return tf_keras.losses.categorical_crossentropy(
         one_hot, probs, label_smoothing=label_smoothing)
   return tf_keras.losses.sparse_categorical_crossentropy(labels, probs)
+
+
+def bce_targets(labels, num_classes: int, label_smoothing: float = 0.0,
+                threshold: float = 0.0) -> tf.Tensor:
+  """Per-class float32 targets of the sigmoid cross-entropy, as timm's
+  BinaryCrossEntropy makes them: class indices become one-hot with label
+  smoothing (1 - s + s/classes and s/classes), soft targets stay as they
+  are; then, if `threshold` > 0, each is 1 above it and 0 otherwise."""
+  if _is_soft(labels):
+    targets = tf.cast(labels, tf.float32)
+  else:
+    off = label_smoothing / num_classes
+    targets = tf.one_hot(labels, num_classes, on_value=1.0 - label_smoothing
+                         + off, off_value=off)
+  if threshold:
+    targets = tf.cast(targets > threshold, tf.float32)
+  return targets
+
+
+def binary_cross_entropy(labels, logits, num_classes: int,
+                         label_smoothing: float = 0.0,
+                         threshold: float = 0.0) -> tf.Tensor:
+  """Per-example sigmoid cross-entropy of `logits`, summed over the classes
+  (timm's sum_classes): each logit's gradient is sigmoid(z) - target, of the
+  softmax cross-entropy's scale (p - target), so SGD keeps its learning
+  rates; a mean over the classes would divide them by the class count."""
+  targets = bce_targets(labels, num_classes, label_smoothing, threshold)
+  return tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+      labels=targets, logits=tf.cast(logits, tf.float32)), axis=-1)
+
+
+def count_correct(labels, outputs) -> tf.Tensor:
+  """Examples whose top output (probabilities or logits: the same class) is
+  their label, or their soft target's top class."""
+  if _is_soft(labels):
+    labels = tf.argmax(labels, axis=-1)
+  predictions = tf.argmax(outputs, axis=-1, output_type=labels.dtype)
+  return tf.reduce_sum(tf.cast(tf.equal(predictions, labels), tf.float32))
+
+
+def _micro_batches(tensor, k: int):
+  """`tensor` split along the batch into [k, batch / k, ...]."""
+  return tf.reshape(tensor, [k, -1] + tensor.shape[1:].as_list())
 
 
 class Objective:
@@ -37,10 +96,21 @@ class Objective:
                backend: distribution.Backend, num_classes: int,
                program_batch_size: int, label_smoothing: float = 0.0,
                weight_decay: float = 0.0, weight_decay_path: str = 'none',
-               num_accumulation_steps: int = 1):
+               num_accumulation_steps: int = 1, loss: str = 'softmax',
+               bce_target_threshold: float = 0.0,
+               logits_model: Optional[tf_keras.Model] = None,
+               drop_path_seed: Optional[int] = None):
     """`program_batch_size`: the batch this program's replicas train per
     step together (plan.TrainingPlan: the global batch, or one Horovod
-    worker's), which each replica's loss is a share of the mean over."""
+    worker's), which each replica's loss is a share of the mean over.
+    `loss` 'bce' trains on `logits_model`'s outputs: `model` up to its
+    logits, sharing its variables (models.build_logits_model).
+    `drop_path_seed`: the run's seed, when the model has drop path: each
+    forward pass draws from (seed, step, micro-batch, replica), so a
+    resumed run drops what the uninterrupted one did (None: unseeded)."""
+    if loss == 'bce' and logits_model is None:
+      raise ValueError("loss 'bce' needs the model's logits: pass "
+                       'logits_model (models.build_logits_model)')
     self.model = model
     self.optimizer = optimizer
     self.backend = backend
@@ -50,11 +120,15 @@ class Objective:
     self.weight_decay = weight_decay
     self.weight_decay_path = weight_decay_path
     self.num_accumulation_steps = num_accumulation_steps
+    self.loss = loss
+    self.bce_target_threshold = bce_target_threshold
+    self.logits_model = logits_model
+    self.drop_path_seed = drop_path_seed
     self.uses_loss_scale = isinstance(
         optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
 
   def gradients(self, images, labels) -> Tuple[list, tf.Tensor, tf.Tensor]:
-    """(gradients ready to apply, this replica's cross-entropy share, its
+    """(gradients ready to apply, this replica's share of the loss, its
     count of correct predictions), in a replica context."""
     if self.num_accumulation_steps == 1:
       grads, loss, correct = self._gradients(images, labels)
@@ -65,7 +139,8 @@ class Objective:
     return grads, loss, correct
 
   def weight_decay_loss(self):
-    """This replica's share of the weight-decay term (0 on the LARS path)."""
+    """This replica's share of the weight-decay term (0 where the
+    optimizer decays: LARS, AdamW, LAMB)."""
     if self.weight_decay_path == 'regularizers':
       return tf.add_n(self.model.losses)
     if self.weight_decay_path == 'single_l2_loss_op':
@@ -74,16 +149,36 @@ class Objective:
     return tf.constant(0.0)
 
   def _forward(self, images, labels):
-    """Cross-entropy (a share of the program batch's mean) and the count
-    of correct predictions."""
-    probs = self.model(images, training=True)
+    """The loss (a share of the program batch's mean) and the count of
+    correct predictions."""
+    if self.loss == 'bce':
+      outputs = self.logits_model(images, training=True)
+      per_example = binary_cross_entropy(
+          labels, outputs, self.num_classes, self.label_smoothing,
+          self.bce_target_threshold)
+    else:
+      outputs = self.model(images, training=True)
+      per_example = cross_entropy(labels, outputs, self.num_classes,
+                                  self.label_smoothing)
     loss = tf.nn.compute_average_loss(
-        cross_entropy(labels, probs, self.num_classes, self.label_smoothing),
-        global_batch_size=self.program_batch_size)
-    predictions = tf.argmax(probs, axis=-1, output_type=labels.dtype)
-    correct = tf.reduce_sum(tf.cast(tf.equal(predictions, labels),
-                                    tf.float32))
-    return loss, correct
+        per_example, global_batch_size=self.program_batch_size)
+    return loss, count_correct(labels, outputs)
+
+  def _draws(self, micro_batch=0):
+    """The forward and backward pass's random draws (models.drop_path_seed):
+    from (run seed, step, micro-batch, replica), or unseeded."""
+    if self.drop_path_seed is None:
+      return models.drop_path_seed(None)
+    pass_index = (tf.cast(self.optimizer.iterations, tf.int64) *
+                  self.num_accumulation_steps + tf.cast(micro_batch, tf.int64))
+    seed = tf.stack([tf.constant(self.drop_path_seed, tf.int64), pass_index])
+    # Horovod workers each drive one replica 0; tf.distribute numbers its
+    # replicas across workers.
+    worker = self.backend.worker_index if self.backend.hvd else 0
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    fold_in = tf.random.experimental.stateless_fold_in
+    return models.drop_path_seed(
+        fold_in(fold_in(seed, worker), tf.cast(replica, tf.int64)))
 
   def _scaled(self, loss):
     return self.optimizer.get_scaled_loss(loss) if self.uses_loss_scale \
@@ -97,10 +192,13 @@ class Objective:
   def _gradients(self, images, labels):
     """One tape over the whole batch: the loss plus weight decay."""
     variables = self.model.trainable_variables
-    with tf.GradientTape() as tape:
-      loss, correct = self._forward(images, labels)
-      total = self._scaled(loss + self._decay_share())
-    grads = self.backend.gradient_tape(tape).gradient(total, variables)
+    # The draws hold over the backward pass too: recomputed stages
+    # (--enable_recompute) drop the same branches again.
+    with self._draws():
+      with tf.GradientTape() as tape:
+        loss, correct = self._forward(images, labels)
+        total = self._scaled(loss + self._decay_share())
+      grads = self.backend.gradient_tape(tape).gradient(total, variables)
     return grads, loss, correct
 
   def _accumulated_gradients(self, images, labels):
@@ -109,15 +207,16 @@ class Objective:
     is the gradient of the whole batch's mean loss."""
     k = self.num_accumulation_steps
     variables = self.model.trainable_variables
-    micro_images = tf.reshape(images, [k, -1] + images.shape[1:].as_list())
-    micro_labels = tf.reshape(labels, [k, -1])
+    micro_images = _micro_batches(images, k)
+    micro_labels = _micro_batches(labels, k)
 
     def micro_step(i, sums, loss, correct):
-      with tf.GradientTape() as tape:
-        micro_loss, micro_correct = self._forward(micro_images[i],
-                                                  micro_labels[i])
-        scaled = self._scaled(micro_loss)
-      grads = tape.gradient(scaled, variables)
+      with self._draws(i):
+        with tf.GradientTape() as tape:
+          micro_loss, micro_correct = self._forward(micro_images[i],
+                                                    micro_labels[i])
+          scaled = self._scaled(micro_loss)
+        grads = tape.gradient(scaled, variables)
       sums = [s + tf.cast(g, tf.float32) for s, g in zip(sums, grads)]
       return i + 1, sums, loss + micro_loss, correct + micro_correct
 
@@ -126,8 +225,9 @@ class Objective:
         lambda i, *_: i < k, micro_step,
         (tf.constant(0), zeros, tf.constant(0.0), tf.constant(0.0)))
     grads = [tf.cast(s, v.dtype) for s, v in zip(sums, variables)]
-    # LARS decays inside the optimizer; biases and batch norm are never
-    # decayed (their decay gradient is None): no work for either.
+    # LARS, AdamW and LAMB decay inside the optimizer; biases and batch
+    # norm are never decayed (their decay gradient is None): no work for
+    # either.
     if self.weight_decay_path in ('regularizers', 'single_l2_loss_op'):
       with tf.GradientTape() as tape:
         decay = self._scaled(self._decay_share())

@@ -1,26 +1,39 @@
-"""Optimizers and weight decay.
+"""Optimizers, weight decay and gradient clipping.
 
-Weight decay means one thing on every path: for a decayed weight w it adds
-`weight_decay * w` to w's gradient (the PyTorch/MLPerf convention, i.e. a loss
-term of weight_decay/2 * ||w||^2). The three paths that apply it:
+For SGD, RMSProp and LARS, weight decay means one thing on every path: for a
+decayed weight w it adds `weight_decay * w` to w's gradient (the
+PyTorch/MLPerf convention, i.e. a loss term of weight_decay/2 * ||w||^2).
+The paths that apply it (`weight_decay_path`):
 
   * per-layer L2 regularisers (SGD and RMSProp, the default):
     `l2(weight_decay / 2)`;
   * `--single_l2_loss_op` (SGD and RMSProp): one
     `weight_decay * sum(l2_loss(w))` term, where tf.nn.l2_loss already halves;
-  * LARS: inside the optimizer, where it also enters the trust ratio.
+  * LARS: inside the optimizer, where it also enters the trust ratio;
+  * AdamW and LAMB ('decoupled'): inside the optimizer, outside Adam's
+    moments: the step adds `weight_decay * w` to Adam's update
+    m_hat / (sqrt(v_hat) + eps), i.e. w -= lr * weight_decay * w
+    (PyTorch's and timm's AdamW); LAMB then scales that sum by its trust
+    ratio. Typical strengths are therefore 0.01-0.05, not 1e-4.
 
 RMSProp then divides the whole gradient, decay term included, by its running
 RMS (L2 regularisation, as in the RMSProp recipes; not decoupled decay).
 
 Only convolution and dense kernels are decayed; batch-norm parameters and
-biases are neither decayed nor layer-adapted (`is_decayed`).
+biases are neither decayed nor layer-adapted, by LARS or LAMB (`is_decayed`).
+
+`--clip_grad_norm` is the optimizers' own `global_clipnorm`: tf_keras applies
+it inside `apply_gradients` after the cross-replica all-reduce, to gradients
+the objective has already accumulated, all-reduced (Horovod) and unscaled
+(fp16), and before the update; a LossScaleOptimizer hands its inner optimizer
+aggregated gradients, which it still clips.
 """
 
 import re
 
 import tensorflow as tf
 import tf_keras
+from official.modeling.optimization import lamb as official_lamb
 from official.modeling.optimization import lars as official_lars
 
 from resnet_keras.config import RunConfig
@@ -102,20 +115,79 @@ class LARS(official_lars.LARS):
     return config
 
 
-def build_optimizer(cfg: RunConfig, learning_rate):
-  """The optimizer the flags ask for, wrapped for loss scaling under fp16."""
+class AdamW(official_lamb.LAMB):
+  """AdamW as PyTorch's and timm's, on tf-models-official's LAMB.
+
+  The official LAMB's step is w -= lr * ratio * (m_hat / (sqrt(v_hat) + eps)
+  + weight_decay * w), with PyTorch's bias correction and epsilon; without
+  the trust ratio (ratio 1) that is PyTorch's AdamW, whose w *= 1 - lr *
+  weight_decay before the Adam step is the same step, as Adam's update does
+  not read w. (tf_keras's AdamW is of the new optimizer API, whose slots and
+  loss scaling this package's legacy optimizers and checkpoints do not use;
+  official's legacy AdamWeightDecay puts epsilon inside tf_keras Adam's bias
+  correction and clips each replica's gradients before the all-reduce.)
+  Which variables are decayed follows `is_decayed`, as timm's no-decay
+  group does for biases and normalisation weights.
+  """
+
+  def __init__(self, name: str = 'AdamW', **kwargs):
+    super().__init__(name=name, **kwargs)
+
+  def _do_use_weight_decay(self, param_name):
+    return is_decayed(param_name)
+
+  def _do_layer_adaptation(self, param_name):
+    del param_name  # No trust ratio.
+    return False
+
+
+class LAMB(AdamW):
+  """tf-models-official's LAMB: AdamW's update per kernel times the trust
+  ratio ||w|| / ||update|| (1 when either is 0), as timm's Lamb with
+  trust_clip off.
+
+  The official class names its exclusions by regex lists; here `is_decayed`
+  decides both, as for LARS: conv/dense kernels get weight decay and the
+  trust ratio, biases and normalisation weights neither (timm adapts only
+  what it decays). One difference from timm: a kernel is adapted even at
+  weight_decay 0 (the paper's LAMB), where timm's degenerates to Adam.
+  timm's Lamb also clips the global gradient norm at 1.0 itself; here that
+  is --clip_grad_norm's, for every optimizer.
+  """
+
+  def __init__(self, name: str = 'LAMB', **kwargs):
+    super().__init__(name=name, **kwargs)
+
+  def _do_layer_adaptation(self, param_name):
+    return is_decayed(param_name)
+
+
+def _base_optimizer(cfg: RunConfig, learning_rate, **options):
+  """The optimizer the flags ask for, before loss scaling."""
   if cfg.uses_lars:
-    optimizer = LARS(learning_rate=learning_rate, momentum=cfg.momentum,
-                     weight_decay_rate=cfg.weight_decay, eeta=0.001,
-                     epsilon=cfg.lars_epsilon, nesterov=cfg.nesterov)
-  elif cfg.optimizer == 'RMSProp':
-    optimizer = tf_keras.optimizers.legacy.RMSprop(
+    return LARS(learning_rate=learning_rate, momentum=cfg.momentum,
+                weight_decay_rate=cfg.weight_decay, eeta=0.001,
+                epsilon=cfg.lars_epsilon, nesterov=cfg.nesterov, **options)
+  if cfg.uses_adam:
+    adam = LAMB if cfg.optimizer == 'LAMB' else AdamW
+    return adam(learning_rate=learning_rate, beta_1=cfg.adam_beta1,
+                beta_2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
+                weight_decay_rate=cfg.weight_decay, **options)
+  if cfg.optimizer == 'RMSProp':
+    return tf_keras.optimizers.legacy.RMSprop(
         learning_rate=learning_rate, rho=cfg.rmsprop_rho,
-        momentum=cfg.momentum, epsilon=cfg.rmsprop_epsilon)
-  else:
-    optimizer = tf_keras.optimizers.legacy.SGD(
-        learning_rate=learning_rate, momentum=cfg.momentum,
-        nesterov=cfg.nesterov)
+        momentum=cfg.momentum, epsilon=cfg.rmsprop_epsilon, **options)
+  return tf_keras.optimizers.legacy.SGD(
+      learning_rate=learning_rate, momentum=cfg.momentum,
+      nesterov=cfg.nesterov, **options)
+
+
+def build_optimizer(cfg: RunConfig, learning_rate):
+  """The optimizer the flags ask for, clipping the global gradient norm
+  with --clip_grad_norm, wrapped for loss scaling under fp16."""
+  options = ({'global_clipnorm': cfg.clip_grad_norm} if cfg.clip_grad_norm
+             else {})
+  optimizer = _base_optimizer(cfg, learning_rate, **options)
   if cfg.dtype == 'fp16':
     if cfg.loss_scale:
       optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
@@ -136,11 +208,14 @@ def create_slots(optimizer, variables) -> None:
 
 
 def weight_decay_path(cfg: RunConfig) -> str:
-  """Which of the three equivalent paths applies weight decay in this run."""
+  """Which path applies weight decay in this run: 'none', 'lars',
+  'decoupled' (AdamW, LAMB), 'single_l2_loss_op' or 'regularizers'."""
   if not cfg.weight_decay:
     return 'none'
   if cfg.uses_lars:
     return 'lars'
+  if cfg.uses_adam:
+    return 'decoupled'
   # keras.applications backbones have no per-layer regularisers.
   if cfg.single_l2_loss_op or cfg.keras_applications_model:
     return 'single_l2_loss_op'

@@ -268,7 +268,7 @@ class _Reporting:
         learning_rate_at=lambda step: float(parts.schedule(step).numpy()),
         # mpirun gives every rank a terminal; one bar per rank would garble it.
         progress_bar=sys.stdout.isatty() and backend.num_workers == 1,
-        metrics_log=self.metrics_log)
+        metrics_log=self.metrics_log, mixed_targets=cfg.mixes_batches)
     self.actions = [self.logger, parts.guard]
     self._profiler = None
     if cfg.profile_steps:
@@ -429,6 +429,8 @@ def _summary(basis: assembly.Basis, parts: assembly.Parts,
       'resumed_from_step': start.step,
       'train_loss': logger.last_loss,
       'train_accuracy': logger.last_accuracy,
+      # Mixup/CutMix: the training loss and accuracy are on mixed targets.
+      'train_targets': 'mixed' if cfg.mixes_batches else 'labels',
       'eval_loss': eval_results.get('eval_loss'),
       'eval_accuracy': eval_results.get('eval_accuracy'),
       'eval_top5_accuracy': eval_results.get('eval_top5_accuracy'),

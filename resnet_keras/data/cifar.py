@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import tensorflow as tf
 
+from resnet_keras.data import augment
 from resnet_keras.data.preprocessing import augmentation_seed
 from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.data.preprocessing import training_order
@@ -66,13 +67,20 @@ def dataset(files: List[str], name: str, *, is_training: bool,
             input_pipeline_id: int = 0, num_input_pipelines: int = 1,
             seed: Optional[int] = None, limit: int = 0, cache: bool = False,
             num_private_threads: int = 0,
-            start_record: int = 0) -> tf.data.Dataset:
+            start_record: int = 0,
+            augmentation: augment.ImageAugmentation = (
+                augment.ImageAugmentation()),
+            mixing: augment.BatchMixing = augment.BatchMixing(),
+            repeats: int = 1) -> tf.data.Dataset:
   """Batches of (images, labels); images resized when image_size != 32.
 
   `cache` keeps the decoded-from-disk records in memory after the first
   epoch (training only); `num_private_threads` > 0 gives the pipeline a
   private threadpool; `start_record` skips that much of the training order
-  (exact resume, see preprocessing.training_order).
+  (exact resume, see preprocessing.training_order). Training only:
+  `augmentation` follows the crop and flip, `mixing` mixes each batch (the
+  labels become soft targets), `repeats` repeats each record (see
+  imagenet.dataset).
   """
   label_bytes = SPECS[name]['label_bytes']
   ds = tf.data.FixedLengthRecordDataset(files, label_bytes + IMAGE_BYTES)
@@ -82,7 +90,7 @@ def dataset(files: List[str], name: str, *, is_training: bool,
   if cache and is_training:
     ds = ds.cache()
   if is_training:
-    ds = training_order(ds, 50_000, seed, start_record)
+    ds = training_order(ds, 50_000, seed, start_record, repeats)
   else:
     ds = ds.enumerate()  # Positions are unused; one element structure.
 
@@ -95,6 +103,10 @@ def dataset(files: List[str], name: str, *, is_training: bool,
           image, [32, 32, 3], seed=augmentation_seed(seed, position))
       image = tf.image.stateless_random_flip_left_right(
           image, seed=augmentation_seed(seed, position, 1))
+    if is_training and augmentation:
+      image = tf.cast(augmentation(tf.cast(image, tf.float32),
+                                   augmentation_seed(seed, position)),
+                      tf.uint8)
     if image_size != 32:
       image = tf.cast(tf.round(tf.image.resize(image, [image_size] * 2)),
                       tf.uint8)
@@ -104,6 +116,8 @@ def dataset(files: List[str], name: str, *, is_training: bool,
 
   ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE,
               deterministic=not is_training or seed is not None)
-  return with_private_threads(
-      ds.batch(batch_size, drop_remainder=is_training).prefetch(
-          tf.data.AUTOTUNE), num_private_threads)
+  ds = ds.batch(batch_size, drop_remainder=is_training)
+  if is_training:
+    ds = augment.mix_batches(ds, mixing, seed, start_record // batch_size)
+  return with_private_threads(ds.prefetch(tf.data.AUTOTUNE),
+                              num_private_threads)

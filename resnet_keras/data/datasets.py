@@ -10,10 +10,13 @@ import dataclasses
 import functools
 from typing import Callable, Optional, Tuple
 
+from absl import logging
 import tensorflow as tf
 
 from resnet_keras import config as config_lib
 from resnet_keras.config import RunConfig
+from resnet_keras.data.randaugment_spec import parse_randaugment
+from resnet_keras.data import augment
 from resnet_keras.data import cifar
 from resnet_keras.data import imagenet
 from resnet_keras.data import synthetic
@@ -75,6 +78,22 @@ def describe(cfg: RunConfig) -> DatasetInfo:
       train_files=tuple(train_files), eval_files=tuple(eval_files))
 
 
+def image_augmentation(cfg: RunConfig) -> augment.ImageAugmentation:
+  """What each training image gets after its crop and flip."""
+  return augment.ImageAugmentation(
+      randaugment=parse_randaugment(cfg.randaugment),
+      erasing_prob=cfg.random_erasing, erasing_mode=cfg.random_erasing_mode)
+
+
+def batch_mixing(cfg: RunConfig, num_classes: int) -> augment.BatchMixing:
+  """Mixup/CutMix of each training batch (label smoothing goes inside its
+  targets)."""
+  return augment.BatchMixing(
+      mixup_alpha=cfg.mixup_alpha, cutmix_alpha=cfg.cutmix_alpha,
+      prob=cfg.mix_prob, switch_prob=cfg.mix_switch_prob,
+      label_smoothing=cfg.label_smoothing, num_classes=num_classes)
+
+
 def eval_crop_fraction(cfg: RunConfig) -> float:
   """The central fraction evaluation keeps of an image's short side."""
   # CIFAR evaluation resizes whole (square) images.
@@ -131,9 +150,12 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo, replica_batch_size: int,
   where `start_step` steps of an earlier run left it (exact resume)."""
   dtype = loader_dtype(cfg)
   seed = cfg.global_seed or 0
+  mixing = batch_mixing(cfg, info.num_classes)
   if not cfg.use_synthetic_data:
     pipeline = dict(cache=cfg.training_dataset_cache,
-                    num_private_threads=cfg.datasets_num_private_threads)
+                    num_private_threads=cfg.datasets_num_private_threads,
+                    augmentation=image_augmentation(cfg), mixing=mixing,
+                    repeats=cfg.repeated_augmentation)
     if cfg.dataset in cifar.SPECS:
       build = functools.partial(cifar.dataset, name=cfg.dataset, **pipeline)
     else:
@@ -145,10 +167,16 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo, replica_batch_size: int,
     return _file_input_fns(cfg, info, replica_batch_size, dtype, build,
                            start_step if cfg.global_seed is not None else 0)
 
+  if cfg.augments_images:
+    logging.warning('--use_synthetic_data: --randaugment and '
+                    '--random_erasing apply to real images only (synthetic '
+                    'batches measure the device alone); mixing still does')
+
   def train_input_fn(ctx: tf.distribute.InputContext):
     return synthetic.train_dataset(replica_batch_size, cfg.image_size,
                                    info.num_classes, dtype,
-                                   seed=seed + ctx.input_pipeline_id)
+                                   seed=seed + ctx.input_pipeline_id,
+                                   mixing=mixing)
 
   def eval_input_fn(ctx: tf.distribute.InputContext):
     share = _shard_count(info.num_eval_examples, ctx.input_pipeline_id,

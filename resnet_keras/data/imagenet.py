@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from resnet_keras.config import RunConfig
+from resnet_keras.data import augment
 from resnet_keras.data.preprocessing import augmentation_seed
 from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.data.preprocessing import training_order
@@ -245,8 +246,10 @@ def _to_loader_dtype(image, dtype):
 
 
 def preprocess_train(image_bytes, boxes, image_size, dtype, crop_seed,
-                     flip_seed, crop_min_area=DEFAULT_CROP_MIN_AREA):
-  """Random crop (fused with JPEG decode), random flip, resize; the
+                     flip_seed, crop_min_area=DEFAULT_CROP_MIN_AREA,
+                     augmentation=augment.ImageAugmentation()):
+  """Random crop (fused with JPEG decode), random flip, resize, then
+  `augmentation` (RandAugment, random erasing; seeded by `crop_seed`); the
   randomness comes from the two stateless-op seeds."""
   shape = tf.image.extract_jpeg_shape(image_bytes)
   begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
@@ -259,8 +262,10 @@ def preprocess_train(image_bytes, boxes, image_size, dtype, crop_seed,
       image_bytes, tf.stack([offset_y, offset_x, height, width]), channels=3)
   image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
   image = tf.image.resize(image, [image_size, image_size])
-  return _to_loader_dtype(tf.ensure_shape(image, [image_size, image_size, 3]),
-                          dtype)
+  image = tf.ensure_shape(image, [image_size, image_size, 3])
+  if augmentation:
+    image = augmentation(image, crop_seed)
+  return _to_loader_dtype(image, dtype)
 
 
 def decode_whole(image_bytes, image_size):
@@ -301,7 +306,11 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
             crop_min_area: float = DEFAULT_CROP_MIN_AREA,
             eval_crop_fraction: float = DEFAULT_EVAL_CROP_FRACTION,
             skipped: Optional[SkippedRecords] = None,
-            start_record: int = 0) -> tf.data.Dataset:
+            start_record: int = 0,
+            augmentation: augment.ImageAugmentation = (
+                augment.ImageAugmentation()),
+            mixing: augment.BatchMixing = augment.BatchMixing(),
+            repeats: int = 1) -> tf.data.Dataset:
   """Batches of (images, 0-based labels) for one input pipeline.
 
   Args:
@@ -325,6 +334,12 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
       run with tf.errors.DataLossError or InvalidArgumentError).
     start_record: training only: skip this many records of the (seeded)
       training order; a resumed run passes what its first steps consumed.
+    augmentation: training only: what each image gets after its crop and
+      flip (augment.ImageAugmentation).
+    mixing: training only: mixup/CutMix of each batch; on, the labels
+      become soft targets [batch, num_classes].
+    repeats: training only: each record this many times in a row
+      (repeated augmentation; preprocessing.training_order).
   """
   read = _record_reader(skipped is not None)
   if limit:
@@ -356,7 +371,7 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
       image = preprocess_train(
           image_bytes, boxes, image_size, dtype,
           augmentation_seed(seed, position), augmentation_seed(seed, position, 1),
-          crop_min_area)
+          crop_min_area, augmentation)
     else:
       image = preprocess_eval(image_bytes, image_size, dtype,
                               eval_crop_fraction)
@@ -366,6 +381,10 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
     image, label = element
     image = tf.image.stateless_random_flip_left_right(
         image, seed=augmentation_seed(seed, position, 1))
+    if augmentation:
+      image = augmentation(tf.cast(image, tf.float32),
+                           augmentation_seed(seed, position))
+      return _to_loader_dtype(image, dtype), label
     return (image if dtype == tf.uint8 else normalize_images(image, dtype),
             label)
 
@@ -385,7 +404,7 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
   if cache and is_training:
     ds = ds.cache()
   if is_training:
-    ds = training_order(ds, SHUFFLE_BUFFER, seed, start_record)
+    ds = training_order(ds, SHUFFLE_BUFFER, seed, start_record, repeats)
   else:
     ds = ds.enumerate()  # Positions are unused; one element structure.
   if decoded_cache:
@@ -405,5 +424,7 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
     return images, labels
 
   ds = ds.batch(batch_size, drop_remainder=is_training).map(check_labels)
+  if is_training:
+    ds = augment.mix_batches(ds, mixing, seed, start_record // batch_size)
   return with_private_threads(ds.prefetch(tf.data.AUTOTUNE),
                               num_private_threads)

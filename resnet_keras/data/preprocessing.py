@@ -41,9 +41,21 @@ def with_private_threads(ds, num_threads: int):
 
 
 def training_order(ds, shuffle_buffer: int, seed: Optional[int],
-                   start: int = 0):
-  """(position, record) pairs: shuffled, repeated, from position `start`."""
-  ds = ds.shuffle(shuffle_buffer, seed=seed).repeat().enumerate()
+                   start: int = 0, repeats: int = 1):
+  """(position, record) pairs: shuffled, repeated, from position `start`.
+
+  With `repeats` > 1 (repeated augmentation) each record comes that many
+  times in a row, each copy at a position of its own and so augmented
+  differently; the epoch keeps its length, so it holds 1/repeats of the
+  records (as DeiT's RASampler). The copies are consecutive, in one batch
+  (Hoffer et al.'s batch augmentation); under sharding each pipeline
+  repeats only its own records, so the shares stay disjoint.
+  """
+  ds = ds.shuffle(shuffle_buffer, seed=seed).repeat()
+  if repeats > 1:
+    ds = ds.flat_map(lambda *element: tf.data.Dataset.from_tensors(
+        element if len(element) > 1 else element[0]).repeat(repeats))
+  ds = ds.enumerate()
   return ds.skip(start) if start else ds
 
 

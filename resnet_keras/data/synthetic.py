@@ -8,6 +8,7 @@ exactly like real validation data.
 
 import tensorflow as tf
 
+from resnet_keras.data import augment
 from resnet_keras.data.preprocessing import normalize_images
 
 
@@ -26,10 +27,14 @@ def _random_batch(batch_size, image_size, num_classes, image_dtype, seed):
 
 
 def train_dataset(batch_size: int, image_size: int, num_classes: int,
-                  image_dtype: tf.DType, seed: int = 0) -> tf.data.Dataset:
-  """An endless dataset of one fixed batch."""
+                  image_dtype: tf.DType, seed: int = 0,
+                  mixing: augment.BatchMixing = augment.BatchMixing()
+                  ) -> tf.data.Dataset:
+  """An endless dataset of one fixed batch; with `mixing`, mixed a new way
+  each step (the loss sees soft targets, as with real data)."""
   batch = _random_batch(batch_size, image_size, num_classes, image_dtype, seed)
-  return tf.data.Dataset.from_tensors(batch).repeat()
+  return augment.mix_batches(tf.data.Dataset.from_tensors(batch).repeat(),
+                             mixing, seed)
 
 
 def eval_dataset(batch_size: int, image_size: int, num_classes: int,

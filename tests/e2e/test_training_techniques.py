@@ -1,7 +1,8 @@
 """The time-to-accuracy techniques together (--zero_init_residual,
 --ema_decay, --eval_flip, progressive resizing with --eval_image_size,
---blurpool, the linear schedule by epoch, label smoothing, the PCA stem) in
-one run on ImageNet-format records (support/runner.py's TECHNIQUES): it
+--blurpool, the linear schedule by epoch, label smoothing, the PCA stem)
+and timm's (RandAugment, random erasing, repeated augmentation, mixup and
+CutMix, drop path, LAMB with clipping, BCE) in one run on ImageNet-format records (support/runner.py's TECHNIQUES): it
 trains at each epoch's size, evaluates and exports the weight average at
 its own size, and resumes exactly."""
 
@@ -71,3 +72,7 @@ def test_all_techniques_train_together_and_resume_exactly(records_run,
     recorded = json.load(f)['config']
   assert recorded['progressive_resize_epochs'] == [0, 2]
   assert recorded['blurpool'] and recorded['zero_init_residual']
+  assert recorded['randaugment'] == 'rand-m9-n2-mstd0.5-inc1'
+  assert (recorded['drop_path_rate'], recorded['loss']) == (0.1, 'bce')
+  # Training metrics on mixed batches say so.
+  assert 'accuracy on mixed targets' in straight.stderr

@@ -41,6 +41,11 @@ from common.errors import UsageError
     ('keras_applications_model', 'ResNet18', 'use one of: ResNet50,'),
     ('distribution_strategy', 'tpu', 'use one of: off, one_device,'),
     ('label_smoothing', 1.5, '--label_smoothing must be in [0, 1)'),
+    ('loss', 'focal', '--loss=focal is not supported; use one of: softmax, '
+     'bce'),
+    ('clip_grad_norm', -1.0, '--clip_grad_norm must be >= 0 (0: off)'),
+    ('adam_beta2', 1.0, '--adam_beta2 must be in [0, 1)'),
+    ('adam_epsilon', 0.0, '--adam_epsilon must be > 0'),
 ])
 def test_bad_values_name_the_flag_and_the_choices(field, value, expected):
   with pytest.raises(UsageError, match=None) as e:
@@ -87,6 +92,13 @@ def test_bad_values_name_the_flag_and_the_choices(field, value, expected):
      '--progressive_resize_multiple must be >= 0'),
     (dict(optimizer='RMSProp', nesterov=True), '--nesterov applies to SGD and '
      'LARS'),
+    (dict(optimizer='AdamW', nesterov=True), 'AdamW has no Nesterov form'),
+    (dict(optimizer='LAMB', single_l2_loss_op=True), 'LAMB decays the '
+     'weights inside the optimizer (drop --single_l2_loss_op)'),
+    (dict(bce_target_threshold=0.2), '--bce_target_threshold binarises the '
+     'targets of --loss=bce'),
+    (dict(loss='bce', enable_recompute=True), '--loss=bce trains on the '
+     'logits'),
     (dict(num_cpu_replicas=2), '--num_cpu_replicas=2 splits the CPU into '
      'replicas of -ds mirrored; add --distribution_strategy=mirrored (not '
      'off)'),

@@ -122,3 +122,27 @@ def test_a_server_that_is_not_a_dispatcher_is_one_line(in_process_service):
   with pytest.raises(UsageError, match='does not answer as a tf.data service '
                      'dispatcher of TensorFlow'):
     data_service.register(tf.data.Dataset.range(3), address, 'job')
+
+
+def test_every_augmentation_is_served_by_a_service_job(service_records,
+                                                       tmp_path,
+                                                       in_process_service):
+  """RandAugment, random erasing, repeated augmentation and mixup/CutMix are
+  TensorFlow ops: the pipeline passes check_servable and a service worker
+  runs it; the batches come back mixed (soft targets)."""
+  dispatcher, _ = in_process_service
+  cfg = service_config(tmp_path, service_records, dispatcher.target,
+                       global_seed=7, tf_data_service_sharding='dynamic',
+                       data_loader_image_type='uint8',
+                       randaugment='rand-m9-n2-mstd0.5-inc1',
+                       random_erasing=0.5, repeated_augmentation=2,
+                       mixup_alpha=0.2, cutmix_alpha=1.0,
+                       label_smoothing=0.1)
+  tf.random.set_seed(7)
+  info = datasets.describe(cfg)
+  read = data_service.training_input_fn(cfg, info, 4, start_step=0)
+  batches = list(read(tf.distribute.InputContext()).take(3))
+  for images, targets in batches:
+    assert images.dtype == tf.uint8 and images.shape[0] == 4
+    assert targets.shape == (4, info.num_classes)
+    assert abs(float(tf.reduce_sum(targets)) - 4) < 1e-4

@@ -12,6 +12,7 @@ import tf_keras
 from resnet_keras import hardware
 from resnet_keras import models
 from resnet_keras.config import RunConfig
+from resnet_keras.data import datasets
 from resnet_keras.data.preprocessing import normalize_images
 from tests.support.cpus import EPYC_AVX2, SAPPHIRE_RAPIDS
 
@@ -91,6 +92,29 @@ def test_uint8_input_normalised_on_device_matches_host_path():
   a = on_device(tf.constant(pixels, tf.uint8), training=False)
   b = on_host(normalize_images(tf.constant(pixels)), training=False)
   np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize('cfg', [
+    RunConfig(resnet_depth=10, width_multiplier=0.25, image_size=32,
+              data_loader_image_type='uint8'),
+    RunConfig(keras_applications_model='ResNet50', image_size=32),
+], ids=['resnet', 'keras_applications'])
+def test_logits_model_is_the_training_model_before_its_softmax(cfg, tmp_path):
+  """--loss=bce trains through it: the same variables, outputs whose softmax
+  is the training model's, and no trace in the model's checkpoints."""
+  tf_keras.mixed_precision.set_global_policy('float32')
+  network, model = models.build_models(cfg, 10, use_regularizers=False)
+  before = tf.train.Checkpoint(model=model).save(str(tmp_path / 'before'))
+  logits_model = models.build_logits_model(cfg, network)
+  assert [id(v) for v in logits_model.trainable_variables] == [
+      id(v) for v in model.trainable_variables]
+  pixels = np.random.RandomState(0).randint(0, 256, [2, 32, 32, 3])
+  images = tf.constant(pixels, datasets.loader_dtype(cfg))
+  np.testing.assert_allclose(
+      tf.nn.softmax(logits_model(images, training=False)).numpy(),
+      model(images, training=False).numpy(), rtol=1e-5, atol=1e-7)
+  after = tf.train.Checkpoint(model=model).save(str(tmp_path / 'after'))
+  assert tf.train.list_variables(after) == tf.train.list_variables(before)
 
 
 def test_keras_applications_backbone_gets_our_head():
@@ -592,3 +616,47 @@ def test_recompute_checkpoints_are_interchangeable(tmp_path):
   status.assert_existing_objects_matched()
   for a, b in zip(plain.get_weights(), recompute.get_weights()):
     np.testing.assert_array_equal(a, b)
+
+
+def test_drop_path_rates_rise_linearly_over_the_blocks():
+  np.testing.assert_allclose(models.drop_path_rates(4, 0.3),
+                             [0.0, 0.1, 0.2, 0.3])
+  assert models.drop_path_rates(1, 0.05) == [0.05]
+
+
+def test_drop_path_keeps_the_expectation_and_drops_whole_examples():
+  branch = tf.ones([4000, 2, 2, 3])
+  with models.drop_path_seed(tf.constant([1, 2], tf.int64)):
+    dropped = models.drop_path(branch, 0.2, index=3).numpy()
+    again = models.drop_path(branch, 0.2, index=3).numpy()
+    other_block = models.drop_path(branch, 0.2, index=4).numpy()
+  per_example = dropped.reshape(4000, -1)
+  # Every example keeps or drops its whole branch, survivors x 1/0.8.
+  assert set(np.unique(per_example)) == {0.0, 1.25}
+  assert np.all(per_example.min(1) == per_example.max(1))
+  assert abs(per_example.mean() - 1.0) < 0.05  # the expectation: the branch
+  np.testing.assert_array_equal(dropped, again)  # a function of the seed
+  assert np.any(dropped != other_block)  # each block draws its own
+
+
+def test_drop_path_trains_only_and_keeps_the_checkpoint_layout(tmp_path):
+  """Drop path lives in the residual adds: the same layers and checkpoint
+  at any rate (so runs warm-start and export across rates), and evaluation
+  runs every branch."""
+  small = dict(stem='cifar', filters=(8, 16, 16, 16))
+  plain = models.resnet(18, 10, 32, **small)
+  dropping = models.resnet(18, 10, 32, drop_path_rate=0.5, **small)
+  assert [l.name for l in plain.layers] == [l.name for l in dropping.layers]
+  adds = [l for l in dropping.layers if isinstance(l, models.ResidualAdd)]
+  np.testing.assert_allclose([l.drop_rate for l in adds],
+                             models.drop_path_rates(8, 0.5))
+  for v in dropping.trainable_variables:
+    v.assign(tf.random.normal(v.shape, stddev=0.1, seed=1))
+  path = tf.train.Checkpoint(model=dropping).save(str(tmp_path / 'ckpt'))
+  tf.train.Checkpoint(model=plain).restore(path).assert_existing_objects_matched()
+  images = tf.random.normal([8, 32, 32, 3], seed=2)
+  np.testing.assert_allclose(plain(images, training=False),
+                             dropping(images, training=False), atol=1e-6)
+  with models.drop_path_seed(tf.constant([3, 4], tf.int64)):
+    trained = dropping(images, training=True)
+  assert not np.allclose(trained, plain(images, training=True), atol=1e-4)

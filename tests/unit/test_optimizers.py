@@ -1,5 +1,7 @@
-"""LARS, Nesterov SGD and RMSProp against hand-computed steps; the three
-weight-decay paths agree."""
+"""LARS, Nesterov SGD, RMSProp, AdamW and LAMB against hand-computed steps
+(and which variables AdamW and LAMB decay and adapt); the three
+weight-decay paths of SGD agree; --clip_grad_norm against a hand-computed
+global norm; AdamW's and LAMB's slots checkpoint and restore."""
 
 import numpy as np
 import pytest
@@ -8,6 +10,7 @@ import tf_keras
 
 from resnet_keras import models
 from resnet_keras import optimizers
+from resnet_keras import schedules
 from resnet_keras.config import RunConfig
 
 
@@ -116,6 +119,10 @@ def test_build_optimizer_kinds():
                     tf_keras.optimizers.legacy.SGD)
   assert isinstance(optimizers.build_optimizer(RunConfig(optimizer='LARS'),
                                                0.1), optimizers.LARS)
+  assert type(optimizers.build_optimizer(RunConfig(optimizer='AdamW'),
+                                         0.1)) is optimizers.AdamW
+  assert type(optimizers.build_optimizer(RunConfig(optimizer='LAMB'),
+                                         0.1)) is optimizers.LAMB
   fp16 = optimizers.build_optimizer(RunConfig(dtype='fp16'), 0.1)
   assert fp16.dynamic
   fixed = optimizers.build_optimizer(RunConfig(dtype='fp16', loss_scale=128),
@@ -132,6 +139,13 @@ def test_weight_decay_path_selection():
   assert optimizers.weight_decay_path(RunConfig(weight_decay=0)) == 'none'
   assert optimizers.weight_decay_path(
       RunConfig(keras_applications_model='ResNet50')) == 'single_l2_loss_op'
+  for name in ('AdamW', 'LAMB'):
+    assert optimizers.weight_decay_path(RunConfig(optimizer=name)) == (
+        'decoupled')
+    assert optimizers.weight_decay_path(RunConfig(
+        optimizer=name, keras_applications_model='ResNet50')) == 'decoupled'
+    assert optimizers.weight_decay_path(
+        RunConfig(optimizer=name, weight_decay=0)) == 'none'
 
 
 def _two_steps(optimizer, w0, grads):
@@ -193,3 +207,133 @@ def test_rmsprop_keeps_the_weight_decay_path_of_sgd():
   fp16 = optimizers.build_optimizer(RunConfig(optimizer='RMSProp',
                                               dtype='fp16'), 0.1)
   assert isinstance(fp16.inner_optimizer, tf_keras.optimizers.legacy.RMSprop)
+
+
+def _step(optimizer, pairs):
+  optimizer.apply_gradients([(tf.constant(g, tf.float32), v)
+                             for g, v in pairs])
+
+
+def _adam_update(g, m, v, step, beta1=0.9, beta2=0.999, eps=1e-6):
+  """PyTorch's Adam direction m_hat / (sqrt(v_hat) + eps), and the moments."""
+  m = beta1 * m + (1 - beta1) * g
+  v = beta2 * v + (1 - beta2) * g * g
+  m_hat, v_hat = m / (1 - beta1 ** step), v / (1 - beta2 ** step)
+  return m_hat / (np.sqrt(v_hat) + eps), m, v
+
+
+def test_lamb_decays_and_adapts_the_kernel_only_by_hand():
+  kernel = tf.Variable([3.0, 4.0], name='dense/kernel')
+  gamma = tf.Variable([1.0, -1.0], name='stem_bn/gamma')
+  opt = optimizers.build_optimizer(
+      RunConfig(optimizer='LAMB', weight_decay=0.1, adam_epsilon=1e-6), 0.01)
+  g_kernel, g_gamma = np.array([0.6, 0.8]), np.array([0.5, -0.5])
+  _step(opt, [(g_kernel, kernel), (g_gamma, gamma)])
+  # Step 1: m_hat = g, v_hat = g^2, so Adam's direction is g / (|g| + eps),
+  # ~[1, 1]. Kernel: + 0.1 * w = ~[1.3, 1.4], norm ~1.9105; trust ratio
+  # ||w|| / ||update|| = 5 / 1.9105 = ~2.6171; w -= 0.01 * 2.6171 * update.
+  update = g_kernel / (g_kernel + 1e-6) + 0.1 * np.array([3.0, 4.0])
+  assert np.linalg.norm(update) == pytest.approx(1.9105, abs=1e-4)
+  np.testing.assert_allclose(kernel.numpy(), [3 - 0.034022, 4 - 0.036639],
+                             atol=2e-6)
+  # gamma: neither decay nor trust ratio: plain Adam, w -= 0.01 * sign(g).
+  np.testing.assert_allclose(gamma.numpy(), [0.99, -0.99], atol=1e-7)
+
+  # Step 2, bias-corrected moments, against the formulas.
+  g2_kernel, g2_gamma = np.array([-0.2, 0.1]), np.array([0.05, 0.3])
+  w1, gamma1 = kernel.numpy().astype(np.float64), gamma.numpy()
+  _step(opt, [(g2_kernel, kernel), (g2_gamma, gamma)])
+  direction, _, _ = _adam_update(g2_kernel, 0.1 * g_kernel,
+                                 0.001 * g_kernel ** 2, 2)
+  update = direction + 0.1 * w1
+  ratio = np.linalg.norm(w1) / np.linalg.norm(update)
+  np.testing.assert_allclose(kernel.numpy(), w1 - 0.01 * ratio * update,
+                             rtol=1e-6)
+  direction, _, _ = _adam_update(g2_gamma, 0.1 * g_gamma,
+                                 0.001 * g_gamma ** 2, 2)
+  np.testing.assert_allclose(gamma.numpy(), gamma1 - 0.01 * direction,
+                             rtol=1e-6)
+
+
+def test_adamw_decays_kernels_only_and_has_no_trust_ratio():
+  kernel = tf.Variable([3.0, 4.0], name='dense/kernel')
+  bias = tf.Variable([1.0, -1.0], name='dense/bias')
+  gamma = tf.Variable([2.0], name='stem_bn/gamma')
+  opt = optimizers.build_optimizer(
+      RunConfig(optimizer='AdamW', weight_decay=0.5, adam_epsilon=1e-8), 0.1)
+  _step(opt, [([0.6, 0.8], kernel), ([0.5, -0.5], bias), ([-3.0], gamma)])
+  # PyTorch's AdamW: w *= 1 - lr * wd, then w -= lr * sign(g) on step 1.
+  np.testing.assert_allclose(kernel.numpy(), [3 * 0.95 - 0.1, 4 * 0.95 - 0.1],
+                             rtol=1e-6)
+  np.testing.assert_allclose(bias.numpy(), [0.9, -0.9], rtol=1e-6)
+  np.testing.assert_allclose(gamma.numpy(), [2.1], rtol=1e-6)
+
+
+def test_adam_optimizers_scale_the_learning_rate_per_256_images():
+  # "ResNet strikes back" A1/A2: LAMB at 5e-3 for batch 2048.
+  for name in ('AdamW', 'LAMB'):
+    assert schedules.peak_learning_rate(name, 6.25e-4, 2048) == (
+        pytest.approx(5e-3))
+
+
+@pytest.mark.parametrize('cfg', [
+    RunConfig(momentum=0.0, clip_grad_norm=1.0),
+    RunConfig(momentum=0.0, clip_grad_norm=1.0, dtype='fp16', loss_scale=128),
+], ids=['fp32', 'fp16'])
+def test_clip_grad_norm_clips_the_global_norm(cfg):
+  """Gradients [3, 4] and [12]: global norm sqrt(9 + 16 + 144) = 13, so
+  each is divided by 13 (SGD, lr 1: the step is the clipped gradient).
+  Under fp16 the objective unscales before the optimizer, which clips."""
+  kernel = tf.Variable([0.0, 0.0], name='dense/kernel')
+  bias = tf.Variable([0.0], name='dense/bias')
+  opt = optimizers.build_optimizer(cfg, 1.0)
+  grads = [tf.constant([3.0, 4.0]), tf.constant([12.0])]
+  if cfg.dtype == 'fp16':
+    grads = opt.get_unscaled_gradients([g * 128 for g in grads])
+  opt.apply_gradients(zip(grads, [kernel, bias]))
+  np.testing.assert_allclose(kernel.numpy(), [-3 / 13, -4 / 13], rtol=1e-6)
+  np.testing.assert_allclose(bias.numpy(), [-12 / 13], rtol=1e-6)
+  # Within the bound: untouched.
+  opt = optimizers.build_optimizer(RunConfig(momentum=0.0,
+                                             clip_grad_norm=13.5), 1.0)
+  opt.apply_gradients(zip([tf.constant([3.0, 4.0]), tf.constant([12.0])],
+                          [kernel, bias]))
+  np.testing.assert_allclose(bias.numpy(), [-12 / 13 - 12], rtol=1e-6)
+
+
+def _dense_and_optimizer(cfg):
+  model = tf_keras.Sequential([tf_keras.layers.Dense(3, name='fc')])
+  model.build((None, 4))
+  optimizer = optimizers.build_optimizer(cfg, 0.01)
+  optimizers.create_slots(optimizer, model.trainable_variables)
+  return model, optimizer
+
+
+@pytest.mark.parametrize('cfg', [
+    RunConfig(optimizer='AdamW', weight_decay=0.05),
+    RunConfig(optimizer='LAMB', weight_decay=0.02, clip_grad_norm=1.0,
+              dtype='fp16', loss_scale=128),
+], ids=['AdamW', 'LAMB_fp16'])
+def test_adam_slots_are_created_checkpointed_and_restored(cfg, tmp_path):
+  model, optimizer = _dense_and_optimizer(cfg)
+  inner = getattr(optimizer, 'inner_optimizer', optimizer)
+  slots = lambda opt, m: {(v.name, s): opt.get_slot(v, s).numpy()
+                          for v in m.trainable_variables for s in ('m', 'v')}
+  assert inner.get_slot_names() == ['m', 'v']
+  assert not any(a.any() for a in slots(inner, model).values())  # before
+  optimizer.apply_gradients(
+      (tf.ones_like(v), v) for v in model.trainable_variables)
+  saved = slots(inner, model)
+  assert all(a.any() for a in saved.values())
+  path = tf.train.Checkpoint(model=model, optimizer=optimizer).save(
+      str(tmp_path / 'ckpt'))
+
+  fresh_model, fresh = _dense_and_optimizer(cfg)
+  tf.train.Checkpoint(model=fresh_model, optimizer=fresh).restore(
+      path).assert_consumed()
+  fresh_inner = getattr(fresh, 'inner_optimizer', fresh)
+  assert int(fresh.iterations.numpy()) == 1
+  restored = slots(fresh_inner, fresh_model)
+  assert restored.keys() == saved.keys()
+  for key in saved:
+    np.testing.assert_array_equal(restored[key], saved[key], err_msg=str(key))
