@@ -34,12 +34,16 @@ def _summaries(model_dir):
 
 # The time-to-accuracy techniques together (e2e/test_training_techniques.py):
 # two epochs at 24 then 32 px, evaluation and export at 40 px, the weight
-# average swapped in for them.
+# average swapped in for them; and timm's that act on synthetic batches
+# (mixup/CutMix, drop path, LAMB with clipping, BCE).
 TECHNIQUES = ['--stem=small', '--train_epochs=2',
               '--progressive_resize_start_size=24', '--eval_image_size=40',
               '--zero_init_residual', '--blurpool', '--ema_decay=0.5',
               '--ema_warmup', '--eval_flip', '--lr_schedule=linear',
-              '--lr_per_epoch', '--label_smoothing=0.1']
+              '--lr_per_epoch', '--label_smoothing=0.1',
+              '--mixup_alpha=0.2', '--cutmix_alpha=1.0',
+              '--drop_path_rate=0.1', '--optimizer=LAMB',
+              '--clip_grad_norm=1', '--loss=bce']
 
 
 @pytest.mark.parametrize('backend_args,batch_flag,global_batch', [
