@@ -1,7 +1,7 @@
 """Time to accuracy: recipes and their ablations, several seeds each.
 
   python -m benchmarks.time_to_accuracy --data_dir DIR [--seeds 3]
-      [--rows baseline,recipe] [--out_dir /tmp/tta]
+      [--rows baseline,recipe] [--out_dir /tmp/tta] [--avx2_fp32]
 
 Each row is a recipe plus flags (ROWS); each (row, seed) is one training run
 of resnet_ctl_imagenet_main.py in a process of its own, on the data already
@@ -10,6 +10,11 @@ over the seeds), epochs, wall seconds (training plus evaluations, from the
 run summary) and training images/s, and the time relative to the first row.
 Rows run seed-major (every row's first seed, then every row's second, ...)
 so a slow stretch of a shared machine spreads over the rows.
+
+--avx2_fp32 races as an AVX2-only CPU would on any x86 machine: oneDNN
+limited to its AVX2 kernels (ONEDNN_MAX_CPU_ISA=AVX2, which TensorFlow's
+bundled oneDNN honours: ONEDNN_VERBOSE=1 names each kernel's ISA) and
+--dtype fp32, what --dtype auto picks there.
 """
 
 import argparse
@@ -74,14 +79,20 @@ ROWS: Dict[str, List[str]] = {
 }
 
 
-def run(row: str, seed: int, data_dir: str, out_dir: str) -> Dict:
+def run(row: str, seed: int, data_dir: str, out_dir: str,
+        avx2_fp32: bool = False) -> Dict:
   model_dir = os.path.join(out_dir, f'{row}_s{seed}')
   summary_path = os.path.join(model_dir, 'run_summary.json')
   if not os.path.exists(summary_path):
+    env, extra = dict(os.environ), []
+    if avx2_fp32:
+      env['ONEDNN_MAX_CPU_ISA'] = 'AVX2'
+      extra = ['--dtype=fp32']
     result = subprocess.run(
-        [sys.executable, MAIN] + ROWS[row] +
+        [sys.executable, MAIN] + ROWS[row] + extra +
         ['-dd', data_dir, '-md', model_dir, '--clean',
-         f'--global_seed={seed}'], capture_output=True, text=True, check=False)
+         f'--global_seed={seed}'], capture_output=True, text=True, check=False,
+        env=env)
     if result.returncode:
       sys.exit(f'{row} seed {seed} failed:\n{result.stderr[-3000:]}')
   with open(summary_path) as f:
@@ -98,6 +109,9 @@ def main():
                       help='Comma-separated names of ROWS.')
   parser.add_argument('--out_dir', default='/tmp/time_to_accuracy',
                       help='Runs go here; a finished run is reused.')
+  parser.add_argument('--avx2_fp32', action='store_true',
+                      help='Race as on an AVX2-only CPU: oneDNN limited to '
+                      'AVX2 kernels, --dtype fp32.')
   args = parser.parse_args()
   rows = args.rows.split(',')
   unknown = set(rows) - set(ROWS)
@@ -106,12 +120,13 @@ def main():
   results = {row: [] for row in rows}
   for seed in range(1, args.seeds + 1):
     for row in rows:
-      summary = run(row, seed, args.data_dir, args.out_dir)
+      summary = run(row, seed, args.data_dir, args.out_dir, args.avx2_fp32)
       results[row].append(summary)
       print(f'{row} seed {seed}: {100 * summary["eval_accuracy"]:.2f}% in '
             f'{summary["wall_seconds"]:.0f} s', flush=True)
   machine = results[rows[0]][0]['runtime']['machine']
-  print(f'\n{args.seeds} seeds each on {machine}\n')
+  mode = ' as AVX2-only in fp32' if args.avx2_fp32 else ''
+  print(f'\n{args.seeds} seeds each on {machine}{mode}\n')
   print('| row | top-1 % (mean, min-max) | epochs | wall s (mean) | '
         'img/s | time vs first row |')
   print('|---|---|---|---|---|---|')
