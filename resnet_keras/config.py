@@ -406,11 +406,9 @@ class ModelConfig:
       choices=STEM_INITS)
   drop_path_rate: float = option(
       0.0,
-      'Stochastic depth: in training each residual branch is dropped per '
-      "example, the rate rising linearly from 0 at the first block to this "
-      'at the last, survivors scaled by 1/keep (0.05 in ResNet strikes '
-      'back A1/A2); evaluation, exports and the weight average run every '
-      'branch. No new weights. 0: off.',
+      'Stochastic depth: training drops each residual branch per example, '
+      'at a rate rising from 0 (first block) to this (last), survivors x '
+      '1/keep (0.05: ResNet strikes back A1/A2). No new weights. 0: off.',
       within='[0, 1)', says='is a rate,')
 
   @property
@@ -447,15 +445,12 @@ class ModelConfig:
                            ('zero_init_residual', self.zero_init_residual),
                            ('blurpool', self.blurpool),
                            ('stem_init=pca', self.stem_init == 'pca'),
-                           ('drop_path_rate', self.drop_path_rate > 0)):
+                           ('drop_path_rate', self.drop_path_rate > 0),
+                           ('width_multiplier', self.width_multiplier != 1)):
         if wished:
           raise UsageError(f'--{name} applies to this project\'s ResNets; '
-                           '--keras_applications_model backbones have plain '
-                           'batch norm (drop one of the two flags)')
-      if self.width_multiplier != 1:
-        raise UsageError('--width_multiplier applies to this project\'s '
-                         'ResNets; --keras_applications_model backbones have '
-                         'fixed widths (drop one of the two flags)')
+                           '--keras_applications_model backbones are fixed '
+                           '(drop one of the two flags)')
     if self.norm == 'group':
       # Groups must divide every channel count; each one (bottlenecks' 4x
       # included) is a multiple of the stages' gcd.
@@ -613,18 +608,8 @@ class LoopConfig:
 
 
 @dataclasses.dataclass(frozen=True)
-class OptimizerConfig:
-  """The optimizer, its learning-rate schedule, the loss terms and the
-  average of the weights."""
-  optimizer: str = option(
-      'SGD',
-      'SGD (momentum), LARS, RMSProp, AdamW (decoupled weight decay, as '
-      "PyTorch's and timm's) or LAMB (AdamW's update scaled per kernel "
-      'by ||w|| / ||update||, as timm\'s, which "ResNet strikes back" '
-      'trains with). LARS and LAMB adapt conv/dense kernels only; '
-      'biases and normalisation weights get neither weight decay nor '
-      'the trust ratio.',
-      choices=OPTIMIZERS)
+class ScheduleConfig:
+  """The learning rate: its peak, warmup and decay (schedules.py)."""
   base_learning_rate: float = option(
       0.1,
       'SGD, RMSProp, AdamW and LAMB: learning rate per 256 images '
@@ -658,6 +643,92 @@ class OptimizerConfig:
       'Polynomial decay reaches end_learning_rate at this epoch (0: at '
       'the end of the run).',
       within='>= 0')
+  lr_decay_factor: float = option(
+      0.1,
+      'stepped and exponential: the factor of each decay step.',
+      within='(0, 1]')
+  lr_decay_points: Tuple[float, ...] = option(
+      (0.3, 0.6, 0.8),
+      "stepped: fractions of the run's steps where the learning rate is "
+      'multiplied by lr_decay_factor, e.g. 0.3,0.6,0.8.')
+  lr_decay_epochs: float = option(
+      30.0,
+      'exponential: epochs (after warmup) per multiplication by '
+      'lr_decay_factor.',
+      within='> 0')
+
+  def _check_schedule(self) -> None:
+    check_fields(self, ScheduleConfig)
+    points = tuple(self.lr_decay_points)
+    if not (points and all(0 < p < 1 for p in points) and
+            list(points) == sorted(set(points))):
+      raise UsageError(
+          '--lr_decay_points must be increasing fractions of the run in '
+          f'(0, 1), e.g. 0.3,0.6,0.8; got {",".join(map(str, points))}')
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """What a training step minimises besides the optimizer (objective.py):
+  the loss, its label smoothing, and weight decay."""
+  loss: str = option(
+      'softmax',
+      'softmax: cross-entropy of the softmax. bce: a sigmoid cross-'
+      'entropy per class on the logits (timm\'s BinaryCrossEntropy, as '
+      'in "ResNet strikes back"), summed over the classes and averaged '
+      "over the batch (timm's sum_classes): each logit's gradient is "
+      "sigmoid(z) - target, as the softmax's is p - target, so SGD's "
+      'learning rates keep their scale (a mean over the classes, '
+      "timm's default, divides the gradient by the class count; AdamW "
+      "and LAMB are invariant to the loss's scale). Its loss starts "
+      'near classes x log 2. Evaluation, exports and predictions still '
+      'give the softmax probabilities.',
+      choices=LOSSES)
+  bce_target_threshold: float = option(
+      0.0,
+      '--loss=bce: targets above this become 1 and the others 0, after '
+      'label smoothing and mixing (timm\'s target_threshold: 0.2 in the '
+      'public "ResNet strikes back" reproductions). 0: soft targets as '
+      'they are.',
+      within='[0, 1)', note='(0: none)')
+  label_smoothing: float = option(
+      0.0,
+      'Label smoothing of the loss: targets 1 - s + s/classes and '
+      's/classes.',
+      within='[0, 1)')
+  weight_decay: float = option(
+      1e-4,
+      'SGD, RMSProp and LARS: adds weight_decay * w to the gradient of '
+      'every conv/dense kernel, on every path (regularisers, single L2 '
+      'op, LARS). AdamW and LAMB: decoupled, inside the optimizer: w -= '
+      "lr * weight_decay * w each step (PyTorch's and timm's AdamW; LAMB "
+      'scales it by the trust ratio with the rest of the update), so '
+      'typical values are 0.01-0.05, not 1e-4.',
+      within='>= 0')
+  single_l2_loss_op: bool = option(
+      False,
+      'SGD/RMSProp: one L2 term over all kernels instead of per-layer '
+      'regularisers (same gradient, fewer ops).')
+
+  def _check_loss(self) -> None:
+    check_fields(self, LossConfig)
+    if self.bce_target_threshold and self.loss != 'bce':
+      raise UsageError('--bce_target_threshold binarises the targets of '
+                       '--loss=bce; add --loss=bce or drop the threshold')
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """The optimizer and the average of the weights."""
+  optimizer: str = option(
+      'SGD',
+      'SGD (momentum), LARS, RMSProp, AdamW (decoupled weight decay, as '
+      "PyTorch's and timm's) or LAMB (AdamW's update scaled per kernel "
+      'by ||w|| / ||update||, as timm\'s, which "ResNet strikes back" '
+      'trains with). LARS and LAMB adapt conv/dense kernels only; '
+      'biases and normalisation weights get neither weight decay nor '
+      'the trust ratio.',
+      choices=OPTIMIZERS)
   lars_epsilon: float = option(
       0.0,
       'Epsilon in the LARS trust-ratio denominator.',
@@ -703,57 +774,6 @@ class OptimizerConfig:
       "puts it outside the root when --momentum=0); tf_keras's default "
       '1e-7 makes the first steps huge.',
       within='> 0')
-  lr_decay_factor: float = option(
-      0.1,
-      'stepped and exponential: the factor of each decay step.',
-      within='(0, 1]')
-  lr_decay_points: Tuple[float, ...] = option(
-      (0.3, 0.6, 0.8),
-      "stepped: fractions of the run's steps where the learning rate is "
-      'multiplied by lr_decay_factor, e.g. 0.3,0.6,0.8.')
-  lr_decay_epochs: float = option(
-      30.0,
-      'exponential: epochs (after warmup) per multiplication by '
-      'lr_decay_factor.',
-      within='> 0')
-  loss: str = option(
-      'softmax',
-      'softmax: cross-entropy of the softmax. bce: a sigmoid cross-'
-      'entropy per class on the logits (timm\'s BinaryCrossEntropy, as '
-      'in "ResNet strikes back"), summed over the classes and averaged '
-      "over the batch (timm's sum_classes): each logit's gradient is "
-      "sigmoid(z) - target, as the softmax's is p - target, so SGD's "
-      'learning rates keep their scale (a mean over the classes, '
-      "timm's default, divides the gradient by the class count; AdamW "
-      "and LAMB are invariant to the loss's scale). Its loss starts "
-      'near classes x log 2. Evaluation, exports and predictions still '
-      'give the softmax probabilities.',
-      choices=LOSSES)
-  bce_target_threshold: float = option(
-      0.0,
-      '--loss=bce: targets above this become 1 and the others 0, after '
-      'label smoothing and mixing (timm\'s target_threshold: 0.2 in the '
-      'public "ResNet strikes back" reproductions). 0: soft targets as '
-      'they are.',
-      within='[0, 1)', note='(0: none)')
-  label_smoothing: float = option(
-      0.0,
-      'Label smoothing of the loss: targets 1 - s + s/classes and '
-      's/classes.',
-      within='[0, 1)')
-  weight_decay: float = option(
-      1e-4,
-      'SGD, RMSProp and LARS: adds weight_decay * w to the gradient of '
-      'every conv/dense kernel, on every path (regularisers, single L2 '
-      'op, LARS). AdamW and LAMB: decoupled, inside the optimizer: w -= '
-      "lr * weight_decay * w each step (PyTorch's and timm's AdamW; LAMB "
-      'scales it by the trust ratio with the rest of the update), so '
-      'typical values are 0.01-0.05, not 1e-4.',
-      within='>= 0')
-  single_l2_loss_op: bool = option(
-      False,
-      'SGD/RMSProp: one L2 term over all kernels instead of per-layer '
-      'regularisers (same gradient, fewer ops).')
   ema_decay: float = option(
       0.0,
       'Keep an exponential moving average of the weights with this '
@@ -780,19 +800,6 @@ class OptimizerConfig:
       raise UsageError(f'--nesterov applies to SGD and LARS momentum; '
                        f'{self.optimizer} has no Nesterov form here (drop '
                        '--nesterov)')
-    if self.single_l2_loss_op and self.uses_adam:
-      raise UsageError(f'--single_l2_loss_op is an L2 loss term of SGD and '
-                       f'RMSProp; {self.optimizer} decays the weights inside '
-                       'the optimizer (drop --single_l2_loss_op)')
-    if self.bce_target_threshold and self.loss != 'bce':
-      raise UsageError('--bce_target_threshold binarises the targets of '
-                       '--loss=bce; add --loss=bce or drop the threshold')
-    points = tuple(self.lr_decay_points)
-    if not (points and all(0 < p < 1 for p in points) and
-            list(points) == sorted(set(points))):
-      raise UsageError(
-          '--lr_decay_points must be increasing fractions of the run in '
-          f'(0, 1), e.g. 0.3,0.6,0.8; got {",".join(map(str, points))}')
     if self.ema_warmup and not self.ema_decay:
       raise UsageError('--ema_warmup ramps the decay of --ema_decay; give '
                        '--ema_decay too (e.g. 0.999)')
@@ -906,7 +913,7 @@ class RuntimeConfig:
 # the fields in this order.
 GROUPS = (DataConfig, AugmentationConfig, DataServiceConfig, ModelConfig,
           WarmStartConfig, PrecisionConfig, LoopConfig, OptimizerConfig,
-          OutputConfig, RuntimeConfig)
+          ScheduleConfig, LossConfig, OutputConfig, RuntimeConfig)
 
 
 # Bases in reverse: a dataclass lists its bases' fields from the last base
@@ -932,11 +939,17 @@ class RunConfig(*reversed(GROUPS)):
     self._check_precision()
     self._check_loop()
     self._check_optimizer()
+    self._check_schedule()
+    self._check_loss()
     self._check_output()
     self._check_runtime()
     self._check_across_groups()
 
   def _check_across_groups(self) -> None:
+    if self.single_l2_loss_op and self.uses_adam:
+      raise UsageError(f'--single_l2_loss_op is an L2 loss term of SGD and '
+                       f'RMSProp; {self.optimizer} decays the weights inside '
+                       'the optimizer (drop --single_l2_loss_op)')
     if self.loss == 'bce' and self.enable_recompute:
       raise UsageError('--loss=bce trains on the logits of a view of the '
                        'network that --enable_recompute\'s model does not '

@@ -132,7 +132,7 @@ def test_width_multiplier_rounds_channels_to_multiples_of_8():
   for bad, message in ((dict(width_multiplier=0), 'must be > 0'),
                        (dict(width_multiplier=0.5,
                              keras_applications_model='ResNet50'),
-                        'fixed widths')):
+                        'width_multiplier applies to this project.s ResNets')):
     with pytest.raises(UsageError, match=message):
       RunConfig(**bad).check()
 
