@@ -10,7 +10,7 @@ into the assets, so predictions can be named anywhere.
 
 What is exported is the network rebuilt from standard layers with the trained
 weights (`portable_copy`): native convolutions and ReLUs, per-replica batch
-norm, no recomputation and nothing frozen, whatever kernels, distribution or
+norm, no recomputation, no drop path and nothing frozen, whatever kernels, distribution or
 --freeze_backbone trained it. So an export loads without Horovod, runs on
 any device, and its `training=True` path has no collective ops. Each export is
 written to a temporary directory and swapped in: an existing one is only
@@ -117,9 +117,11 @@ def feature_extractor(network: tf_keras.Model) -> tf_keras.Model:
 def portable_copy(network: tf_keras.Model, cfg: RunConfig) -> tf_keras.Model:
   """`network` of a run with `cfg` rebuilt from standard layers, its weights
   copied (see the module doc); built outside any distribution strategy."""
+  # No drop path either: an export's training=True path (fine-tuning it)
+  # runs every residual branch, as evaluation does.
   standard = dataclasses.replace(
       cfg, conv_impl='native', relu_impl='native', sync_batch_norm=False,
-      enable_recompute=False, freeze_backbone=False)
+      enable_recompute=False, freeze_backbone=False, drop_path_rate=0.0)
   copy = models.build_network(standard, network.output_shape[-1],
                               use_regularizers=False)
   copy.set_weights(network.get_weights())

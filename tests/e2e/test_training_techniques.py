@@ -68,6 +68,12 @@ def test_all_techniques_train_together_and_resume_exactly(records_run,
   loaded = tf.saved_model.load(str(straight_dir / 'saved_model'))
   spec = loaded.signatures['serving_default'].structured_input_signature[1]
   assert spec['images'].shape.as_list() == [None, 40, 40, 3]
+  # Without drop path, also in its training mode (to fine-tune it).
+  # (With it, 5 calls would all drop the same branches in ~2% of runs.)
+  images = tf.random.uniform([4, 40, 40, 3], 0, 255, seed=1)
+  first = loaded(images, training=True)
+  for _ in range(4):
+    np.testing.assert_array_equal(first, loaded(images, training=True))
   with open(os.path.join(straight_dir, 'config.json')) as f:
     recorded = json.load(f)['config']
   assert recorded['progressive_resize_epochs'] == [0, 2]
