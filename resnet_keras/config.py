@@ -21,7 +21,7 @@ import math
 from typing import Any, Dict, Optional, Tuple, Type, TypeVar
 
 from common.errors import UsageError
-from resnet_keras.data.randaugment_spec import parse_randaugment
+from resnet_keras.randaugment_spec import parse_randaugment
 from resnet_keras.options import check_fields, option
 
 DATASETS = ('imagenet', 'cifar10', 'cifar100')

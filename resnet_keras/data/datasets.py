@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from resnet_keras import config as config_lib
 from resnet_keras.config import RunConfig
-from resnet_keras.data.randaugment_spec import parse_randaugment
+from resnet_keras.randaugment_spec import parse_randaugment
 from resnet_keras.data import augment
 from resnet_keras.data import cifar
 from resnet_keras.data import imagenet
