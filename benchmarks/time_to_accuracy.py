@@ -13,8 +13,10 @@ so a slow stretch of a shared machine spreads over the rows.
 
 --avx2_fp32 races as an AVX2-only CPU would on any x86 machine: oneDNN
 limited to its AVX2 kernels (ONEDNN_MAX_CPU_ISA=AVX2, which TensorFlow's
-bundled oneDNN honours: ONEDNN_VERBOSE=1 names each kernel's ISA) and
---dtype fp32, what --dtype auto picks there.
+bundled oneDNN honours: ONEDNN_VERBOSE=1 names each kernel's ISA), and what
+the 'auto' flags pick there: --dtype fp32 and --conv_impl matmul
+(hardware.py decides from the CPU's flags, which the variable does not
+hide).
 """
 
 import argparse
@@ -98,7 +100,7 @@ def run(row: str, seed: int, data_dir: str, out_dir: str,
     env, extra = dict(os.environ), []
     if avx2_fp32:
       env['ONEDNN_MAX_CPU_ISA'] = 'AVX2'
-      extra = ['--dtype=fp32']
+      extra = ['--dtype=fp32', '--conv_impl=matmul']
     result = subprocess.run(
         [sys.executable, MAIN] + ROWS[row] + extra +
         ['-dd', data_dir, '-md', model_dir, '--clean',
