@@ -26,6 +26,7 @@ import tf_keras
 from common import distribution
 from resnet_keras import models
 from resnet_keras import optimizers as optimizers_lib
+from resnet_keras.data import augment
 
 
 def _is_soft(labels) -> bool:
@@ -55,9 +56,7 @@ def bce_targets(labels, num_classes: int, label_smoothing: float = 0.0,
   if _is_soft(labels):
     targets = tf.cast(labels, tf.float32)
   else:
-    off = label_smoothing / num_classes
-    targets = tf.one_hot(labels, num_classes, on_value=1.0 - label_smoothing
-                         + off, off_value=off)
+    targets = augment.smoothed_one_hot(labels, num_classes, label_smoothing)
   if threshold:
     targets = tf.cast(targets > threshold, tf.float32)
   return targets

@@ -65,19 +65,19 @@ def _signed(value, seed, index):
 def _affine(image, matrix, fill):
   """Output pixel (x, y) from input (a x + b y + c, d x + e y + f),
   bilinear, `fill` outside (timm: PIL's affine with the mean as fill)."""
-  out = tf.raw_ops.ImageProjectiveTransformV3(
-      images=tf.cast(image, tf.float32)[None],
-      transforms=tf.concat([matrix, tf.zeros([2])], 0)[None],
-      output_shape=tf.shape(image)[:2], fill_value=0.0,
-      interpolation='BILINEAR', fill_mode='CONSTANT')[0]
+  transforms = tf.concat([matrix, tf.zeros([2])], 0)[None]
+
+  def transformed(planes):
+    return tf.raw_ops.ImageProjectiveTransformV3(
+        images=planes[None], transforms=transforms,
+        output_shape=tf.shape(image)[:2], fill_value=0.0,
+        interpolation='BILINEAR', fill_mode='CONSTANT')[0]
+
   # The fill is per channel: transform a plane of ones to find the pixels
   # that came from outside (partly, at the border), and blend.
-  inside = tf.raw_ops.ImageProjectiveTransformV3(
-      images=tf.ones_like(image[None, ..., :1], tf.float32),
-      transforms=tf.concat([matrix, tf.zeros([2])], 0)[None],
-      output_shape=tf.shape(image)[:2], fill_value=0.0,
-      interpolation='BILINEAR', fill_mode='CONSTANT')[0]
-  return _to_uint8(out + (1.0 - inside) * fill)
+  inside = transformed(tf.ones_like(image[..., :1], tf.float32))
+  return _to_uint8(transformed(tf.cast(image, tf.float32)) +
+                   (1.0 - inside) * fill)
 
 
 def _to_uint8(pixels):
@@ -256,6 +256,14 @@ def erasing_box(seed, height, width):
   return top, left, h, w, tf.reduce_any(fits)
 
 
+def box_mask(height: int, width: int, top, bottom, left, right):
+  """[height, width, 1]: True on rows [top, bottom) and columns [left,
+  right), the box random erasing fills and CutMix pastes."""
+  rows = tf.range(height)[:, None, None]
+  cols = tf.range(width)[None, :, None]
+  return (rows >= top) & (rows < bottom) & (cols >= left) & (cols < right)
+
+
 def random_erasing(image, probability: float, mode: str, seed):
   """timm's RandomErasing on float 0-255 pixels [H, W, 3]: with
   `probability`, one box (erasing_box) filled with the mean ('const': 0
@@ -263,10 +271,7 @@ def random_erasing(image, probability: float, mode: str, seed):
   timm's normalisation ('pixel': mean + std * N(0, 1), clipped to 0-255)."""
   height, width = image.shape[0], image.shape[1]
   top, left, h, w, found = erasing_box(_seed(seed, 0), height, width)
-  rows = tf.range(height)[:, None, None]
-  cols = tf.range(width)[None, :, None]
-  inside = (rows >= top) & (rows < top + h) & (cols >= left) & (
-      cols < left + w)
+  inside = box_mask(height, width, top, top + h, left, left + w)
   erase = found & (_uniform(seed, 1) < probability)
   mean = tf.constant(MEAN_RGB, tf.float32)
   if mode == 'pixel':
@@ -326,9 +331,7 @@ class BatchMixing:
 
     def cutmix():
       yl, yh, xl, xh, corrected = box
-      rows = tf.range(height)[:, None, None]
-      cols = tf.range(width)[None, :, None]
-      inside = (rows >= yl) & (rows < yh) & (cols >= xl) & (cols < xh)
+      inside = box_mask(height, width, yl, yh, xl, xh)
       return tf.where(inside[None], reversed_images, images), corrected
 
     def mixup():
@@ -355,14 +358,15 @@ def mix_params(mixing: BatchMixing, seed):
   """(lambda, use CutMix) of a batch: with probability `prob` a mix, CutMix
   with `switch_prob` when both alphas are set; else lambda 1 (no mix)."""
   mixes = _uniform(seed, 0) < mixing.prob
+  cutmix = lambda: _beta(_seed(seed, 2), mixing.cutmix_alpha)
+  mixup = lambda: _beta(_seed(seed, 4), mixing.mixup_alpha)
   if mixing.mixup_alpha > 0 and mixing.cutmix_alpha > 0:
     use_cutmix = _uniform(seed, 1) < mixing.switch_prob
+    lam = tf.where(use_cutmix, cutmix(), mixup())
+  elif mixing.cutmix_alpha > 0:
+    use_cutmix, lam = tf.constant(True), cutmix()
   else:
-    use_cutmix = tf.constant(mixing.cutmix_alpha > 0)
-  alpha_mixup = mixing.mixup_alpha or mixing.cutmix_alpha
-  alpha_cutmix = mixing.cutmix_alpha or mixing.mixup_alpha
-  lam = tf.where(use_cutmix, _beta(_seed(seed, 2), alpha_cutmix),
-                 _beta(_seed(seed, 4), alpha_mixup))
+    use_cutmix, lam = tf.constant(False), mixup()
   return tf.where(mixes, lam, 1.0), use_cutmix & mixes
 
 

@@ -167,10 +167,11 @@ def make_input_fns(cfg: RunConfig, info: DatasetInfo, replica_batch_size: int,
     return _file_input_fns(cfg, info, replica_batch_size, dtype, build,
                            start_step if cfg.global_seed is not None else 0)
 
-  if cfg.augments_images:
-    logging.warning('--use_synthetic_data: --randaugment and '
-                    '--random_erasing apply to real images only (synthetic '
-                    'batches measure the device alone); mixing still does')
+  if cfg.augments_images:  # Once: input fns are made per size and split.
+    logging.log_first_n(
+        logging.WARNING, '--use_synthetic_data: --randaugment and '
+        '--random_erasing apply to real images only (synthetic batches '
+        'measure the device alone); mixing still does', 1)
 
   def train_input_fn(ctx: tf.distribute.InputContext):
     return synthetic.train_dataset(replica_batch_size, cfg.image_size,
