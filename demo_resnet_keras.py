@@ -39,6 +39,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+import time
 
 from common import env
 
@@ -49,6 +50,7 @@ from absl import logging  # pylint: disable=g-import-not-at-top
 
 from common import cli  # pylint: disable=g-import-not-at-top
 from common import data_servers  # pylint: disable=g-import-not-at-top
+from common import elastic  # pylint: disable=g-import-not-at-top
 from common import launch  # pylint: disable=g-import-not-at-top
 from common import preflight  # pylint: disable=g-import-not-at-top
 from common import supervisor  # pylint: disable=g-import-not-at-top
@@ -95,6 +97,29 @@ def define_flags(values: flags.FlagValues) -> None:
                        'Usage errors, a non-finite loss and a signal to the '
                        'launcher are never retried.',
                        flag_values=values)
+  flags.DEFINE_integer('min_hosts', 0,
+                       'Elastic job: the fewest MULTI_HLS_IPS hosts it may '
+                       'go on with (0: all of them, fail-stop). At start a '
+                       'host that fails the pre-flight check is left out, '
+                       'named; after a failure a rerun can fix (up to '
+                       '--max_restarts times) every host is checked again '
+                       'and the job restarts from the last checkpoint on '
+                       'those that pass, so a lost host is dropped and one '
+                       'that answers again rejoins. The global batch is '
+                       'kept (see --elastic_batch). The chief is the first '
+                       'host left: --model_dir must be on storage every '
+                       'host shares.',
+                       flag_values=values, lower_bound=0)
+  flags.DEFINE_enum('elastic_batch', elastic.KEEP, elastic.MODES,
+                    'How an elastic job on fewer hosts splits its batch: '
+                    'keep: the planned global batch, each worker taking a '
+                    'larger share (in micro-batches no larger than planned), '
+                    'so the schedule and result are the planned run\'s '
+                    '(the worker count must divide it; checked at start); '
+                    'scale: each worker keeps its batch, the global batch '
+                    'shrinks with the workers and the learning rate with it '
+                    '(linear scaling; the trainer gets --planned_global_batch).',
+                    flag_values=values)
   flags.DEFINE_list('data_service_hosts', [],
                     'Run the training input pipeline on these hosts '
                     '(comma-separated): a tf.data service dispatcher on the '
@@ -158,10 +183,12 @@ def _total_workers(hosts) -> int:
 
 
 def build_launch(argv, environ, hosts, total_workers: int, filled: dict,
-                 hosts_per_machine: int = 1) -> launch.Launch:
+                 hosts_per_machine: int = 1,
+                 layout: elastic.Layout = None) -> launch.Launch:
   """The command this invocation runs, from parsed FLAGS, the settings
   filled in from a recipe or preset, `environ`, and how many of the hosts
-  the pre-flight check found on one machine."""
+  the pre-flight check found on one machine. `layout`: an elastic job's
+  hosts and batch split, when they are not the command line's."""
   multi_worker = (FLAGS.use_horovod or
                   FLAGS.distribution_strategy == 'multi_worker_mirrored')
   if total_workers > 1 and not multi_worker:
@@ -173,11 +200,17 @@ def build_launch(argv, environ, hosts, total_workers: int, filled: dict,
         f'--batch_size={FLAGS.batch_size} is the global batch under '
         f'tf.distribute and must be a multiple of the {total_workers} '
         f'workers; use e.g. --batch_size={total_workers * max(1, FLAGS.batch_size // total_workers)}')
-  forwarded = launch.strip_flags(argv[1:], launch.LAUNCHER_BOOLEANS,
-                                 launch.LAUNCHER_VALUED)
+  valued = launch.LAUNCHER_VALUED + (elastic.BATCH_FLAGS if layout else ())
+  forwarded = launch.strip_flags(argv[1:], launch.LAUNCHER_BOOLEANS, valued)
+  if layout:
+    filled = {k: v for k, v in filled.items() if k not in elastic.BATCH_FLAGS}
+    forwarded += layout.trainer_flags(FLAGS.use_horovod)
+    hosts = list(layout.hosts)
+    environ = {**environ, 'MULTI_HLS_IPS': ','.join(hosts)}
+    total_workers = layout.workers
   forwarded += recipes.as_args(filled)
   program = [sys.executable, TRAINER] + forwarded
-  extra_env = {}
+  extra_env = {'MULTI_HLS_IPS': environ['MULTI_HLS_IPS']} if layout else {}
   if total_workers > 1:
     extra_env.update(launch.failure_env(FLAGS.failure_timeout,
                                         FLAGS.use_horovod))
@@ -232,11 +265,10 @@ def _data_servers(environ):
       FLAGS.data_service_work_dir)
 
 
-def _preflight(environ, hosts, servers, dry_run: bool) -> int:
-  """Several hosts (training's and the data service's): each must be ready
-  before anything starts. Returns how many training hosts share one
-  machine (1 when unchecked)."""
-  checks = []  # (hosts, what they must have, ports that must be free)
+def _checks(environ, hosts, servers):
+  """(hosts, what they must have, ports that must be free) of each group:
+  training's hosts and the data service's."""
+  checks = []
   if hosts and not FLAGS.kubernetes_run:
     ports = {}
     if FLAGS.distribution_strategy == 'multi_worker_mirrored':
@@ -249,21 +281,117 @@ def _preflight(environ, hosts, servers, dry_run: bool) -> int:
     for server in servers:
       ports.setdefault(server.host, []).append(server.port)
     checks.append((list(ports), preflight.expected(TRAINER, False), ports))
+  return checks
+
+
+def _preflight(environ, hosts, servers, min_hosts: int) -> preflight.Report:
+  """Several hosts (training's and the data service's) are checked before
+  anything starts on them. Fail-stop (min_hosts = all hosts): every host
+  must be ready. Elastic: training hosts that fail are left out, each
+  named in one line, as long as `min_hosts` remain. Returns the training
+  hosts' report."""
+  checks = _checks(environ, hosts, servers)
   ssh, port = _ssh(environ)
-  if dry_run:
-    for check_hosts, want, ports in checks:
-      print('\n'.join(preflight.describe(check_hosts, ssh, want, ports)))
-    return 1
   reports = [preflight.check(check_hosts, ssh, want, ports, port)
              for check_hosts, want, ports in checks]
-  problems = [line for report in reports for line in report.problems]
-  for problem in problems:
-    print(f'error: {problem}', file=sys.stderr)
-  if problems:
+  if not (hosts and not FLAGS.kubernetes_run):
+    reports.insert(0, preflight.Report([], 1, tuple(hosts)))
+  training, others = reports[0], reports[1:]
+  fatal = [line for report in others for line in report.problems]
+  if min_hosts < len(hosts):
+    for line in training.problems:
+      logging.error('%s: left out of the job', line)
+    if len(training.ready) < min_hosts:
+      raise UsageError(
+          f'only {len(training.ready)} of {len(hosts)} hosts pass the '
+          f'pre-flight check ({", ".join(training.ready) or "none"}), fewer '
+          f'than --min_hosts={min_hosts}')
+  else:
+    fatal = training.problems + fatal
+  if fatal:
+    for problem in fatal:
+      print(f'error: {problem}', file=sys.stderr)
     every = sorted({h for check_hosts, _, _ in checks for h in check_hosts})
-    cli.fail(f'pre-flight check failed on {len(every)} host(s) '
-             f'({", ".join(every)}): nothing was started')
-  return reports[0].hosts_per_machine if hosts and reports else 1
+    raise UsageError(f'pre-flight check failed on {len(every)} host(s) '
+                     f'({", ".join(every)}): nothing was started')
+  return training
+
+
+class _Elastic:
+  """--min_hosts: the job's layout on the hosts that pass each check, and
+  the attempt that runs it (the supervisor's replan)."""
+
+  def __init__(self, environ, hosts, filled: dict, servers):
+    self._environ, self._hosts = environ, hosts
+    self.min_hosts = FLAGS.min_hosts or len(hosts)
+    if FLAGS.min_hosts and not hosts:
+      raise UsageError('--min_hosts needs several hosts in MULTI_HLS_IPS')
+    if self.min_hosts > len(hosts):
+      raise UsageError(f'--min_hosts={self.min_hosts} is more than the '
+                       f'{len(hosts)} hosts of MULTI_HLS_IPS')
+    self.planned = elastic.planned_layout(
+        hosts, FLAGS.num_workers_per_hls, FLAGS.batch_size,
+        FLAGS.num_accumulation_steps, FLAGS.use_horovod)
+    if self.is_elastic:
+      elastic.check_host_counts(self.planned, self.min_hosts,
+                                FLAGS.num_workers_per_hls, FLAGS.elastic_batch)
+    self.layout = self.planned
+    self._filled, self._servers = filled, servers
+    self._started = time.time()
+
+  @property
+  def is_elastic(self) -> bool:
+    return self.min_hosts < len(self._hosts)
+
+  def describe(self):
+    """--dry_run's lines: the layout on each host count it may run on."""
+    for count in range(len(self._hosts) - 1, self.min_hosts - 1, -1):
+      layout = elastic.relayout(self.planned, self._hosts[:count],
+                                FLAGS.num_workers_per_hls, FLAGS.elastic_batch)
+      yield (f'elastic: on {layout.describe()}'
+             f'{f", learning rate x{layout.lr_scale:.4g}" if layout.lr_scale != 1 else ""}: '
+             f'{" ".join(layout.trainer_flags(FLAGS.use_horovod))}')
+
+  def first_attempt(self) -> supervisor.Attempt:
+    report = _preflight(self._environ, self._hosts, self._servers,
+                        self.min_hosts)
+    step, _ = elastic.last_checkpoint(FLAGS.model_dir or '')
+    return self._attempt(report, step, lost=0.0)
+
+  def replan(self, failure: supervisor.Failure) -> supervisor.Attempt:
+    del failure  # Every host is checked again, whatever failed.
+    try:
+      report = _preflight(self._environ, self._hosts, self._servers,
+                          self.min_hosts)
+    except UsageError as e:
+      raise UsageError(f'{e}; the job ends (resume it with the same command '
+                       'once enough hosts are back)') from None
+    step, written = elastic.last_checkpoint(FLAGS.model_dir or '')
+    return self._attempt(report, step, time.time() - (written or
+                                                      self._started))
+
+  def _attempt(self, report: preflight.Report, step, lost: float
+               ) -> supervisor.Attempt:
+    before = self.layout
+    layout = (elastic.relayout(self.planned, report.ready,
+                               FLAGS.num_workers_per_hls, FLAGS.elastic_batch)
+              if self.is_elastic else self.planned)
+    if layout.hosts != before.hosts:
+      logging.error(elastic.describe_change(before, layout, step, lost))
+    self.layout = layout
+    self._started = time.time()
+    plan = build_launch(sys.argv, self._environ, self._hosts,
+                        _total_workers(self._hosts), self._filled,
+                        report.hosts_per_machine,
+                        layout if layout != self.planned else None)
+    for note in plan.notes:
+      print(f'note: {note}')
+    for path, content in plan.files.items():
+      with open(path, 'w') as f:
+        f.write(content)
+    sys.stdout.flush()
+    return supervisor.Attempt(plan.argv, {**self._environ, **plan.env},
+                              layout.hosts)
 
 
 def main(argv):
@@ -289,6 +417,7 @@ def main(argv):
                              for name in launch.LAUNCHER_RECIPE_KEYS}), end='')
     return 0
   plan = build_launch(sys.argv, environ, hosts, total_workers, filled)
+  job = _Elastic(environ, hosts, filled, servers)
   if FLAGS.dry_run:
     for note in plan.notes:
       print(f'note: {note}')
@@ -298,26 +427,23 @@ def main(argv):
       print(f'data service {server.role} on {server.host}: '
             f'{shlex.join(server.argv)}')
       print(f'  stopped at the end with: {shlex.join(server.stop_argv)}')
-    _preflight(environ, hosts, servers, dry_run=True)
+    for check_hosts, want, ports in _checks(environ, hosts, servers):
+      print('\n'.join(preflight.describe(check_hosts, _ssh(environ)[0], want,
+                                         ports)))
+    if job.is_elastic:
+      print('\n'.join(job.describe()))
     return 0
   _check_tools(plan)
-  hosts_per_machine = _preflight(environ, hosts, servers, dry_run=False)
-  if hosts_per_machine > 1:
-    plan = build_launch(sys.argv, environ, hosts, total_workers, filled,
-                        hosts_per_machine)
-  for note in plan.notes:
-    print(f'note: {note}')
-  for path, content in plan.files.items():
-    with open(path, 'w') as f:
-      f.write(content)
-  sys.stdout.flush()
+  attempt = job.first_attempt()
   running = data_servers.DataServers(servers, logging.error)
   try:
     running.start()
     exit_code = supervisor.Supervisor(
-        plan.argv, {**environ, **plan.env}, max_restarts=FLAGS.max_restarts,
-        hosts=hosts, workers_per_host=FLAGS.num_workers_per_hls,
-        parse_output=plan.argv[0] == 'mpirun', log=logging.error).run()
+        attempt, max_restarts=FLAGS.max_restarts,
+        workers_per_host=FLAGS.num_workers_per_hls,
+        parse_output=plan.argv[0] == 'mpirun', log=logging.error,
+        replan=job.replan if job.is_elastic else None,
+        abort_grace=FLAGS.failure_timeout).run()
   finally:
     running.stop()
   if exit_code and running.lost_hosts():

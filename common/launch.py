@@ -21,6 +21,7 @@ from common.errors import UsageError
 LAUNCHER_BOOLEANS = ('kubernetes_run', 'horovod_hierarchical_allreduce',
                      'dry_run', 'print_config')
 LAUNCHER_VALUED = ('num_workers_per_hls', 'config', 'max_restarts',
+                   'min_hosts', 'elastic_batch',
                    'failure_timeout', 'data_service_hosts',
                    'data_service_port', 'data_service_work_dir')
 # The launcher settings a recipe may hold.

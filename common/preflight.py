@@ -147,6 +147,7 @@ def _check_host(host: str, ssh: Sequence[str], want: Expected,
 class Report:
   problems: List[str]  # One line per problem; none: every host is ready.
   hosts_per_machine: int  # Most hosts found on one machine (same boot id).
+  ready: Tuple[str, ...] = ()  # The hosts without a problem, in order.
 
 
 def check(hosts: Sequence[str], ssh: Sequence[str], want: Expected,
@@ -156,10 +157,13 @@ def check(hosts: Sequence[str], ssh: Sequence[str], want: Expected,
     results = list(pool.map(
         lambda host: _check_host(host, ssh, want, ports.get(host, ()), port),
         hosts))
-  machines = collections.Counter(answer.get('machine') for _, answer in results
-                                 if answer and answer.get('machine'))
+  machines = collections.Counter(answer.get('machine') for lines, answer
+                                 in results
+                                 if not lines and answer.get('machine'))
   return Report(problems=[line for lines, _ in results for line in lines],
-                hosts_per_machine=max(machines.values(), default=1))
+                hosts_per_machine=max(machines.values(), default=1),
+                ready=tuple(host for host, (lines, _) in zip(hosts, results)
+                            if not lines))
 
 
 def ports_by_host(workers: Sequence[str]) -> Dict[str, List[int]]:

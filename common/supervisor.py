@@ -5,16 +5,20 @@ mpirun's own account of a failure is several lines of boilerplate far from
 the end of the log, and when a host is lost it names only a daemon. The
 supervisor reads mpirun's output as it passes through, and when the job fails
 prints one line of ours last: which rank or host was lost and what to do.
-Restarting relaunches the same command; the workers resume from the chief's
-last checkpoint like any rerun.
+Restarting relaunches the same command, or with `replan` (an elastic job,
+demo_resnet_keras.py --min_hosts) the command for the hosts that pass a
+new check; the workers resume from the chief's last checkpoint like any
+rerun.
 """
 
 import collections
 import dataclasses
+import os
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import Callable, Deque, Mapping, Optional, Sequence
 
@@ -35,6 +39,8 @@ _HOST_OF_RANK = re.compile(r'on node (\S+)')
 _SSH_CLOSED = re.compile(r'Connection to (\S+) closed by remote host')
 # An MPI rank whose peer vanished (OpenMPI's TCP transport).
 _PEER_GONE = re.compile(r'Peer host:\s+(\S+)')
+# mpirun has begun to take the job down after a rank failed.
+_ABORTING = re.compile(r'the job has been aborted|mpirun noticed that process')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +49,15 @@ class Failure:
   exit_code: int
   cause: str  # One phrase: what was lost.
   retry: bool  # Whether starting the job again can help.
+
+
+@dataclasses.dataclass(frozen=True)
+class Attempt:
+  """What one attempt runs: its command, environment, and the hosts it
+  runs on (empty: this host), in mpirun's order."""
+  argv: Sequence[str]
+  env: Mapping[str, str]
+  hosts: Sequence[str] = ()
 
 
 def describe_failure(exit_code: int, output: Sequence[str],
@@ -122,18 +137,29 @@ def advice(failure: Failure, restarts_left: int) -> str:
 
 
 class Supervisor:
-  """Runs `argv` up to 1 + max_restarts times; see the module docstring."""
+  """Runs `attempt` up to 1 + max_restarts times; see the module docstring.
 
-  def __init__(self, argv: Sequence[str], env: Mapping[str, str], *,
-               max_restarts: int, hosts: Sequence[str],
+  `replan(failure)`, if given, returns the next attempt after a failure a
+  rerun can fix, or raises UsageError (its message logged) to end the job.
+  `abort_grace`: seconds mpirun gets to end the job once it says it is
+  aborting it, before the supervisor ends mpirun (0: no limit). mpirun
+  waits for the daemon of a host that stopped answering to confirm each
+  rank's end, and a daemon whose link was cut while mpirun was writing to
+  it holds the job for TCP's retransmission timeout (~15 min), which
+  mpirun's keepalive probes do not shorten.
+  """
+
+  def __init__(self, attempt: Attempt, *, max_restarts: int,
                workers_per_host: int, parse_output: bool,
-               log: Callable[[str], None]):
+               log: Callable[[str], None],
+               replan: Optional[Callable[[Failure], Attempt]] = None,
+               abort_grace: float = 0):
     if max_restarts < 0:
       raise UsageError(f'--max_restarts must be >= 0, got {max_restarts}')
-    self._argv = list(argv)
-    self._env = dict(env)
+    self._attempt = attempt
+    self._replan = replan
+    self._abort_grace = abort_grace
     self._max_restarts = max_restarts
-    self._hosts = list(hosts)
     self._workers_per_host = workers_per_host
     self._parse_output = parse_output
     self._log = log
@@ -161,7 +187,7 @@ class Supervisor:
         self._log(f'job stopped by {_signal_name(self._stopped_by)} to the '
                   f'launcher (exit {exit_code})')
         return exit_code
-      failure = describe_failure(exit_code, tail, self._hosts,
+      failure = describe_failure(exit_code, tail, self._attempt.hosts,
                                  self._workers_per_host)
       left = self._max_restarts - restarts if failure.retry else 0
       self._log(f'job failed after {time.monotonic() - started:.0f} s (exit '
@@ -171,23 +197,59 @@ class Supervisor:
       restarts += 1
       self._log(f'restart {restarts} of {self._max_restarts}: '
                 f'{failure.cause}')
+      if self._replan:
+        try:
+          self._attempt = self._replan(failure)
+        except UsageError as e:
+          self._log(str(e))
+          return exit_code
 
   def _run_once(self, restarts: int):
-    env = {**self._env, RESTARTS_VAR: str(restarts)}
+    argv = list(self._attempt.argv)
+    env = {**self._attempt.env, RESTARTS_VAR: str(restarts)}
     tail: Deque[str] = collections.deque(maxlen=_TAIL_LINES)
     if not self._parse_output:
-      self._job = subprocess.Popen(self._argv, env=env)
+      self._job = subprocess.Popen(argv, env=env)
     else:
-      self._job = subprocess.Popen(self._argv, env=env,
+      # A session of its own: ending it ends mpirun's ssh sessions too.
+      self._job = subprocess.Popen(argv, env=env,
                                    stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT)
+                                   stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+      deadline = None
       for raw in self._job.stdout:
         sys.stdout.buffer.write(raw)
         sys.stdout.flush()
         tail.append(raw.decode(errors='replace').rstrip('\n'))
+        if deadline is None and self._abort_grace and _ABORTING.search(
+            tail[-1]):
+          deadline = threading.Timer(self._abort_grace, self._end_job)
+          deadline.daemon = True
+          deadline.start()
+      if deadline is not None:
+        deadline.cancel()
     exit_code = self._job.wait()
     # A job killed by a signal exits as a shell reports it: 128 + signal.
     return (128 - exit_code if exit_code < 0 else exit_code), list(tail)
+
+  def _end_job(self) -> None:
+    """mpirun, its ssh sessions and local ranks ended (SIGTERM, then
+    SIGKILL): it outlived abort_grace after it began to abort."""
+    job = self._job
+    if job is None or job.poll() is not None:
+      return
+    self._log(f'mpirun did not end the job within {self._abort_grace:.0f} s '
+              'of aborting it (a host stopped answering): ending mpirun')
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+      try:
+        os.killpg(job.pid, sig)
+      except ProcessLookupError:
+        return
+      try:
+        job.wait(timeout=5)
+        return
+      except subprocess.TimeoutExpired:
+        pass
 
   def _forward(self, signum, frame):  # pylint: disable=unused-argument
     self._stopped_by = signum

@@ -557,6 +557,15 @@ class LoopConfig:
       '--batch_size stays the batch per update (for the LR, schedule '
       'and logs) while memory holds one micro-batch.',
       within='> 0')
+  planned_global_batch: int = option(
+      0,
+      'The global batch the run was planned for, when this job\'s differs '
+      '(set by demo_resnet_keras.py --elastic_batch scale after it lost '
+      'hosts): steps per epoch and the schedule stay the planned ones, '
+      'each step takes this job\'s batch, and the learning rate is scaled '
+      'by this job\'s global batch over the planned one (the linear '
+      'scaling rule). 0: this job\'s global batch.',
+      within='>= 0')
   log_steps: int = option(
       100,
       'Print a status line every N steps.',

@@ -33,6 +33,17 @@ class TrainingPlan:
   num_programs: int = 1
   replicas_per_program: int = 1
   num_micro_batches: int = 1  # --num_accumulation_steps
+  # --planned_global_batch: the batch the steps and the schedule were
+  # planned for, when the job's own differs (an elastic job that lost
+  # workers and kept each worker's batch); 0: global_batch_size.
+  planned_global_batch_size: int = 0
+
+  @property
+  def lr_scale(self) -> float:
+    """The linear scaling rule's factor on the planned schedule: the job's
+    global batch over the planned one (1 unless --planned_global_batch)."""
+    return self.global_batch_size / (self.planned_global_batch_size or
+                                     self.global_batch_size)
 
   @property
   def program_batch_size(self) -> int:
@@ -89,13 +100,16 @@ def make_training_plan(cfg: RunConfig, num_train_examples: int,
   `--batch_size` is per worker under Horovod (num_programs > 1 processes
   that each see a shard) and global for a tf.distribute job (one program
   drives every replica): the rule is applied here, once. Training drops the
-  last partial batch of an epoch; evaluation covers every example.
+  last partial batch of an epoch; evaluation covers every example. With
+  --planned_global_batch the epochs are counted in steps of that batch (the
+  planned run's steps), each step taking the job's own batch.
   """
   global_batch = cfg.batch_size * num_programs
-  steps_per_epoch = num_train_examples // global_batch
+  planned = cfg.planned_global_batch or global_batch
+  steps_per_epoch = num_train_examples // planned
   if steps_per_epoch == 0:
     raise UsageError(
-        f'the global batch ({global_batch}) is larger than the training set '
+        f'the global batch ({planned}) is larger than the training set '
         f'({num_train_examples} examples); lower --batch_size')
   if cfg.batch_size % replicas_per_program:
     raise UsageError(
@@ -121,4 +135,5 @@ def make_training_plan(cfg: RunConfig, num_train_examples: int,
       num_eval_examples=num_eval_examples,
       checkpoint_interval_steps=cfg.checkpoint_interval_steps,
       num_programs=num_programs, replicas_per_program=replicas_per_program,
-      num_micro_batches=cfg.num_accumulation_steps)
+      num_micro_batches=cfg.num_accumulation_steps,
+      planned_global_batch_size=cfg.planned_global_batch)

@@ -38,6 +38,7 @@ from resnet_keras import schedules
 from resnet_keras import start as start_lib
 from resnet_keras import tracking
 from resnet_keras import trainer as trainer_lib
+from resnet_keras import world
 from resnet_keras import ema as ema_lib
 from resnet_keras.config import RunConfig
 from resnet_keras.plan import TrainingPlan
@@ -128,6 +129,17 @@ def weights_digest(model) -> str:
   return digest.hexdigest()
 
 
+def _shape(basis: assembly.Basis, plan: TrainingPlan) -> Dict:
+  """The job's shape as world_sizes.json records it (world.py)."""
+  workers = basis.backend.num_workers
+  return {'workers': workers,
+          'hosts': launch.parse_hosts(os.environ.get('MULTI_HLS_IPS')),
+          'global_batch_size': plan.global_batch_size,
+          'worker_batch_size': plan.global_batch_size // workers,
+          'micro_batches': plan.num_micro_batches,
+          'lr_scale': plan.lr_scale}
+
+
 def _log_plan(basis: assembly.Basis, plan: TrainingPlan) -> None:
   cfg, info, backend = basis.cfg, basis.info, basis.backend
   logging.info(
@@ -146,6 +158,11 @@ def _log_plan(basis: assembly.Basis, plan: TrainingPlan) -> None:
                  'rising to %d px at epoch %d in multiples of %d; evaluation '
                  'at %d px', cfg.progressive_resize_start_size, first,
                  cfg.image_size, last, cfg.resize_multiple, cfg.eval_size)
+  if plan.lr_scale != 1:
+    logging.info('--planned_global_batch=%d: %d steps/epoch of the planned '
+                 'batch, each taking %d examples, the learning rate scaled '
+                 'by %.4g', plan.planned_global_batch_size,
+                 plan.steps_per_epoch, plan.global_batch_size, plan.lr_scale)
   if plan.num_micro_batches > 1:
     logging.info('gradient accumulation: %d micro-batches of %d per replica '
                  'per optimizer step', plan.num_micro_batches,
@@ -206,6 +223,7 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
   if backend.is_chief:
     checkpoints.record_config(cfg.model_dir, basis.effective_cfg, parts.plan,
                               basis.runtime_record)
+    start_lib.record_shape(start, cfg.model_dir, _shape(basis, parts.plan))
     reporting.metrics_log.resume_at(start.step)
   parts.guard.install()
   watchdog = data_service.InputWatchdog(
@@ -460,6 +478,10 @@ def _summary(basis: assembly.Basis, parts: assembly.Parts,
       'runtime': basis.runtime_record,
       'host': launch.this_host(os.environ),
       'restarts': supervisor.restart_count(os.environ),
+      # Every shape the job trained in (workers, batches, LR scale), each
+      # from its step: an elastic job's shrinks and regrowths.
+      'world_sizes': world.read(cfg.model_dir),
+      'lr_scale': plan.lr_scale,
   }
 
 

@@ -80,6 +80,23 @@ class PerEpoch(tf_keras.optimizers.schedules.LearningRateSchedule):
             'steps_per_epoch': self.steps_per_epoch}
 
 
+class Scaled(tf_keras.optimizers.schedules.LearningRateSchedule):
+  """`schedule` times `factor` at every step: the linear scaling rule
+  applied to a whole planned schedule (--planned_global_batch)."""
+
+  def __init__(self, schedule, factor: float):
+    super().__init__()
+    self.schedule = schedule
+    self.factor = float(factor)
+
+  def __call__(self, step):
+    return self.factor * tf.cast(self.schedule(step), tf.float32)
+
+  def get_config(self):
+    return {'schedule': tf_keras.optimizers.schedules.serialize(self.schedule),
+            'factor': self.factor}
+
+
 class _Constant(tf_keras.optimizers.schedules.LearningRateSchedule):
   """tf_keras has no constant schedule; this keeps every decay the same type."""
 
@@ -196,8 +213,10 @@ def stepped_boundaries(points: Sequence[float], total_steps: int):
 
 
 def schedule_for_run(cfg: RunConfig, global_batch_size: int,
-                     steps_per_epoch: int, total_steps: int):
-  """The schedule the flags ask for, in steps of this run's global batch."""
+                     steps_per_epoch: int, total_steps: int,
+                     scale: float = 1.0):
+  """The schedule the flags ask for, in steps of the global batch the run
+  was planned for, times `scale` (the job's batch over the planned one)."""
   schedule = build_schedule(
       name=cfg.lr_schedule,
       peak=peak_learning_rate(cfg.optimizer, cfg.base_learning_rate,
@@ -210,4 +229,6 @@ def schedule_for_run(cfg: RunConfig, global_batch_size: int,
       decay_factor=cfg.lr_decay_factor,
       decay_points=cfg.lr_decay_points,
       decay_epochs=cfg.lr_decay_epochs)
-  return PerEpoch(schedule, steps_per_epoch) if cfg.lr_per_epoch else schedule
+  if cfg.lr_per_epoch:
+    schedule = PerEpoch(schedule, steps_per_epoch)
+  return Scaled(schedule, scale) if scale != 1 else schedule

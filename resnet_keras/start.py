@@ -29,7 +29,8 @@ average take that answer. A warm start is recorded in
 model_dir/warm_start.json: once its own model_dir has a checkpoint, a rerun
 resumes from that, and a run that began at a restored step S has read
 (step - S) batches of its data at a later step, which is what its exact
-resume skips.
+resume skips. When the job's shape changed on the way (world.py), the
+examples each shape read say where the data goes on.
 """
 
 import dataclasses
@@ -46,6 +47,7 @@ from common.errors import UsageError
 from common.files import write_json_atomically
 from resnet_keras import checkpoints
 from resnet_keras import models
+from resnet_keras import world
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data.preprocessing import normalize_images
@@ -102,7 +104,9 @@ def decide(cfg: RunConfig, plan: TrainingPlan) -> Start:
     if path:
       logging.info('%s ignored: --model_dir=%s has its own checkpoint (step '
                    '%d) and resumes from it', flag, cfg.model_dir, own)
-    return Start(RESUMED, own, batches_read=_batches_read(cfg.model_dir, own),
+    return Start(RESUMED, own,
+                 batches_read=_batches_read(cfg.model_dir, own,
+                                            plan.global_batch_size),
                  checkpoint=latest,
                  resumes_average=(bool(cfg.ema_decay) and
                                   checkpoints.has_ema(latest)))
@@ -158,9 +162,22 @@ def compared_identity(flag: str, cfg: RunConfig) -> dict:
   return identity
 
 
-def _batches_read(model_dir: str, step: int) -> int:
-  """Batches model_dir's run has drawn from its own data by `step`: the
-  step, less the step a warm start began at."""
+def record_shape(start: Start, model_dir: str, shape: dict) -> None:
+  """The chief records the job's `shape` (world.py) from the step this
+  attempt starts at; a run's first record starts where its own data began
+  (a run resumed from before the record existed had one shape so far)."""
+  first = not world.read(model_dir)
+  world.record(model_dir, {**shape, 'step': (
+      start.step - start.batches_read if first else start.step)})
+
+
+def _batches_read(model_dir: str, step: int, global_batch: int) -> int:
+  """Batches of `global_batch` examples model_dir's run has drawn from its
+  own data by `step`: the examples its recorded shapes read (world.py), or
+  without that record, the step less the step a warm start began at."""
+  examples = world.examples_read(world.read(model_dir), step)
+  if examples is not None:
+    return examples // global_batch
   path = os.path.join(model_dir, START_FILE)
   if not os.path.exists(path):
     return step

@@ -18,15 +18,11 @@ import time
 import pytest
 
 from tests.support import cluster as cluster_lib
+from tests.support import launcher
 from tests.support import runner
 from tests.support.records import write_dataset
 
-DEMO = os.path.join(runner.REPO_ROOT, 'demo_resnet_keras.py')
-# ResNet-10: every rank of a job shares this machine's 2 cores.
-TINY = ['--resnet_depth=10' if a.startswith('--resnet_depth') else a
-        for a in runner.TINY if not a.startswith(('--batch_size',
-                                                  '--train_steps'))]
-TRAINER = 'resnet_ctl_imagenet_main.py'
+TINY, TRAINER = launcher.TINY, launcher.TRAINER
 FAILURE_TIMEOUT = 60  # The launcher's default --failure_timeout.
 # The failure tests set their own, shorter one: it is what bounds the time to
 # exit, so the test also proves the flag reaches mpirun and the workers (the
@@ -62,58 +58,6 @@ def healthy(cluster):
     cluster.kill_host_processes(host)
 
 
-def _start(cluster, args, log_path, env=None):
-  """The launcher on the first host; its output to `log_path`."""
-  environ = {**cluster.launcher_env(dict(os.environ)), **(env or {})}
-  log = open(log_path, 'w')
-  job = cluster.popen(cluster.hosts[0], [sys.executable, DEMO] + args,
-                      env=environ, cwd=runner.REPO_ROOT, stdout=log,
-                      stderr=subprocess.STDOUT)
-  log.close()
-  return job
-
-
-def _run(cluster, args, log_path, timeout=400):
-  job = _start(cluster, args, log_path)
-  try:
-    returncode = job.wait(timeout=timeout)
-  finally:
-    if job.poll() is None:
-      job.kill()
-  return returncode, open(log_path).read()
-
-
-def _wait_for_line(job, log_path, text, timeout=300):
-  deadline = time.monotonic() + timeout
-  while text not in open(log_path).read():
-    assert job.poll() is None, open(log_path).read()[-3000:]
-    assert time.monotonic() < deadline, f'no "{text}" in the log'
-    time.sleep(0.5)  # Polls a log file for a line; not a guessed wait.
-
-
-def _job_processes(cluster):
-  """host name -> PIDs of the job's processes (ranks, MPI daemons)."""
-  found = {}
-  for host in cluster.hosts:
-    pids = cluster.processes(host, TRAINER) + cluster.processes(host, 'orted')
-    if pids:
-      found[host.name] = pids
-  return found
-
-
-def _summaries(model_dir, num_workers):
-  return [runner.read_summary(os.path.join(model_dir, *(
-      [] if worker == 0 else [f'worker_{worker}'])))
-          for worker in range(num_workers)]
-
-
-def _no_error_lines(output):
-  """Lines a user would read as a failure."""
-  return [line for line in output.splitlines()
-          if re.search(r'\berror\b|UNAVAILABLE|cuInit|Traceback', line,
-                       re.IGNORECASE)]
-
-
 # One run shared by the Horovod test and the restart test, which must end
 # with its weights. Steps enough that the restart's kill, once ckpt-4 is
 # logged, lands mid-run.
@@ -127,7 +71,7 @@ SEEDED = ['--global_seed=7', '--checkpoint_interval_steps=4',
 def horovod_run(cluster, tmp_path_factory):
   model_dir = tmp_path_factory.mktemp('horovod') / 'model'
   started = time.monotonic()
-  returncode, output = _run(
+  returncode, output = launcher.run(
       cluster, ['--use_horovod', '--num_workers_per_hls=1',
                 f'--model_dir={model_dir}'] + SEEDED + TINY,
       model_dir.parent / 'log.txt')
@@ -150,7 +94,7 @@ def _assert_ran_across_hosts(cluster, summaries, global_batch, train_steps):
 
 def test_horovod_one_worker_per_host(cluster, horovod_run):
   model_dir, output = horovod_run
-  summaries = _summaries(model_dir, 2)
+  summaries = launcher.summaries(model_dir, 2)
   _assert_ran_across_hosts(cluster, summaries, global_batch=16,
                            train_steps=STEPS)
   assert summaries[0]['restarts'] == 0
@@ -159,7 +103,7 @@ def test_horovod_one_worker_per_host(cluster, horovod_run):
   assert os.path.exists(os.path.join(model_dir, f'ckpt-{STEPS}.index'))
   worker_dir = os.path.join(model_dir, 'worker_1')
   assert sorted(os.listdir(worker_dir)) == ['run_summary.json']
-  assert not _no_error_lines(output), _no_error_lines(output)
+  assert not launcher.error_lines(output), launcher.error_lines(output)
 
 
 @pytest.mark.parametrize('backend_args,batch,workers_per_host', [
@@ -172,7 +116,7 @@ def test_training_across_hosts(cluster, tmp_path, backend_args, batch,
                                workers_per_host):
   model_dir = tmp_path / 'model'
   started = time.monotonic()
-  returncode, output = _run(
+  returncode, output = launcher.run(
       cluster, backend_args + [f'--num_workers_per_hls={workers_per_host}',
                                batch, '--train_steps=4',
                                f'--model_dir={model_dir}',
@@ -182,7 +126,7 @@ def test_training_across_hosts(cluster, tmp_path, backend_args, batch,
         f'{time.monotonic() - started:.0f} s')
   assert returncode == 0, output[-4000:]
   num_workers = 2 * workers_per_host
-  summaries = _summaries(str(model_dir), num_workers)
+  summaries = launcher.summaries(str(model_dir), num_workers)
   _assert_ran_across_hosts(cluster, summaries, global_batch=16,
                            train_steps=4)
   if 'multi_worker_mirrored' in backend_args:
@@ -193,16 +137,17 @@ def test_training_across_hosts(cluster, tmp_path, backend_args, batch,
   assert os.path.exists(model_dir / 'saved_model')
   for worker in range(1, num_workers):
     assert not os.path.exists(model_dir / f'worker_{worker}' / 'saved_model')
-  assert not _no_error_lines(output), _no_error_lines(output)
+  assert not launcher.error_lines(output), launcher.error_lines(output)
 
 
 def _start_long_job(cluster, tmp_path, extra=()):
   log_path = tmp_path / 'log.txt'
-  job = _start(cluster, ['--use_horovod', '--num_workers_per_hls=1',
-                         '--batch_size=8', '--train_steps=100000',
-                         '--train_epochs=1', f'--model_dir={tmp_path / "m"}']
-               + list(extra) + TINY, log_path)
-  _wait_for_line(job, log_path, 'step 2/')
+  job = launcher.start(
+      cluster, ['--use_horovod', '--num_workers_per_hls=1', '--batch_size=8',
+                '--train_steps=100000', '--train_epochs=1',
+                f'--model_dir={tmp_path / "m"}'] + list(extra) + TINY,
+      log_path)
+  launcher.wait_for_line(job, log_path, 'step 2/')
   return job, log_path
 
 
@@ -240,10 +185,8 @@ def test_a_failure_ends_the_job_in_bounded_time(healthy, tmp_path, failure,
   last_line = open(log_path).read().strip().splitlines()[-1]
   assert 'job failed' in last_line, last_line
   assert expected.format(address=remote.address) in last_line, last_line
-  deadline = time.monotonic() + 10
-  while _job_processes(cluster) and time.monotonic() < deadline:
-    time.sleep(0.5)  # Processes being reaped; polled, not a guessed wait.
-  assert not _job_processes(cluster), 'a process of the job outlived it'
+  assert not launcher.wait_until_no_job_processes(cluster), (
+      'a process of the job outlived it')
 
 
 def test_a_short_outage_does_not_end_the_job(healthy, tmp_path):
@@ -253,7 +196,8 @@ def test_a_short_outage_does_not_end_the_job(healthy, tmp_path):
   time.sleep(5)  # The outage itself.
   cluster.restore_link(cluster.hosts[1])
   try:
-    _wait_for_line(job, log_path, 'step 8/', timeout=FAILURE_TIMEOUT * 3)
+    launcher.wait_for_line(job, log_path, 'step 8/',
+                           timeout=FAILURE_TIMEOUT * 3)
   finally:
     job.send_signal(signal.SIGTERM)
     job.wait(timeout=120)
@@ -265,9 +209,10 @@ def test_a_short_outage_does_not_end_the_job(healthy, tmp_path):
 def test_preflight_names_each_host_and_starts_nothing(healthy, tmp_path):
   cluster = healthy
   log_path = tmp_path / 'log.txt'
-  job = _start(cluster, ['--use_horovod', f'--model_dir={tmp_path / "m"}',
-                         '--batch_size=8'] + TINY, log_path,
-               env={'DOCKER_SSHD_PORT': '3023'})
+  job = launcher.start(cluster, ['--use_horovod',
+                                 f'--model_dir={tmp_path / "m"}',
+                                 '--batch_size=8'] + TINY, log_path,
+                       env={'DOCKER_SSHD_PORT': '3023'})
   assert job.wait(timeout=60) == 2
   lines = open(log_path).read().strip().splitlines()
   for host in cluster.hosts:
@@ -275,11 +220,11 @@ def test_preflight_names_each_host_and_starts_nothing(healthy, tmp_path):
                                '3023 failed') for line in lines), lines
   assert lines[-1].startswith('error: pre-flight check failed on 2 host(s)')
   assert not (tmp_path / 'm').exists()
-  assert not _job_processes(cluster)
+  assert not launcher.job_processes(cluster)
 
 
 def test_dry_run_shows_the_preflight_checks(cluster, tmp_path):
-  returncode, output = _run(
+  returncode, output = launcher.run(
       cluster, ['-ds', 'multi_worker_mirrored', '--dry_run',
                 f'--model_dir={tmp_path}', '--batch_size=8'] + TINY,
       tmp_path / 'log.txt', timeout=60)
@@ -295,11 +240,11 @@ def test_a_restarted_job_ends_with_an_uninterrupted_runs_weights(
   cluster = healthy
   model_dir = tmp_path / 'model'
   log_path = tmp_path / 'log.txt'
-  job = _start(cluster, ['--use_horovod', '--num_workers_per_hls=1',
-                         '--max_restarts=1', f'--model_dir={model_dir}']
-               + SEEDED + TINY, log_path)
+  job = launcher.start(cluster, ['--use_horovod', '--num_workers_per_hls=1',
+                                 '--max_restarts=1', f'--model_dir={model_dir}']
+                       + SEEDED + TINY, log_path)
   try:
-    _wait_for_line(job, log_path, 'ckpt-4')
+    launcher.wait_for_line(job, log_path, 'ckpt-4')
     _kill_rank(cluster, cluster.hosts[1])
     assert job.wait(timeout=400) == 0, open(log_path).read()[-4000:]
   finally:
@@ -321,20 +266,6 @@ def test_a_restarted_job_ends_with_an_uninterrupted_runs_weights(
   assert summary['train_steps'] == STEPS
   uninterrupted = runner.read_summary(horovod_run[0])
   assert summary['weights_sha256'] == uninterrupted['weights_sha256']
-
-
-def _last_step(log_path):
-  steps = re.findall(r' I step (\d+)/', open(log_path).read())
-  return int(steps[-1]) if steps else 0
-
-
-def _wait_for_step(job, log_path, step, timeout=300):
-  deadline = time.monotonic() + timeout
-  while _last_step(log_path) < step:
-    assert job.poll() is None, open(log_path).read()[-3000:]
-    assert time.monotonic() < deadline, open(log_path).read()[-3000:]
-    time.sleep(0.5)
-  return _last_step(log_path)
 
 
 def test_data_service_hosts_lose_a_worker_and_the_dispatcher_then_the_last(
@@ -360,9 +291,9 @@ def test_data_service_hosts_lose_a_worker_and_the_dispatcher_then_the_last(
       f'--tf_data_service_timeout={timeout}']
   log = str(tmp_path / 'job.log')
   # One trainer, on h1: no MULTI_HLS_IPS.
-  job = _start(healthy, args, log, env={'MULTI_HLS_IPS': ''})
+  job = launcher.start(healthy, args, log, env={'MULTI_HLS_IPS': ''})
   try:
-    step = _wait_for_step(job, log, 10)
+    step = launcher.wait_for_step(job, log, 10)
     text = open(log).read()
     assert (f'[data dispatcher {h2.address}] tf.data service dispatcher '
             'ready at') in text
@@ -374,18 +305,18 @@ def test_data_service_hosts_lose_a_worker_and_the_dispatcher_then_the_last(
     assert len(healthy.processes(h2, worker)) == 1
     for pid in healthy.processes(h2, worker):
       os.kill(pid, signal.SIGKILL)
-    _wait_for_line(job, log, f'data worker on {h2.address} exited')
+    launcher.wait_for_line(job, log, f'data worker on {h2.address} exited')
     assert 'training goes on with 1 data worker' in open(log).read()
-    step = _wait_for_step(job, log, step + 30)
+    step = launcher.wait_for_step(job, log, step + 30)
 
     for pid in healthy.processes(h2, dispatcher):
       os.kill(pid, signal.SIGKILL)
-    _wait_for_line(job, log, f'dispatcher on {h2.address} exited')
+    launcher.wait_for_line(job, log, f'dispatcher on {h2.address} exited')
     healthy.popen(h2, [sys.executable, '-m', 'resnet_keras.data.service',
                        'dispatcher', '--port', '5050', '--work_dir',
                        work_dir], env=dict(os.environ), cwd=runner.REPO_ROOT,
                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    step = _wait_for_step(job, log, step + 30)
+    step = launcher.wait_for_step(job, log, step + 30)
 
     for pid in healthy.processes(h1, worker):
       os.kill(pid, signal.SIGKILL)

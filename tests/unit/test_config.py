@@ -190,6 +190,18 @@ def test_plan_owns_every_batch_size():
   assert plan.num_replicas == 4
 
 
+def test_a_planned_global_batch_keeps_the_planned_steps_and_scales_lr():
+  # An elastic job planned for 3 Horovod workers x 8 now runs on 2: epochs
+  # of 1000 // 24 = 41 steps of 16 examples, the LR x 16/24.
+  plan = make_training_plan(
+      RunConfig(batch_size=8, train_epochs=2, planned_global_batch=24), 1000,
+      10, num_programs=2)
+  assert (plan.global_batch_size, plan.steps_per_epoch,
+          plan.total_train_steps) == (16, 41, 82)
+  assert plan.lr_scale == pytest.approx(2 / 3)
+  assert make_training_plan(RunConfig(batch_size=8), 1000, 10).lr_scale == 1
+
+
 def test_batch_not_divisible_by_replicas_is_a_usage_error():
   with pytest.raises(UsageError, match=r'^--batch_size=10 is the global batch '
                      'and must be divisible by the 4 replicas$'):
@@ -206,7 +218,8 @@ def test_replica_batch_not_divisible_into_micro_batches_is_a_usage_error():
 def test_plan_of_an_older_config_json_is_one_program_one_replica():
   plan = make_training_plan(RunConfig(batch_size=10), 100, 10)
   fields = dataclasses.asdict(plan)
-  for name in ('num_programs', 'replicas_per_program', 'num_micro_batches'):
+  for name in ('num_programs', 'replicas_per_program', 'num_micro_batches',
+               'planned_global_batch_size'):
     del fields[name]
   assert config_lib.from_dict(plan_lib.TrainingPlan, fields) == plan
 

@@ -105,6 +105,21 @@ def test_per_epoch_holds_each_epoch_at_its_middle():
   assert lr(s, 40) == pytest.approx(0.0, abs=1e-7)  # past the run
 
 
+def test_a_scaled_schedule_is_the_planned_one_times_the_factor():
+  cfg = RunConfig(optimizer='SGD', base_learning_rate=0.1, warmup_epochs=1,
+                  lr_schedule='linear')
+  planned = schedules.schedule_for_run(cfg, global_batch_size=512,
+                                       steps_per_epoch=10, total_steps=40)
+  scaled = schedules.schedule_for_run(cfg, global_batch_size=512,
+                                      steps_per_epoch=10, total_steps=40,
+                                      scale=0.5)
+  assert lr(planned, 10) == pytest.approx(0.2)  # 0.1 per 256 at 512.
+  for step in (0, 5, 10, 25, 39):
+    assert lr(scaled, step) == pytest.approx(0.5 * lr(planned, step))
+  assert schedules.schedule_for_run(cfg, 512, 10, 40, scale=1.0).__class__ \
+      is planned.__class__  # No wrapper when nothing is scaled.
+
+
 def test_schedule_for_run_uses_flags():
   cfg = RunConfig(optimizer='LARS', base_learning_rate=9.5, warmup_epochs=3,
                   lr_schedule='polynomial', lars_decay_epochs=10,

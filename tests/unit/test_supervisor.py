@@ -2,6 +2,7 @@
 
 import signal
 import sys
+import time
 
 import pytest
 
@@ -70,13 +71,13 @@ def test_without_mpirun_output_the_exit_code_is_the_cause():
   assert supervisor.describe_failure(137, [], [], 1).retry
 
 
-def _supervise(tmp_path, script, max_restarts, **kwargs):
+def _supervise(tmp_path, script, max_restarts, replan=None, **kwargs):
   lines = []
   code = supervisor.Supervisor(
-      [sys.executable, '-c', script, str(tmp_path)], {},
-      max_restarts=max_restarts, hosts=[], workers_per_host=1,
+      supervisor.Attempt([sys.executable, '-c', script, str(tmp_path)], {}),
+      max_restarts=max_restarts, workers_per_host=1,
       parse_output=kwargs.get('parse_output', True),
-      log=lines.append).run()
+      log=lines.append, replan=replan).run()
   return code, lines
 
 
@@ -110,6 +111,54 @@ def test_restarts_end_when_used_up_with_the_last_exit_code(tmp_path):
   assert 'check that host and rerun' in lines[-1]
 
 
+def test_replan_gives_each_restart_its_command_or_ends_the_job(tmp_path):
+  """An elastic launcher's replan: the second attempt runs what replan
+  returned (its environment here), the next replan's UsageError ends the
+  job with its message as the last line."""
+  failures = []
+
+  def replan(failure):
+    failures.append(failure)
+    if len(failures) == 2:
+      raise UsageError('only 1 of 3 hosts left, --min_hosts=2')
+    seen = ('import os, sys; open(sys.argv[1] + "/seen", "a").write('
+            'os.environ["WHERE"] + os.environ["RESNET_KERAS_RESTARTS"]); '
+            'sys.exit(1)')
+    return supervisor.Attempt([sys.executable, '-c', seen, str(tmp_path)],
+                              {'WHERE': 'b'}, hosts=['b'])
+
+  code, lines = _supervise(tmp_path, FLAKY.format(n=5), max_restarts=3,
+                           replan=replan)
+  assert code == 1
+  assert len((tmp_path / 'runs').read_text().split()) == 1
+  assert (tmp_path / 'seen').read_text() == 'b1'
+  assert [f.exit_code for f in failures] == [137, 1]
+  assert lines[-1] == 'only 1 of 3 hosts left, --min_hosts=2'
+
+
+def test_an_mpirun_that_hangs_while_aborting_is_ended_after_the_grace(
+    tmp_path):
+  """mpirun's abort notice, then a hang (it waits for a daemon that will
+  not answer), with a child holding the output pipe, as its ssh sessions
+  do: the whole session ends abort_grace after the notice."""
+  hang = ('import subprocess, sys, time\n'
+          'subprocess.Popen([sys.executable, "-c", "import time; '
+          'time.sleep(600)"])\n'
+          'print("Per user-direction, the job has been aborted.", '
+          'flush=True)\n'
+          'time.sleep(600)\n')
+  lines = []
+  started = time.monotonic()
+  code = supervisor.Supervisor(
+      supervisor.Attempt([sys.executable, '-c', hang], {}), max_restarts=0,
+      workers_per_host=1, parse_output=True, log=lines.append,
+      abort_grace=1).run()
+  assert time.monotonic() - started < 60
+  assert code == 128 + signal.SIGTERM
+  assert lines[0] == ('mpirun did not end the job within 1 s of aborting '
+                      'it (a host stopped answering): ending mpirun')
+
+
 def test_a_usage_error_is_never_retried(tmp_path):
   script = ('import sys; open(sys.argv[1] + "/runs", "a").write("x");'
             'sys.exit(2)')
@@ -121,7 +170,7 @@ def test_a_usage_error_is_never_retried(tmp_path):
 
 def test_negative_max_restarts_is_a_usage_error():
   with pytest.raises(UsageError, match='--max_restarts must be >= 0'):
-    supervisor.Supervisor(['true'], {}, max_restarts=-1, hosts=[],
+    supervisor.Supervisor(supervisor.Attempt(['true'], {}), max_restarts=-1,
                           workers_per_host=1, parse_output=False,
                           log=print)
 

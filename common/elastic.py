@@ -1,0 +1,146 @@
+"""Elastic jobs: the batch a job keeps when it goes on with fewer (or again
+more) hosts, and the one line that says so. Pure functions of their
+arguments; demo_resnet_keras.py checks the hosts and restarts the job.
+
+A run is planned for every host of MULTI_HLS_IPS: its global batch G is
+workers x per-worker batch (Horovod's --batch_size; tf.distribute's
+--batch_size is G itself), and gradient accumulation splits each worker's
+batch into micro-batches of m. On W' workers:
+
+  keep   (default) G stays: each worker takes G / W', in the fewest
+         micro-batches of at most m (memory holds what it held), so the
+         schedule, its steps and the result stay those of the planned run.
+         W' must divide G.
+  scale  each worker keeps its batch (and micro-batches): the job's global
+         batch becomes G' = G W' / W, and the trainer gets
+         --planned_global_batch=G, which keeps the planned steps and
+         schedule and scales the learning rate by G'/G (linear scaling).
+"""
+
+import dataclasses
+import os
+import re
+from typing import List, Optional, Sequence, Tuple
+
+from common.errors import UsageError
+
+KEEP, SCALE = 'keep', 'scale'
+MODES = (KEEP, SCALE)
+# The trainer's flags a layout sets (with their short aliases).
+BATCH_FLAGS = ('batch_size', 'bs', 'num_accumulation_steps',
+               'planned_global_batch')
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+  """Where a job runs and how its global batch is split."""
+  hosts: Tuple[str, ...]
+  workers: int  # In all: hosts x workers per host.
+  worker_batch: int  # Examples per worker per optimizer step.
+  micro_batches: int  # --num_accumulation_steps
+  planned_global_batch: int  # The batch the run was planned for.
+
+  @property
+  def global_batch(self) -> int:
+    return self.workers * self.worker_batch
+
+  @property
+  def lr_scale(self) -> float:
+    return self.global_batch / self.planned_global_batch
+
+  def trainer_flags(self, horovod: bool) -> List[str]:
+    """The trainer's batch flags for this layout."""
+    flags = [f'--batch_size={self.worker_batch if horovod else self.global_batch}',
+             f'--num_accumulation_steps={self.micro_batches}']
+    if self.global_batch != self.planned_global_batch:
+      flags.append(f'--planned_global_batch={self.planned_global_batch}')
+    return flags
+
+  def describe(self) -> str:
+    return (f'{len(self.hosts)} host(s), {self.workers} worker(s) x batch '
+            f'{self.worker_batch} in {self.micro_batches} micro-batch(es) = '
+            f'global batch {self.global_batch}')
+
+
+def planned_layout(hosts: Sequence[str], workers_per_host: int,
+                   batch_size: int, micro_batches: int,
+                   horovod: bool) -> Layout:
+  """The layout the command line plans: every host, the batch as given."""
+  workers = max(1, len(hosts)) * workers_per_host
+  worker_batch = batch_size if horovod else batch_size // workers
+  return Layout(hosts=tuple(hosts), workers=workers, worker_batch=worker_batch,
+                micro_batches=micro_batches,
+                planned_global_batch=worker_batch * workers)
+
+
+def relayout(planned: Layout, hosts: Sequence[str], workers_per_host: int,
+             mode: str) -> Optional[Layout]:
+  """`planned` on `hosts` (None: `keep` has no split for that count)."""
+  workers = len(hosts) * workers_per_host
+  if mode == SCALE:
+    return dataclasses.replace(planned, hosts=tuple(hosts), workers=workers)
+  if planned.planned_global_batch % workers:
+    return None
+  worker_batch = planned.planned_global_batch // workers
+  micro = planned.worker_batch // planned.micro_batches
+  micro_batches = next(n for n in range(1, worker_batch + 1)
+                       if worker_batch % n == 0 and worker_batch // n <= micro)
+  return Layout(hosts=tuple(hosts), workers=workers, worker_batch=worker_batch,
+                micro_batches=micro_batches,
+                planned_global_batch=planned.planned_global_batch)
+
+
+def check_host_counts(planned: Layout, min_hosts: int, workers_per_host: int,
+                      mode: str) -> None:
+  """Refuses, before anything runs, a --min_hosts that lets the job shrink
+  to a host count that cannot keep the global batch."""
+  if mode != KEEP:
+    return
+  counts = range(min_hosts, len(planned.hosts) + 1)
+  failing = [n for n in counts
+             if relayout(planned, planned.hosts[:n], workers_per_host,
+                         mode) is None]
+  if failing:
+    working = [n for n in range(1, len(planned.hosts) + 1)
+               if n not in failing and
+               relayout(planned, planned.hosts[:n], workers_per_host,
+                        mode) is not None]
+    raise UsageError(
+        f'the global batch of {planned.planned_global_batch} cannot be split '
+        f'evenly over the workers of {_counts(failing)} host(s), which '
+        f'--min_hosts={min_hosts} allows; host counts that keep it: '
+        f'{_counts(working) or "none"}: raise --min_hosts, change the batch, '
+        'or pass --elastic_batch=scale to keep each worker\'s batch instead')
+
+
+def _counts(numbers: Sequence[int]) -> str:
+  return ', '.join(map(str, numbers))
+
+
+def describe_change(before: Layout, after: Layout, step: Optional[int],
+                    lost_seconds: float) -> str:
+  """The one line of a shrink or a regrowth."""
+  verb = 'shrinks' if len(after.hosts) < len(before.hosts) else 'grows'
+  lr = (f', learning rate x{after.lr_scale:.4g} (--elastic_batch=scale)'
+        if after.lr_scale != 1 else ' (kept)')
+  where = f'resuming at step {step}' if step is not None else 'from step 0'
+  return (f'elastic: the job {verb} from {len(before.hosts)} to '
+          f'{len(after.hosts)} host(s) ({", ".join(after.hosts)}): '
+          f'{after.describe()}{lr}; {where}; {lost_seconds:.0f} s lost')
+
+
+_CHECKPOINT = re.compile(r'^model_checkpoint_path:\s*"(?:.*/)?ckpt-(\d+)"',
+                         re.MULTILINE)
+
+
+def last_checkpoint(model_dir: str) -> Tuple[Optional[int], Optional[float]]:
+  """(step, time written) of model_dir's latest checkpoint, as its
+  'checkpoint' state file names it; (None, None) without one."""
+  path = os.path.join(model_dir, 'checkpoint')
+  try:
+    with open(path) as f:
+      found = _CHECKPOINT.search(f.read())
+    written = os.path.getmtime(path)
+  except OSError:
+    return None, None
+  return (int(found.group(1)), written) if found else (None, None)

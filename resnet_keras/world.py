@@ -1,0 +1,60 @@
+"""The job's shape over a run: workers, each worker's batch, micro-batches,
+the global batch and the learning rate's scale, each from the step it
+started at.
+
+An elastic job (demo_resnet_keras.py --min_hosts) restarts on fewer hosts,
+and on more when lost ones come back; a user may rerun by hand on another
+count. The chief records the shape each attempt starts with in
+model_dir/world_sizes.json, so that a resumed run knows how many examples
+its input gave before (the data goes on after them, whatever the batch is
+now: start.py) and run_summary.json lists every change with its step.
+Pure Python: the launcher reads it too.
+"""
+
+import json
+import os
+from typing import Dict, List, Optional
+
+from common.files import write_json_atomically
+
+WORLD_FILE = 'world_sizes.json'
+
+
+def read(model_dir: str) -> List[Dict]:
+  """The recorded shapes, oldest first (none: a run from before this file,
+  or one that has not started)."""
+  try:
+    with open(os.path.join(model_dir, WORLD_FILE)) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return []
+
+
+def record(model_dir: str, shape: Dict) -> List[Dict]:
+  """Appends `shape` (with its 'step') unless it is the shape already in
+  force; shapes at or after its step are dropped first (an attempt that
+  resumes from an earlier checkpoint redoes those steps). Returns the
+  history written."""
+  history = [entry for entry in read(model_dir)
+             if entry['step'] < shape['step']]
+  if not history or _without_step(history[-1]) != _without_step(shape):
+    history.append(shape)
+  write_json_atomically(os.path.join(model_dir, WORLD_FILE), history)
+  return history
+
+
+def _without_step(shape: Dict) -> Dict:
+  return {k: v for k, v in shape.items() if k not in ('step', 'hosts')}
+
+
+def examples_read(history: List[Dict], step: int) -> Optional[int]:
+  """Training examples the run's input gave from its first recorded shape
+  up to `step`: each shape's global batch times the steps it trained
+  (None without a history)."""
+  if not history:
+    return None
+  total = 0
+  for entry, following in zip(history, history[1:] + [None]):
+    end = min(step, following['step'] if following else step)
+    total += max(0, end - entry['step']) * entry['global_batch_size']
+  return total

@@ -1,0 +1,225 @@
+"""Elastic jobs across hosts (demo_resnet_keras.py --min_hosts) on a
+three-host cluster of network namespaces, one worker per host: a host lost
+for good is dropped and the job goes on with the global batch kept, a host
+that answers again rejoins at the next restart, and the shrunk run resumes
+exactly. They need root and skip without it, saying so."""
+
+import os
+import re
+import shutil
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tests.support import cluster as cluster_lib
+from tests.support import launcher
+from tests.support import runner
+
+FAILURE_TIMEOUT = 24
+STEPS = 36
+# Horovod: 3 workers x 4 = 12; tf.distribute: --batch_size is the global 12.
+BACKENDS = {'horovod': (['--use_horovod'], 4),
+            'multi_worker_mirrored': (['-ds', 'multi_worker_mirrored'], 12)}
+ELASTIC = ['--min_hosts=2', '--max_restarts=2',
+           f'--failure_timeout={FAILURE_TIMEOUT}', '--global_seed=7',
+           '--checkpoint_interval_steps=4', '--max_checkpoints=100',
+           '--enable_checkpoint_and_export', f'--train_steps={STEPS}',
+           '--train_epochs=1', '--num_workers_per_hls=1']
+
+_missing = cluster_lib.missing_requirements()
+pytestmark = [pytest.mark.skipif(_missing is not None,
+                                 reason=f'no test cluster: {_missing}'),
+              pytest.mark.xdist_group('mpirun')]
+
+
+@pytest.fixture(scope='module')
+def cluster():
+  hosts = cluster_lib.Cluster(
+      3, state_dir=f'/run/resnet_keras_elastic_{os.getpid()}',
+      subnet_index=20 + os.getpid() % 80).start()
+  try:
+    yield hosts
+  finally:
+    hosts.stop()
+
+
+@pytest.fixture
+def healthy(cluster):
+  """The cluster, healed after the test: links up, no job left."""
+  yield cluster
+  for host in cluster.hosts:
+    cluster.restore_link(host)
+    cluster.kill_host_processes(host)
+
+
+def _kill_rank(cluster, host):
+  for pid in cluster.processes(host, launcher.TRAINER):
+    os.kill(pid, 9)
+
+
+def _resumed_step(line):
+  return int(re.search(r'resuming at step (\d+)', line).group(1))
+
+
+def _line(output, text):
+  found = [line for line in output.splitlines() if text in line]
+  assert len(found) == 1, (text, output[-4000:])
+  return found[0]
+
+
+def _checkpoint_values(prefix):
+  reader = tf.train.load_checkpoint(prefix)
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map()
+          if not name.startswith('save_counter')}
+
+
+def _from_checkpoint(model_dir, step, into):
+  """A model_dir holding `model_dir`'s run up to its checkpoint at `step`."""
+  os.makedirs(into)
+  for name in os.listdir(model_dir):
+    if name.startswith(f'ckpt-{step}.') or name in ('config.json',
+                                                  'world_sizes.json'):
+      shutil.copy(os.path.join(model_dir, name), into)
+  with open(os.path.join(into, 'checkpoint'), 'w') as f:
+    f.write(f'model_checkpoint_path: "ckpt-{step}"\n'
+            f'all_model_checkpoint_paths: "ckpt-{step}"\n')
+
+
+@pytest.mark.parametrize('backend', list(BACKENDS))
+def test_a_lost_host_is_dropped_then_rejoins_and_the_resume_is_exact(
+    healthy, tmp_path, backend):
+  """h3's link cut at a third of the run: the job goes on from the last
+  checkpoint on h1 and h2, each worker taking half the global batch. The
+  link back, then h2's rank killed: the next restart finds h3 again and
+  the job ends on three hosts at the planned step. The steps trained on
+  two hosts equal those of an uninterrupted two-host run from the same
+  checkpoint."""
+  cluster = healthy
+  h1, h2, h3 = cluster.hosts
+  backend_args, batch = BACKENDS[backend]
+  model_dir, log = str(tmp_path / 'model'), tmp_path / 'log.txt'
+  started = time.monotonic()
+  job = launcher.start(cluster, backend_args + ELASTIC + [
+      f'--batch_size={batch}', f'--model_dir={model_dir}'] + launcher.TINY,
+                       log)
+  try:
+    launcher.wait_for_line(job, log, f'ckpt-{STEPS // 3}')
+    cluster.cut_link(h3)
+    launcher.wait_for_line(job, log, 'elastic: the job shrinks', timeout=120)
+    cluster.restore_link(h3)
+    shrunk_at = _resumed_step(_line(open(log).read(), 'the job shrinks'))
+    launcher.wait_for_line(job, log, f'ckpt-{shrunk_at + 8}')
+    _kill_rank(cluster, h2)
+    assert job.wait(timeout=400) == 0, open(log).read()[-4000:]
+  finally:
+    if job.poll() is None:
+      job.kill()
+  print(f'{backend}: shrink and regrowth in {time.monotonic() - started:.0f} s')
+  output = open(log).read()
+  shrink = _line(output, 'the job shrinks')
+  assert (f'the job shrinks from 3 to 2 host(s) ({h1.address}, {h2.address}):'
+          ' 2 host(s), 2 worker(s) x batch 6 in 2 micro-batch(es) = global '
+          'batch 12 (kept); resuming at step') in shrink
+  assert re.search(rf'host {h3.address}: .*: left out of the job', output)
+  grow = _line(output, 'the job grows')
+  assert (f'the job grows from 2 to 3 host(s) ({h1.address}, {h2.address}, '
+          f'{h3.address}): 3 host(s), 3 worker(s) x batch 4 in 1 '
+          'micro-batch(es) = global batch 12 (kept)') in grow
+  grown_at = _resumed_step(grow)
+  assert STEPS // 3 <= shrunk_at < grown_at < STEPS
+  summary = runner.read_summary(model_dir)
+  assert summary['train_steps'] == STEPS and summary['restarts'] == 2
+  shapes = [(s['step'], s['workers'], s['global_batch_size'],
+             s['micro_batches']) for s in summary['world_sizes']]
+  assert shapes == [(0, 3, 12, 1), (shrunk_at, 2, 12, 2),
+                    (grown_at, 3, 12, 1)]
+  assert not launcher.wait_until_no_job_processes(cluster)
+
+  # The same two hosts from the checkpoint the shrink resumed at, without
+  # a failure: the checkpoint the regrowth resumed at is the same.
+  reference = str(tmp_path / 'reference')
+  _from_checkpoint(model_dir, shrunk_at, reference)
+  two_hosts = {'MULTI_HLS_IPS': f'{h1.address},{h2.address}'}
+  returncode, output = launcher.run(
+      cluster, backend_args + [a for a in ELASTIC if 'min_hosts' not in a] + [
+          f'--batch_size={6 if backend == "horovod" else 12}',
+          '--num_accumulation_steps=2', f'--model_dir={reference}']
+      + launcher.TINY, tmp_path / 'reference.txt', env=two_hosts)
+  assert returncode == 0, output[-4000:]
+  shrunk, uninterrupted = (_checkpoint_values(os.path.join(d, f'ckpt-{grown_at}'))
+                           for d in (model_dir, reference))
+  assert shrunk.keys() == uninterrupted.keys()
+  for name, value in shrunk.items():
+    np.testing.assert_array_equal(value, uninterrupted[name], err_msg=name)
+
+
+def test_fewer_hosts_than_min_hosts_end_the_job_in_one_line(healthy,
+                                                            tmp_path):
+  cluster = healthy
+  _, h2, h3 = cluster.hosts
+  log = tmp_path / 'log.txt'
+  job = launcher.start(cluster, ['--use_horovod', '--batch_size=4',
+                                 f'--model_dir={tmp_path / "m"}'] + [
+                                     a for a in ELASTIC
+                                     if not a.startswith('--train_steps')] +
+                       ['--train_steps=100000'] + launcher.TINY, log)
+  try:
+    launcher.wait_for_line(job, log, 'step 2/')
+    cut = time.monotonic()
+    cluster.cut_link(h2)
+    cluster.cut_link(h3)
+    returncode = job.wait(timeout=FAILURE_TIMEOUT + 90)
+    took = time.monotonic() - cut
+  finally:
+    if job.poll() is None:
+      job.kill()
+  print(f'fewer than --min_hosts: ended {took:.0f} s after the cut')
+  assert returncode != 0
+  assert took < FAILURE_TIMEOUT + 60
+  last = open(log).read().strip().splitlines()[-1]
+  assert (f'only 1 of 3 hosts pass the pre-flight check '
+          f'({cluster.hosts[0].address}), fewer than --min_hosts=2; the job '
+          'ends') in last, last
+  assert not launcher.wait_until_no_job_processes(cluster)
+
+
+def test_a_count_that_cannot_keep_the_batch_is_refused_before_anything_runs(
+    cluster, tmp_path):
+  returncode, output = launcher.run(
+      cluster, ['--use_horovod', '--batch_size=3', '--min_hosts=2',
+                f'--model_dir={tmp_path / "m"}'] + launcher.TINY,
+      tmp_path / 'log.txt', timeout=120)
+  assert returncode == 2
+  assert output.strip().splitlines()[-1] == (
+      'error: the global batch of 9 cannot be split evenly over the workers '
+      'of 2 host(s), which --min_hosts=2 allows; host counts that keep it: '
+      '1, 3: raise --min_hosts, change the batch, or pass '
+      '--elastic_batch=scale to keep each worker\'s batch instead')
+  assert not (tmp_path / 'm').exists()
+
+
+def test_scale_leaves_out_a_lost_host_at_start_and_scales_the_lr(healthy,
+                                                                 tmp_path):
+  cluster = healthy
+  h1, h2, h3 = cluster.hosts
+  cluster.cut_link(h3)
+  model_dir = str(tmp_path / 'm')
+  returncode, output = launcher.run(
+      cluster, ['--use_horovod', '--batch_size=3', '--min_hosts=2',
+                '--elastic_batch=scale', '--train_steps=4',
+                f'--model_dir={model_dir}'] + launcher.TINY,
+      tmp_path / 'log.txt')
+  assert returncode == 0, output[-4000:]
+  assert re.search(rf'host {h3.address}: .*: left out of the job', output)
+  assert (f'the job shrinks from 3 to 2 host(s) ({h1.address}, '
+          f'{h2.address}): 2 host(s), 2 worker(s) x batch 3 in 1 '
+          'micro-batch(es) = global batch 6, learning rate x0.6667 '
+          '(--elastic_batch=scale); from step 0') in output
+  summary = runner.read_summary(model_dir)
+  assert summary['global_batch_size'] == 6
+  assert summary['lr_scale'] == pytest.approx(6 / 9)
+  assert [(s['workers'], s['lr_scale']) for s in summary['world_sizes']] == [
+      (2, pytest.approx(6 / 9))]
