@@ -27,6 +27,10 @@ MPI_TCP_INCLUDE, DOCKER_SSHD_PORT (3022), MPI_ROOT, TF_BASE_PORT (2410).
 Several hosts are checked (ssh, Python, TensorFlow, Horovod, the project,
 ports) before anything starts. A failed job ends with one line naming the
 lost rank or host; --max_restarts starts it again from the last checkpoint.
+--min_hosts N makes the job elastic: hosts that fail the check (at the start
+or at a restart) are left out while N remain, the global batch is re-split
+over the workers left (--elastic_batch), and a host that passes again
+rejoins at the next restart (common/elastic.py).
 --data_service_hosts starts a tf.data service (a dispatcher on the first
 host, a data worker on each) over the same ssh before the job, points the
 trainer at it and stops it when the job ends (common/data_servers.py).
@@ -284,20 +288,28 @@ def _checks(environ, hosts, servers):
   return checks
 
 
-def _preflight(environ, hosts, servers, min_hosts: int) -> preflight.Report:
+def _preflight(environ, hosts, servers, min_hosts: int,
+               restart: bool = False):
   """Several hosts (training's and the data service's) are checked before
-  anything starts on them. Fail-stop (min_hosts = all hosts): every host
-  must be ready. Elastic: training hosts that fail are left out, each
-  named in one line, as long as `min_hosts` remain. Returns the training
-  hosts' report."""
+  anything starts on them. Fail-stop (min_hosts = all hosts): every
+  training host must be ready. Elastic: training hosts that fail are left
+  out, each named in one line, as long as `min_hosts` remain. Data service
+  hosts must all be ready at the start; at a `restart` those that fail are
+  named and DataServers.renew leaves them out. Returns the reports of the
+  training hosts and of the data service's (None without one)."""
   checks = _checks(environ, hosts, servers)
   ssh, port = _ssh(environ)
   reports = [preflight.check(check_hosts, ssh, want, ports, port)
              for check_hosts, want, ports in checks]
   if not (hosts and not FLAGS.kubernetes_run):
     reports.insert(0, preflight.Report([], 1, tuple(hosts)))
-  training, others = reports[0], reports[1:]
-  fatal = [line for report in others for line in report.problems]
+  training, service = reports[0], (reports[1] if servers else None)
+  fatal = []
+  if service and restart:
+    for line in service.problems:
+      logging.error('%s', line)
+  elif service:
+    fatal += service.problems
   if min_hosts < len(hosts):
     for line in training.problems:
       logging.error('%s: left out of the job', line)
@@ -313,13 +325,17 @@ def _preflight(environ, hosts, servers, min_hosts: int) -> preflight.Report:
       print(f'error: {problem}', file=sys.stderr)
     every = sorted({h for check_hosts, _, _ in checks for h in check_hosts})
     raise UsageError(f'pre-flight check failed on {len(every)} host(s) '
-                     f'({", ".join(every)}): nothing was started')
-  return training
+                     f'({", ".join(every)})' +
+                     ('' if restart else ': nothing was started'))
+  return training, service
 
 
-class _Elastic:
-  """--min_hosts: the job's layout on the hosts that pass each check, and
-  the attempt that runs it (the supervisor's replan)."""
+class _Job:
+  """What each attempt of the job runs: the hosts that pass the check
+  (all of them, or with --min_hosts at least that many), the batch split
+  on them (common/elastic.py), the command. `replan` is the supervisor's
+  between attempts; it also restarts the lost tf.data service servers of
+  `data_servers`."""
 
   def __init__(self, environ, hosts, filled: dict, servers):
     self._environ, self._hosts = environ, hosts
@@ -338,6 +354,7 @@ class _Elastic:
     self.layout = self.planned
     self._filled, self._servers = filled, servers
     self._started = time.time()
+    self.data_servers = None  # DataServers, once started.
 
   @property
   def is_elastic(self) -> bool:
@@ -353,16 +370,21 @@ class _Elastic:
              f'{" ".join(layout.trainer_flags(FLAGS.use_horovod))}')
 
   def first_attempt(self) -> supervisor.Attempt:
-    report = _preflight(self._environ, self._hosts, self._servers,
-                        self.min_hosts)
+    report, _ = _preflight(self._environ, self._hosts, self._servers,
+                           self.min_hosts)
     step, _ = elastic.last_checkpoint(FLAGS.model_dir or '')
     return self._attempt(report, step, lost=0.0)
 
   def replan(self, failure: supervisor.Failure) -> supervisor.Attempt:
     del failure  # Every host is checked again, whatever failed.
     try:
-      report = _preflight(self._environ, self._hosts, self._servers,
-                          self.min_hosts)
+      report, service = _preflight(self._environ, self._hosts, self._servers,
+                                   self.min_hosts, restart=True)
+      if self.data_servers:
+        for line in self.data_servers.renew(service.ready):
+          logging.error(line)
+        self._filled['tf_data_service_workers'] = (
+            self.data_servers.num_workers)
     except UsageError as e:
       raise UsageError(f'{e}; the job ends (resume it with the same command '
                        'once enough hosts are back)') from None
@@ -417,7 +439,7 @@ def main(argv):
                              for name in launch.LAUNCHER_RECIPE_KEYS}), end='')
     return 0
   plan = build_launch(sys.argv, environ, hosts, total_workers, filled)
-  job = _Elastic(environ, hosts, filled, servers)
+  job = _Job(environ, hosts, filled, servers)
   if FLAGS.dry_run:
     for note in plan.notes:
       print(f'note: {note}')
@@ -438,11 +460,12 @@ def main(argv):
   running = data_servers.DataServers(servers, logging.error)
   try:
     running.start()
+    job.data_servers = running if servers else None
     exit_code = supervisor.Supervisor(
         attempt, max_restarts=FLAGS.max_restarts,
         workers_per_host=FLAGS.num_workers_per_hls,
         parse_output=plan.argv[0] == 'mpirun', log=logging.error,
-        replan=job.replan if job.is_elastic else None,
+        replan=job.replan if job.is_elastic or servers else None,
         abort_grace=FLAGS.failure_timeout).run()
   finally:
     running.stop()

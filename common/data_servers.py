@@ -7,7 +7,10 @@ and stops them when the job ends, however it ends (success, failure,
 Ctrl-C). Each server's output passes through prefixed with its host and
 role; a server that exits while the job runs is said at once (a lost data
 worker: training goes on with the others; the dispatcher: training waits
-for it up to the trainer's --tf_data_service_timeout).
+for it up to the trainer's --tf_data_service_timeout). When the launcher
+restarts the job (--max_restarts), `renew` starts the lost servers again on
+hosts that pass its check, the dispatcher from its journal (--work_dir),
+and leaves out the data workers of hosts that fail it.
 """
 
 import subprocess
@@ -34,18 +37,56 @@ class DataServers:
     self._ready = [threading.Event() for _ in servers]
     self._last_line = [''] * len(servers)
     self._stopping = False
+    self._left_out = set()  # Indices of servers whose host failed a check.
     self.lost: List[DataServer] = []
 
   def start(self, timeout: float = 120) -> 'DataServers':
     """Starts every server and waits until each says it is ready."""
-    for i, server in enumerate(self._servers):
-      self._processes[i] = subprocess.Popen(
-          server.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-          stderr=subprocess.STDOUT, text=True)
-      threading.Thread(target=self._follow, args=(i,), daemon=True).start()
+    for i in range(len(self._servers)):
       # Workers register with the dispatcher: it goes first.
-      self._await(i, timeout)
+      self._launch(i, timeout)
     return self
+
+  def _launch(self, i: int, timeout: float) -> None:
+    self._ready[i] = threading.Event()
+    self._processes[i] = subprocess.Popen(
+        self._servers[i].argv, stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    threading.Thread(target=self._follow, args=(i,), daemon=True).start()
+    self._await(i, timeout)
+
+  @property
+  def num_workers(self) -> int:
+    """Data workers serving (or to be restarted): not left out."""
+    return sum(1 for i, server in enumerate(self._servers)
+               if server.role == 'worker' and i not in self._left_out)
+
+  def renew(self, ready_hosts, timeout: float = 120) -> List[str]:
+    """Before the job restarts: each lost server started again if its
+    host is in `ready_hosts` (the dispatcher from its journal), each data
+    worker of a host that is not left out. Returns one line per change;
+    raises UsageError if the dispatcher's host is not ready (its journal
+    lives there)."""
+    lines = []
+    for i, server in enumerate(self._servers):
+      if i in self._left_out:
+        continue
+      if server.host not in ready_hosts:
+        if server.role == 'dispatcher':
+          raise UsageError(f'the tf.data service dispatcher\'s host '
+                           f'{server.host} fails the pre-flight check, and '
+                           'its journal (--data_service_work_dir) is there')
+        self._left_out.add(i)
+        if self._processes[i].poll() is None:
+          self._processes[i].kill()  # Its ssh session; the host is away.
+        lines.append(f'the tf.data service data worker on {server.host} is '
+                     'left out: its host fails the pre-flight check')
+      elif server in self.lost:
+        self.lost.remove(server)
+        self._launch(i, timeout)
+        lines.append(f'restarted the tf.data service {server.role} on '
+                     f'{server.host}')
+    return lines
 
   def _await(self, i: int, timeout: float) -> None:
     server, deadline = self._servers[i], time.monotonic() + timeout
@@ -71,7 +112,8 @@ class DataServers:
       sys.stdout.write(f'[data {server.role} {server.host}] {line}\n')
       sys.stdout.flush()
     code = process.wait()
-    if self._stopping or not self._ready[i].is_set():
+    if (self._stopping or i in self._left_out or
+        not self._ready[i].is_set()):
       return
     self.lost.append(server)
     if server.role == 'dispatcher':
@@ -95,8 +137,9 @@ class DataServers:
     for process in self._processes:
       if process is not None and process.poll() is None:
         process.terminate()
-    for server, process in zip(self._servers, self._processes):
-      if process is None:
+    for i, (server, process) in enumerate(zip(self._servers,
+                                              self._processes)):
+      if process is None or i in self._left_out:
         continue
       try:
         subprocess.run(server.stop_argv, stdin=subprocess.DEVNULL,

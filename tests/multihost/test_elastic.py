@@ -16,6 +16,7 @@ import tensorflow as tf
 from tests.support import cluster as cluster_lib
 from tests.support import launcher
 from tests.support import runner
+from tests.support.records import write_dataset
 
 FAILURE_TIMEOUT = 24
 STEPS = 36
@@ -223,3 +224,53 @@ def test_scale_leaves_out_a_lost_host_at_start_and_scales_the_lr(healthy,
   assert summary['lr_scale'] == pytest.approx(6 / 9)
   assert [(s['workers'], s['lr_scale']) for s in summary['world_sizes']] == [
       (2, pytest.approx(6 / 9))]
+
+
+def test_a_restart_restarts_lost_data_servers_and_leaves_out_a_lost_host(
+    healthy, tmp_path):
+  """--data_service_hosts h2,h3 (the dispatcher on h2, a data worker on
+  each) for one trainer on h1: h2's dispatcher and data worker killed,
+  h3's link cut, the trainer killed: the restart starts h2's servers again
+  (the dispatcher from its journal), leaves h3's data worker out, and the
+  job ends at its planned step."""
+  h1, h2, h3 = healthy.hosts
+  data_dir = str(tmp_path / 'data')
+  write_dataset(data_dir, num_classes=4, train_per_shard=(32, 32),
+                eval_per_shard=(5, 4))
+  model_dir = str(tmp_path / 'model')
+  args = [a for a in launcher.TINY if not a.startswith(
+      ('--use_synthetic_data', '--num_classes'))] + [
+          f'--data_dir={data_dir}', '--batch_size=8', '--train_epochs=4',
+          '--epochs_between_evals=4', '--checkpoint_interval_steps=4',
+          '--enable_checkpoint_and_export', '--max_restarts=1',
+          f'--model_dir={model_dir}',
+          f'--data_service_hosts={h2.address},{h3.address}',
+          f'--data_service_work_dir={tmp_path / "dispatcher"}',
+          '--tf_data_service_timeout=60']
+  log = tmp_path / 'log.txt'
+  job = launcher.start(healthy, args, log, env={'MULTI_HLS_IPS': ''})
+  try:
+    launcher.wait_for_line(job, log, 'ckpt-8')
+    for role in ('dispatcher', 'worker'):
+      for pid in healthy.processes(h2, f'resnet_keras.data.service\0{role}'):
+        os.kill(pid, 9)
+      name = 'dispatcher' if role == 'dispatcher' else 'data worker'
+      launcher.wait_for_line(job, log, f'{name} on {h2.address} exited')
+    healthy.cut_link(h3)
+    _kill_rank(healthy, h1)
+    assert job.wait(timeout=400) == 0, open(log).read()[-4000:]
+  finally:
+    if job.poll() is None:
+      job.kill()
+  output = open(log).read()
+  for line in (f'restarted the tf.data service dispatcher on {h2.address}',
+               f'restarted the tf.data service worker on {h2.address}',
+               f'the tf.data service data worker on {h3.address} is left '
+               'out: its host fails the pre-flight check'):
+    assert line in output, output[-4000:]
+  summary = runner.read_summary(model_dir)
+  # 4 epochs of 64 examples in batches of 8.
+  assert summary['train_steps'] == 32 and summary['restarts'] == 1
+  assert summary['tf_data_service']['data_workers'] == 1
+  for host in (h1, h2):
+    assert not healthy.processes(host, 'resnet_keras.data.service')
