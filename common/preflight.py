@@ -134,13 +134,25 @@ def _check_host(host: str, ssh: Sequence[str], want: Expected,
             f'{_SSH_TIMEOUT} s: check the host is up and reachable'], {}
   if result.returncode == 255:  # ssh's own failure.
     reason = (result.stderr.strip().splitlines() or ['no reason given'])[-1]
-    return [f'host {host}: ssh on port {port} failed ({reason}): start sshd '
-            'there on DOCKER_SSHD_PORT and authorise this host\'s key'], {}
+    return [f'host {host}: ssh on port {port} failed ({reason}): '
+            f'{_ssh_advice(reason)}'], {}
   if result.returncode != 0:  # The probe prints its answer and exits 0.
     return [f'host {host}: cannot run {want.python} there: install the same '
             'Python at the same path on every host'], {}
   answer = json.loads(result.stdout.strip().splitlines()[-1])
   return problems_of(host, answer, want), answer
+
+
+# ssh's words for a host it could not reach at all (down, cut off, no such
+# name), as opposed to one that answered and refused.
+_UNREACHABLE = ('timed out', 'No route to host', 'Network is unreachable',
+                'Could not resolve')
+
+
+def _ssh_advice(reason: str) -> str:
+  if any(words in reason for words in _UNREACHABLE):
+    return 'check the host is up and reachable from here'
+  return 'start sshd there on DOCKER_SSHD_PORT and authorise this host\'s key'
 
 
 @dataclasses.dataclass(frozen=True)

@@ -86,6 +86,16 @@ def test_an_unreachable_host_is_named_with_sshs_reason(tmp_path):
   assert report.problems == ['host h2: ssh on port 3022 failed (connect to host h2 '
                       'port 3022: Connection refused): start sshd there on '
                       'DOCKER_SSHD_PORT and authorise this host\'s key']
+  assert report.ready == ()
+
+
+def test_a_host_that_cannot_be_reached_at_all_is_told_apart(tmp_path):
+  ssh = _fake_ssh(tmp_path, 'echo "ssh: connect to host h3 port 3022: '
+                            'Connection timed out" >&2; exit 255\n')
+  want = preflight.expected(os.path.abspath(__file__), use_horovod=False)
+  report = preflight.check(['h3'], ssh, want, {}, '3022')
+  assert report.problems[0].endswith('Connection timed out): check the host '
+                                     'is up and reachable from here')
 
 
 def test_describe_lists_the_checks():
