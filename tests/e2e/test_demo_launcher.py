@@ -155,6 +155,26 @@ def test_launch_errors_are_one_line(args, fragments):
   runner.assert_one_line_error(result, *fragments)
 
 
+def test_elastic_dry_run_shows_the_split_on_each_host_count_it_allows():
+  env = {'MULTI_HLS_IPS': '192.0.2.1,192.0.2.2,192.0.2.3'}
+  out = dry_run(['--use_horovod', '-bs', '4', '--num_accumulation_steps', '2',
+                 '--min_hosts', '1'], env=env)
+  # 3 x 4 in micro-batches of 2: 12 on 2 hosts is 6 each in 3, on 1 is 12
+  # in 6.
+  assert ('elastic: on 2 host(s), 2 worker(s) x batch 6 in 3 micro-batch(es)'
+          ' = global batch 12: --batch_size=6 --num_accumulation_steps=3'
+          ) in out
+  assert ('elastic: on 1 host(s), 1 worker(s) x batch 12 in 6 micro-batch(es)'
+          ' = global batch 12: --batch_size=12 --num_accumulation_steps=6'
+          ) in out
+  assert '--min_hosts' not in command_of(out)  # The launcher's own flag.
+  result = runner.spawn_script(DEMO, ['--dry_run', '--use_horovod',
+                                      '--min_hosts', '4'], timeout=120,
+                               env=env)
+  runner.assert_one_line_error(result, '--min_hosts=4 is more than the 3 '
+                               'hosts of MULTI_HLS_IPS')
+
+
 def test_multi_host_needs_a_multi_worker_backend():
   result = runner.spawn_script(DEMO, ['--dry_run'], timeout=120,
                           env={'MULTI_HLS_IPS': '192.0.2.1,192.0.2.2'})
