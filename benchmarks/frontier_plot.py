@@ -46,7 +46,7 @@ def draw(rows: Dict[str, List[Tuple[float, float]]], title: str,
   axes.set_ylabel('test top-1, %')
   axes.set_title(title)
   axes.grid(alpha=0.3)
-  axes.legend(loc='lower right', fontsize=8)
+  axes.legend(loc='best', fontsize=8)  # Away from the points.
   figure.tight_layout()
   figure.savefig(out, dpi=110)
 
