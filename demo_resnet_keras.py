@@ -270,22 +270,21 @@ def _data_servers(environ):
 
 
 def _checks(environ, hosts, servers):
-  """(hosts, what they must have, ports that must be free) of each group:
-  training's hosts and the data service's."""
-  checks = []
+  """(training's check, the data service's check), each (hosts, what they
+  must have, ports that must be free), or None where nothing is checked."""
+  training = service = None
   if hosts and not FLAGS.kubernetes_run:
     ports = {}
     if FLAGS.distribution_strategy == 'multi_worker_mirrored':
       tf_config = launch.tf_config_from_env(0, _total_workers(hosts), environ)
       ports = preflight.ports_by_host(tf_config['cluster']['worker'])
-    checks.append((hosts, preflight.expected(TRAINER, FLAGS.use_horovod),
-                   ports))
+    training = (hosts, preflight.expected(TRAINER, FLAGS.use_horovod), ports)
   if servers:
     ports = {}
     for server in servers:
       ports.setdefault(server.host, []).append(server.port)
-    checks.append((list(ports), preflight.expected(TRAINER, False), ports))
-  return checks
+    service = (list(ports), preflight.expected(TRAINER, False), ports)
+  return training, service
 
 
 def _preflight(environ, hosts, servers, min_hosts: int,
@@ -297,13 +296,17 @@ def _preflight(environ, hosts, servers, min_hosts: int,
   hosts must all be ready at the start; at a `restart` those that fail are
   named and DataServers.renew leaves them out. Returns the reports of the
   training hosts and of the data service's (None without one)."""
-  checks = _checks(environ, hosts, servers)
+  training_check, service_check = checks = _checks(environ, hosts, servers)
   ssh, port = _ssh(environ)
-  reports = [preflight.check(check_hosts, ssh, want, ports, port)
-             for check_hosts, want, ports in checks]
-  if not (hosts and not FLAGS.kubernetes_run):
-    reports.insert(0, preflight.Report([], 1, tuple(hosts)))
-  training, service = reports[0], (reports[1] if servers else None)
+
+  def checked(check):
+    check_hosts, want, ports = check
+    return preflight.check(check_hosts, ssh, want, ports, port)
+
+  # Unchecked training hosts (one host, or --kubernetes_run) are all ready.
+  training = (checked(training_check) if training_check else
+              preflight.Report([], 1, tuple(hosts)))
+  service = checked(service_check) if service_check else None
   fatal = []
   if service and restart:
     for line in service.problems:
@@ -323,7 +326,7 @@ def _preflight(environ, hosts, servers, min_hosts: int,
   if fatal:
     for problem in fatal:
       print(f'error: {problem}', file=sys.stderr)
-    every = sorted({h for check_hosts, _, _ in checks for h in check_hosts})
+    every = sorted({h for check in checks if check for h in check[0]})
     raise UsageError(f'pre-flight check failed on {len(every)} host(s) '
                      f'({", ".join(every)})' +
                      ('' if restart else ': nothing was started'))
@@ -449,9 +452,11 @@ def main(argv):
       print(f'data service {server.role} on {server.host}: '
             f'{shlex.join(server.argv)}')
       print(f'  stopped at the end with: {shlex.join(server.stop_argv)}')
-    for check_hosts, want, ports in _checks(environ, hosts, servers):
-      print('\n'.join(preflight.describe(check_hosts, _ssh(environ)[0], want,
-                                         ports)))
+    for check in _checks(environ, hosts, servers):
+      if check:
+        check_hosts, want, ports = check
+        print('\n'.join(preflight.describe(check_hosts, _ssh(environ)[0],
+                                           want, ports)))
     if job.is_elastic:
       print('\n'.join(job.describe()))
     return 0

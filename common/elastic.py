@@ -96,15 +96,13 @@ def check_host_counts(planned: Layout, min_hosts: int, workers_per_host: int,
   to a host count that cannot keep the global batch."""
   if mode != KEEP:
     return
-  counts = range(min_hosts, len(planned.hosts) + 1)
-  failing = [n for n in counts
-             if relayout(planned, planned.hosts[:n], workers_per_host,
-                         mode) is None]
+  keeps = {n: relayout(planned, planned.hosts[:n], workers_per_host,
+                       mode) is not None
+           for n in range(1, len(planned.hosts) + 1)}
+  failing = [n for n in range(min_hosts, len(planned.hosts) + 1)
+             if not keeps[n]]
   if failing:
-    working = [n for n in range(1, len(planned.hosts) + 1)
-               if n not in failing and
-               relayout(planned, planned.hosts[:n], workers_per_host,
-                        mode) is not None]
+    working = [n for n, keeps_batch in keeps.items() if keeps_batch]
     raise UsageError(
         f'the global batch of {planned.planned_global_batch} cannot be split '
         f'evenly over the workers of {_counts(failing)} host(s), which '

@@ -129,8 +129,8 @@ def build_model(cfg: RunConfig, num_classes: int, machine: hardware.Machine,
 def build_optimizer(cfg: RunConfig, plan: TrainingPlan) -> Tuple[Any, Any]:
   """(schedule, optimizer) of the run `plan` describes."""
   schedule = schedules.schedule_for_run(
-      cfg, plan.planned_global_batch_size or plan.global_batch_size,
-      plan.steps_per_epoch, plan.total_train_steps, scale=plan.lr_scale)
+      cfg, plan.schedule_batch_size, plan.steps_per_epoch,
+      plan.total_train_steps, scale=plan.lr_scale)
   return schedule, optimizers.build_optimizer(cfg, schedule)
 
 

@@ -39,11 +39,15 @@ class TrainingPlan:
   planned_global_batch_size: int = 0
 
   @property
+  def schedule_batch_size(self) -> int:
+    """The global batch the steps and the schedule are counted in."""
+    return self.planned_global_batch_size or self.global_batch_size
+
+  @property
   def lr_scale(self) -> float:
     """The linear scaling rule's factor on the planned schedule: the job's
     global batch over the planned one (1 unless --planned_global_batch)."""
-    return self.global_batch_size / (self.planned_global_batch_size or
-                                     self.global_batch_size)
+    return self.global_batch_size / self.schedule_batch_size
 
   @property
   def program_batch_size(self) -> int:

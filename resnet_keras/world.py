@@ -8,7 +8,6 @@ count. The chief records the shape each attempt starts with in
 model_dir/world_sizes.json, so that a resumed run knows how many examples
 its input gave before (the data goes on after them, whatever the batch is
 now: start.py) and run_summary.json lists every change with its step.
-Pure Python: the launcher reads it too.
 """
 
 import json

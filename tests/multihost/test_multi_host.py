@@ -35,27 +35,10 @@ _missing = cluster_lib.missing_requirements()
 pytestmark = [pytest.mark.skipif(_missing is not None,
                                  reason=f'no test cluster: {_missing}'),
               pytest.mark.xdist_group('mpirun')]
-
-
-@pytest.fixture(scope='module')
-def cluster():
-  hosts = cluster_lib.Cluster(
-      2, state_dir=f'/run/resnet_keras_cluster_{os.getpid()}',
-      subnet_index=100 + os.getpid() % 150).start()
-  try:
-    yield hosts
-  finally:
-    hosts.stop()
-
-
-@pytest.fixture
-def healthy(cluster):
-  """The cluster, healed after the test: links up, no firewall, no job."""
-  yield cluster
-  for host in cluster.hosts:
-    cluster.restore_link(host)
-    cluster.clear_firewall(host)
-    cluster.kill_host_processes(host)
+# The cluster of this module (conftest.py): its hosts, and the subnets
+# 10.77.N.0/24 it may take (the other module's are apart).
+CLUSTER_HOSTS = 2
+CLUSTER_SUBNETS = range(100, 250)
 
 
 # One run shared by the Horovod test and the restart test, which must end
