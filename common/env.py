@@ -31,9 +31,14 @@ def prepare_tensorflow_environment() -> None:
     os.environ[ONEDNN_VAR] = '1'
     os.environ[ONEDNN_DEFAULTED_VAR] = '1'
   allow_xla_on_cpu(os.environ)
-  has_nvidia_driver = os.path.exists('/proc/driver/nvidia/version')
   os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL',
-                        '2' if has_nvidia_driver else '3')
+                        '2' if has_nvidia_driver() else '3')
+
+
+def has_nvidia_driver() -> bool:
+  """Whether this machine may have NVIDIA GPUs (TensorFlow's CUDA build
+  finds them through this driver)."""
+  return os.path.exists('/proc/driver/nvidia/version')
 
 
 def onednn_reason(environ: Mapping[str, str],

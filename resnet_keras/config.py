@@ -341,6 +341,12 @@ class ModelConfig:
       '(the recipe fashion_mnist_resnet18_w025). 1: the standard '
       'ResNet.',
       within='> 0')
+  stage_widths: Tuple[int, ...] = option(
+      (),
+      'Output channels of the stem and the four stages (a bottleneck '
+      "block's inner ones; 4x leave it), e.g. 24,48,96,192, instead of "
+      "the standard ones x --width_multiplier (given, it replaces that): a "
+      "shape the CPU's kernels like. Empty: the standard widths.")
   conv_impl: str = option(
       'auto',
       'How convolutions run: native (oneDNN/cuDNN), matmul (1x1 '
@@ -415,12 +421,18 @@ class ModelConfig:
   def model_name(self) -> str:
     if self.keras_applications_model:
       return self.keras_applications_model
-    width = ('' if self.width_multiplier == 1 else
-             f'_w{self.width_multiplier:g}')
+    if self.stage_widths:
+      width = '_c' + '-'.join(map(str, self.stage_widths))
+    elif self.width_multiplier == 1:
+      width = ''
+    else:
+      width = f'_w{self.width_multiplier:g}'
     return f'resnet{self.resnet_depth}{width}'
 
   @property
   def stage_filters(self) -> Tuple[int, ...]:
+    if self.stage_widths:
+      return tuple(self.stage_widths)
     return scaled_filters(STAGE_FILTERS, self.width_multiplier)
 
   @property
@@ -446,11 +458,18 @@ class ModelConfig:
                            ('blurpool', self.blurpool),
                            ('stem_init=pca', self.stem_init == 'pca'),
                            ('drop_path_rate', self.drop_path_rate > 0),
-                           ('width_multiplier', self.width_multiplier != 1)):
+                           ('width_multiplier', self.width_multiplier != 1),
+                           ('stage_widths', bool(self.stage_widths))):
         if wished:
           raise UsageError(f'--{name} applies to this project\'s ResNets; '
                            '--keras_applications_model backbones are fixed '
                            '(drop one of the two flags)')
+    if self.stage_widths:
+      widths = tuple(self.stage_widths)
+      if len(widths) != len(STAGE_FILTERS) or min(widths) < 1:
+        raise UsageError('--stage_widths takes the channels of the '
+                         f'{len(STAGE_FILTERS)} stages, each >= 1 (e.g. '
+                         f'24,48,96,192), got {",".join(map(str, widths))}')
     if self.norm == 'group':
       # Groups must divide every channel count; each one (bottlenecks' 4x
       # included) is a multiple of the stages' gcd.

@@ -15,6 +15,7 @@ from typing import Any, Collection, Dict
 from absl import flags
 from absl import logging
 
+from resnet_keras import hardware
 from resnet_keras import options
 from resnet_keras import recipes
 from resnet_keras.config import GROUPS, RunConfig
@@ -99,8 +100,18 @@ def apply_config(values: flags.FlagValues,
   if not values.config:
     return {}
   path = recipes.resolve(values.config)
-  return recipes.apply(values, recipes.load(path), f'--config={path}',
-                       allowed, launcher_keys=launcher_keys)
+  source = f'--config={path}'
+  recipe = recipes.load(path)
+  if recipe.get(recipes.FP32_KEY):
+    flag = values['dtype']
+    dtype, why = hardware.dtype_here(
+        flag.value if flag.present else recipe.get('dtype', flag.default))
+    if dtype == 'fp32':
+      logging.info('%s: its fp32 settings (%s): %s', source, why, ', '.join(
+          f'{k} {v}' for k, v in recipe[recipes.FP32_KEY].items()))
+    recipe = recipes.for_dtype(recipe, dtype)
+  return recipes.apply(values, recipe, source, allowed,
+                       launcher_keys=launcher_keys)
 
 
 def config_from_flags(values: flags.FlagValues) -> RunConfig:

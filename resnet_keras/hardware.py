@@ -12,6 +12,8 @@ a pure function of what was detected, so it is tested without the hardware.
 import dataclasses
 from typing import FrozenSet, Optional, Tuple
 
+from common import env
+
 # The /proc/cpuinfo flags that decide the CPU paths, fastest bf16 first.
 BF16_CPU_FEATURES = ('amx_bf16', 'avx512_bf16')
 REPORTED_CPU_FEATURES = BF16_CPU_FEATURES + ('avx512f', 'avx2')
@@ -81,6 +83,16 @@ def detect() -> Machine:
           'compute_capability', (0, 0)))
       for gpu in tf.config.list_physical_devices('GPU'))
   return Machine(this_cpu(), gpus)
+
+
+def dtype_here(requested: str) -> Tuple[str, str]:
+  """choose_dtype on this machine, before the run loads TensorFlow: only a
+  machine with an NVIDIA driver needs TensorFlow to see its GPUs."""
+  if requested != 'auto':
+    return choose_dtype(requested, Machine(this_cpu()))
+  if env.has_nvidia_driver():
+    return choose_dtype(requested, detect())
+  return choose_dtype(requested, Machine(this_cpu()))
 
 
 def choose_dtype(requested: str, machine: Machine) -> Tuple[str, str]:

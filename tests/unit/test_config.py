@@ -137,6 +137,26 @@ def test_width_multiplier_rounds_channels_to_multiples_of_8():
       RunConfig(**bad).check()
 
 
+def test_stage_widths_replace_the_multiplier_and_name_the_model():
+  cfg = RunConfig(resnet_depth=10, width_multiplier=0.5,
+                  stage_widths=(24, 48, 96, 192))
+  cfg.check()
+  assert cfg.stage_filters == (24, 48, 96, 192)
+  # Resume and warm start compare models by name: another shape, another
+  # name.
+  assert cfg.model_name == 'resnet10_c24-48-96-192'
+  assert RunConfig(resnet_depth=10, width_multiplier=0.5).model_name == (
+      'resnet10_w0.5')
+  for bad, message in ((dict(stage_widths=(24, 48, 96)), 'channels of the 4 '
+                        'stages, each >= 1 .e.g. 24,48,96,192., got 24,48,96'),
+                       (dict(stage_widths=(24, 0, 96, 192)), 'got 24,0,96'),
+                       (dict(stage_widths=(8, 8, 8, 8),
+                             keras_applications_model='ResNet50'),
+                        'stage_widths applies to this project.s ResNets')):
+    with pytest.raises(UsageError, match=message):
+      RunConfig(**bad).check()
+
+
 def test_smaller_stems_allow_smaller_images():
   RunConfig(stem='small', image_size=16).check()
   RunConfig(stem='cifar', image_size=8).check()

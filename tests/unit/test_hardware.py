@@ -61,3 +61,22 @@ def test_this_cpu_reads_proc_cpuinfo(tmp_path):
                                  vendor='x'))
   assert hardware.this_cpu(str(path)).describe() == 'Test CPU (avx2)'
   assert hardware.this_cpu(str(tmp_path / 'missing')).features == frozenset()
+
+
+def test_dtype_here_needs_tensorflow_only_where_gpus_may_be(monkeypatch):
+  """What --dtype auto becomes, decided when a recipe's fp32 block is read:
+  from /proc/cpuinfo alone unless an NVIDIA driver is installed."""
+  detected = []
+
+  def detect():
+    detected.append(True)
+    return hardware.Machine(EPYC_AVX2, ((7, 0),))
+
+  monkeypatch.setattr(hardware, 'this_cpu', lambda: EPYC_AVX2)
+  monkeypatch.setattr(hardware, 'detect', detect)
+  monkeypatch.setattr(hardware.env, 'has_nvidia_driver', lambda: False)
+  assert hardware.dtype_here('auto')[0] == 'fp32'
+  assert hardware.dtype_here('bf16') == ('bf16', '--dtype=bf16')
+  assert not detected
+  monkeypatch.setattr(hardware.env, 'has_nvidia_driver', lambda: True)
+  assert hardware.dtype_here('auto')[0] == 'fp16' and detected

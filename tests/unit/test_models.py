@@ -43,6 +43,15 @@ def test_width_multiplier_scales_every_layer():
   # A quarter of the channels: about 1/16 of the 3x3 kernels' weights.
   full = models.count_trainable_parameters(models.resnet(18, 10, 28))
   assert 14 < full / models.count_trainable_parameters(network) < 17
+  # --stage_widths gives each stage its own.
+  network = models.build_network(
+      dataclasses.replace(cfg, resnet_depth=10, stage_widths=(24, 48, 96, 256)),
+      10, use_regularizers=False)
+  widths = {l.name: l.filters for l in network.layers
+            if isinstance(l, tf_keras.layers.Conv2D)}
+  assert (widths['stem_conv'], widths['stage1_block1_conv2'],
+          widths['stage2_block1_proj'], widths['stage3_block1_conv1'],
+          widths['stage4_block1_conv2']) == (24, 24, 48, 96, 256)
 
 
 def test_output_layer_has_one_unit_per_class():

@@ -69,3 +69,15 @@ def test_as_args_spells_booleans_and_skips_none():
       '--a', '--nob', '--c=2.5']
   assert recipes.as_args({'lr_decay_points': [0.3, 0.6]}) == [
       '--lr_decay_points=0.3,0.6']
+
+
+def test_the_fp32_block_replaces_settings_only_for_fp32_runs():
+  recipe = {'description': 'x', 'batch_size': 256, 'warmup_epochs': 1,
+            'fp32': {'batch_size': 192}}
+  assert recipes.for_dtype(recipe, 'bf16') == {'batch_size': 256,
+                                               'warmup_epochs': 1}
+  assert recipes.for_dtype(recipe, 'fp32') == {'batch_size': 192,
+                                               'warmup_epochs': 1}
+  assert recipes.for_dtype({'batch_size': 8}, 'fp32') == {'batch_size': 8}
+  with pytest.raises(UsageError, match='fp32 in a recipe must be a mapping'):
+    recipes.for_dtype({'fp32': [1]}, 'fp32')
