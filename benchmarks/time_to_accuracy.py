@@ -35,6 +35,9 @@ FAST = ['--config', 'fashion_mnist_fast']  # the quick start's recipe
 # The recipe before its PCA stem: what the rows below it were measured on.
 FAST_RANDOM_STEM = FAST + ['--stem_init=random']
 FAST8 = FAST + ['--train_epochs=8', '--epochs_between_evals=8']
+# The quick start's bf16 settings that its fp32 block replaces.
+BF16_SHAPE = ['--width_multiplier=0.5', '--train_epochs=3',
+              '--epochs_between_evals=3']
 SHORT3 = BASELINE + ['--train_epochs=3', '--epochs_between_evals=3',
                      '--batch_size=256', '--base_learning_rate=0.8',
                      '--lr_schedule=linear', '--eval_flip']
@@ -66,7 +69,8 @@ ROWS: Dict[str, List[str]] = {
     'fast (+resnet10_w0.5)': FAST_RANDOM_STEM,
     'fast for 4 epochs': FAST_RANDOM_STEM + ['--train_epochs=4',
                                              '--epochs_between_evals=4'],
-    # The quick start's recipe as it is now: the above plus the PCA stem.
+    # The quick start's recipe as it is now: the above plus the PCA stem
+    # (in fp32, with --avx2_fp32: its fp32 block, x0.375 for 4 epochs).
     'fast +pca_stem': FAST,
     # Levers tried on the recipe before its PCA stem (flags only; none
     # pays: benchmarks/README.md, "What else was tried").
@@ -76,7 +80,10 @@ ROWS: Dict[str, List[str]] = {
     'fast, momentum 0.85': FAST_RANDOM_STEM + ['--momentum=0.85'],
     'fast, ema 0.99': FAST_RANDOM_STEM + ['--ema_decay=0.99', '--ema_warmup'],
     'fast, width 0.75': FAST_RANDOM_STEM + ['--width_multiplier=0.75'],
-    'fast, fp32': FAST_RANDOM_STEM + ['--dtype=fp32'],
+    # The bf16 recipe's model and epochs in fp32 (not the recipe's fp32
+    # block): what an AVX2-only CPU trained before that block.
+    'fast, fp32': FAST_RANDOM_STEM + ['--dtype=fp32'] + BF16_SHAPE,
+    'fast, its bf16 shape': FAST + BF16_SHAPE,
     'fast, 2 replicas': FAST_RANDOM_STEM + ['-ds', 'mirrored',
                                             '--num_cpu_replicas=2'],
     # The Fashion-MNIST frontier (benchmarks/README.md): the recipes, and

@@ -107,8 +107,10 @@ def apply_config(values: flags.FlagValues,
     dtype, why = hardware.dtype_here(
         flag.value if flag.present else recipe.get('dtype', flag.default))
     if dtype == 'fp32':
-      logging.info('%s: its fp32 settings (%s): %s', source, why, ', '.join(
-          f'{k} {v}' for k, v in recipe[recipes.FP32_KEY].items()))
+      logging.info('recipe %s in fp32 (%s): %s', values.config, why,
+                   ', '.join(recipes.as_args({
+                       k: v for k, v in recipe[recipes.FP32_KEY].items()
+                       if k in values and not values[k].present})))
     recipe = recipes.for_dtype(recipe, dtype)
   return recipes.apply(values, recipe, source, allowed,
                        launcher_keys=launcher_keys)

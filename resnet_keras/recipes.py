@@ -1,7 +1,9 @@
 """Named configurations: YAML recipes that fill in flag values.
 
 A recipe is a flat YAML mapping from flag names (long names, as in
-`--helpfull`) to values, plus an optional `description`. `--config NAME`
+`--helpfull`) to values, plus an optional `description` and an optional
+`fp32` block of settings for runs that train in fp32 (`for_dtype`; the
+entry points decide the dtype before TensorFlow loads, flags.apply_config). `--config NAME`
 reads `resnet_keras/configs/NAME.yaml` (installed with the package); `--config PATH` reads any
 file. Precedence: the command line, then the recipe, then the flag defaults.
 The launcher's optimizer presets are applied the same way, after the recipe,

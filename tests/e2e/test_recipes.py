@@ -193,3 +193,22 @@ def test_resnet_strikes_back_recipes_train_on_synthetic_data(name, depth,
     effective = json.load(f)['config']
   assert (effective['loss'], effective['lr_schedule'],
           effective['cutmix_alpha']) == ('bce', 'cosine', 1.0)
+
+
+def test_the_quick_start_takes_its_fp32_settings_in_fp32():
+  """fashion_mnist_fast's fp32 block: what a run in fp32 (--dtype fp32, or
+  auto on a CPU without bf16 hardware) trains, said in one line; the
+  command line still wins over it."""
+  printed = lambda result: yaml.safe_load(result.stdout)
+  fp32 = runner.run_main(['--config', 'fashion_mnist_fast', '--dtype=fp32',
+                          '--train_epochs=5', '--print_config'])
+  assert fp32.returncode == 0, fp32.stderr
+  assert (printed(fp32)['stage_widths'], printed(fp32)['train_epochs'],
+          printed(fp32)['epochs_between_evals']) == ('24,48,96,128', 5, 4)
+  assert ('recipe fashion_mnist_fast in fp32 (--dtype=fp32): '
+          '--stage_widths=24,48,96,128, --epochs_between_evals=4') in fp32.stderr
+  bf16 = runner.run_main(['--config', 'fashion_mnist_fast', '--dtype=bf16',
+                          '--print_config'])
+  assert (printed(bf16)['width_multiplier'],
+          printed(bf16)['train_epochs']) == (0.5, 3)
+  assert 'in fp32' not in bf16.stderr
