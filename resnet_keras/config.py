@@ -347,24 +347,6 @@ class ModelConfig:
       "block's inner ones; 4x leave it), e.g. 24,48,96,192, instead of "
       "the standard ones x --width_multiplier (given, it replaces that): a "
       "shape the CPU's kernels like. Empty: the standard widths.")
-  conv_impl: str = option(
-      'auto',
-      'How convolutions run: native (oneDNN/cuDNN), matmul (1x1 '
-      'convolutions as one matmul, and kernel gradients of 3x3 '
-      'convolutions on maps <= 7x7 with >= 256 channels as patches x '
-      'matmul: much faster in bf16 on CPUs with AMX), or auto (matmul '
-      'for bf16 on CPUs, and for fp32 on CPUs without AVX-512). Same '
-      'weights and results either way.',
-      choices=CONV_IMPLS)
-  relu_impl: str = option(
-      'auto',
-      'How the ReLU after each residual add runs in training: native '
-      '(tf.nn.relu), xla (the add and the ReLU as one XLA-compiled '
-      'kernel, same results: ~7% faster ResNet-50 training in bf16 on '
-      "CPUs), bitwise (an integer max on the floats' bits, no XLA; same "
-      'results except that a negative NaN becomes 0), or auto (xla for '
-      'bf16 on CPUs). Evaluation and export always run tf.nn.relu.',
-      choices=RELU_IMPLS)
   norm: str = option(
       'batch',
       'Normalisation after each convolution: batch, or group '
@@ -386,13 +368,6 @@ class ModelConfig:
       'and recompute its activations in the backward pass '
       '(tf.recompute_grad): less memory for about one more forward pass '
       'of compute.')
-  zero_init_residual: bool = option(
-      False,
-      'Start the scale (gamma) of the last normalisation in each '
-      'residual branch at 0, so every block begins as its shortcut and '
-      'the network as a shallow one (Goyal et al., "ImageNet in 1 '
-      'hour"). Only the initial values change: checkpoints and exports '
-      'are the same either way.')
   blurpool: bool = option(
       False,
       "Anti-aliased downsampling (BlurPool, as in FFCV's ResNets): "
@@ -400,16 +375,6 @@ class ModelConfig:
       "filter, the stem's max pooling at stride 1 then blurred and "
       "subsampled. No new weights; part of the model's identity for "
       'resume and warm start.')
-  stem_init: str = option(
-      'random',
-      "How the stem's convolution starts: random (He normal) or pca: "
-      'its filters, in +/- pairs, are the principal directions of '
-      "patches of the first training images (as many as the patches' "
-      'rank and half the filters allow; the rest stay random), so its '
-      'channels start decorrelated instead of all seeing the local '
-      "brightness (airbench's whitening, as an initialisation: the "
-      'filters keep training). Only the initial values change.',
-      choices=STEM_INITS)
   drop_path_rate: float = option(
       0.0,
       'Stochastic depth: training drops each residual branch per example, '
@@ -450,20 +415,6 @@ class ModelConfig:
 
   def _check_model(self) -> None:
     check_fields(self, ModelConfig)
-    if self.keras_applications_model is not None:
-      for name, wished in (('norm=group', self.norm == 'group'),
-                           ('sync_batch_norm', self.sync_batch_norm),
-                           ('enable_recompute', self.enable_recompute),
-                           ('zero_init_residual', self.zero_init_residual),
-                           ('blurpool', self.blurpool),
-                           ('stem_init=pca', self.stem_init == 'pca'),
-                           ('drop_path_rate', self.drop_path_rate > 0),
-                           ('width_multiplier', self.width_multiplier != 1),
-                           ('stage_widths', bool(self.stage_widths))):
-        if wished:
-          raise UsageError(f'--{name} applies to this project\'s ResNets; '
-                           '--keras_applications_model backbones are fixed '
-                           '(drop one of the two flags)')
     if self.stage_widths:
       widths = tuple(self.stage_widths)
       if len(widths) != len(STAGE_FILTERS) or min(widths) < 1:
@@ -487,7 +438,26 @@ class ModelConfig:
 
 @dataclasses.dataclass(frozen=True)
 class WarmStartConfig:
-  """Where the weights start when model_dir has no checkpoint (start.py)."""
+  """How the weights start when model_dir has no checkpoint (start.py):
+  from another run's checkpoint, or from initialisers some of which read
+  the data or zero a scale."""
+  zero_init_residual: bool = option(
+      False,
+      'Start the scale (gamma) of the last normalisation in each '
+      'residual branch at 0, so every block begins as its shortcut and '
+      'the network as a shallow one (Goyal et al., "ImageNet in 1 '
+      'hour"). Only the initial values change: checkpoints and exports '
+      'are the same either way.')
+  stem_init: str = option(
+      'random',
+      "How the stem's convolution starts: random (He normal) or pca: "
+      'its filters, in +/- pairs, are the principal directions of '
+      "patches of the first training images (as many as the patches' "
+      'rank and half the filters allow; the rest stay random), so its '
+      'channels start decorrelated instead of all seeing the local '
+      "brightness (airbench's whitening, as an initialisation: the "
+      'filters keep training). Only the initial values change.',
+      choices=STEM_INITS)
   restore_from: Optional[str] = option(
       None,
       "Start a new run from another run's checkpoint (a checkpoint "
@@ -511,6 +481,7 @@ class WarmStartConfig:
       'mode).')
 
   def _check_warm_start(self) -> None:
+    check_fields(self, WarmStartConfig)
     if self.restore_from and self.pretrained_checkpoint:
       raise UsageError('--restore_from (the whole model) and '
                        '--pretrained_checkpoint (its backbone) both choose the '
@@ -526,7 +497,8 @@ class WarmStartConfig:
 
 @dataclasses.dataclass(frozen=True)
 class PrecisionConfig:
-  """Numeric precision and compilation."""
+  """Numeric precision, compilation, and the kernels that run the
+  network (their auto choices follow the dtype and the machine)."""
   dtype: str = option(
       'fp32',
       'Compute precision: fp32, bf16 (mixed_bfloat16; fast on CPUs with '
@@ -544,6 +516,24 @@ class PrecisionConfig:
       False,
       'Compile with XLA (auto-clustering). For GPUs; on CPUs it is '
       'slower than the default oneDNN kernels.')
+  conv_impl: str = option(
+      'auto',
+      'How convolutions run: native (oneDNN/cuDNN), matmul (1x1 '
+      'convolutions as one matmul, and kernel gradients of 3x3 '
+      'convolutions on maps <= 7x7 with >= 256 channels as patches x '
+      'matmul: much faster in bf16 on CPUs with AMX), or auto (matmul '
+      'for bf16 on CPUs, and for fp32 on CPUs without AVX-512). Same '
+      'weights and results either way.',
+      choices=CONV_IMPLS)
+  relu_impl: str = option(
+      'auto',
+      'How the ReLU after each residual add runs in training: native '
+      '(tf.nn.relu), xla (the add and the ReLU as one XLA-compiled '
+      'kernel, same results: ~7% faster ResNet-50 training in bf16 on '
+      "CPUs), bitwise (an integer max on the floats' bits, no XLA; same "
+      'results except that a negative NaN becomes 0), or auto (xla for '
+      'bf16 on CPUs). Evaluation and export always run tf.nn.relu.',
+      choices=RELU_IMPLS)
 
   def _check_precision(self) -> None:
     check_fields(self, PrecisionConfig)
@@ -962,6 +952,7 @@ class RunConfig(*reversed(GROUPS)):
     self._check_data()
     self._check_augmentation()
     self._check_data_service()
+    self._check_keras_application()  # Before the model's own checks.
     self._check_model()
     self._check_warm_start()
     self._check_precision()
@@ -972,6 +963,24 @@ class RunConfig(*reversed(GROUPS)):
     self._check_output()
     self._check_runtime()
     self._check_across_groups()
+
+  def _check_keras_application(self) -> None:
+    """A keras.applications backbone is fixed: the options that change
+    this project's ResNets (model, initialisation) do not apply."""
+    if self.keras_applications_model is not None:
+      for name, wished in (('norm=group', self.norm == 'group'),
+                           ('sync_batch_norm', self.sync_batch_norm),
+                           ('enable_recompute', self.enable_recompute),
+                           ('zero_init_residual', self.zero_init_residual),
+                           ('blurpool', self.blurpool),
+                           ('stem_init=pca', self.stem_init == 'pca'),
+                           ('drop_path_rate', self.drop_path_rate > 0),
+                           ('width_multiplier', self.width_multiplier != 1),
+                           ('stage_widths', bool(self.stage_widths))):
+        if wished:
+          raise UsageError(f'--{name} applies to this project\'s ResNets; '
+                           '--keras_applications_model backbones are fixed '
+                           '(drop one of the two flags)')
 
   def _check_across_groups(self) -> None:
     if self.single_l2_loss_op and self.uses_adam:
