@@ -26,7 +26,6 @@ import math
 from typing import Optional, Tuple
 
 import tensorflow as tf
-from official.vision.ops import augment as official_augment
 
 from resnet_keras.data.preprocessing import MEAN_RGB
 from resnet_keras.data.preprocessing import augmentation_seed
@@ -140,6 +139,10 @@ def _enhance(fn, increasing):
 def _ops(increasing: bool):
   """timm's RandAugment op set: _RAND_TRANSFORMS, or with inc1
   _RAND_INCREASING_TRANSFORMS (severity rises with the magnitude)."""
+  # Imported here, not at the top: importing official.vision runs its
+  # package's __init__ (tasks, configs, tensorflow_datasets), about 1.2 s of
+  # every process's start on a 2-core EPYC, and only RandAugment needs it.
+  from official.vision.ops import augment as official_augment  # pylint: disable=g-import-not-at-top
   if increasing:
     posterize = lambda image, level, seed, fill: _posterize(
         4 - tf.cast(level * 4, tf.int32))(image)
