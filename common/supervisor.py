@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Deque, Mapping, Optional, Sequence
+from typing import Callable, Deque, List, Mapping, Optional, Sequence
 
 from common.errors import NON_FINITE_EXIT_CODE, UsageError
 
@@ -241,20 +241,45 @@ class Supervisor:
     self._log(f'mpirun did not end the job within {self._abort_grace:.0f} s '
               'of aborting it (a host stopped answering): ending mpirun')
     for sig in (signal.SIGTERM, signal.SIGKILL):
-      try:
-        os.killpg(job.pid, sig)
-      except ProcessLookupError:
+      for pid in session_processes(job.pid) or [job.pid]:
+        try:
+          os.kill(pid, sig)
+        except ProcessLookupError:
+          pass
+      deadline = time.monotonic() + 5
+      while time.monotonic() < deadline and (
+          job.poll() is None or session_processes(job.pid)):
+        time.sleep(0.1)
+      if job.poll() is not None and not session_processes(job.pid):
         return
-      try:
-        job.wait(timeout=5)
-        return
-      except subprocess.TimeoutExpired:
-        pass
 
   def _forward(self, signum, frame):  # pylint: disable=unused-argument
     self._stopped_by = signum
     if self._job is not None and self._job.poll() is None:
       self._job.send_signal(signum)
+
+
+def session_processes(session_id: int) -> List[int]:
+  """The live processes of a session (from /proc; none where it is absent).
+
+  mpirun's job is ended by its session, not its process group: OpenMPI puts
+  each ssh session to a remote daemon and each local rank in a process
+  group of its own, and one of those left alive (an ssh to a host whose
+  link was cut) holds mpirun's output open, so the launcher waits with it.
+  """
+  found = []
+  for name in os.listdir('/proc') if os.path.isdir('/proc') else ():
+    if not name.isdigit():
+      continue
+    try:
+      with open(f'/proc/{name}/stat') as f:
+        # After the command (in parentheses): state, ppid, pgrp, session.
+        state, _, _, session = f.read().rsplit(')', 1)[1].split()[:4]
+    except (OSError, ValueError):
+      continue
+    if state != 'Z' and int(session) == session_id:
+      found.append(int(name))
+  return found
 
 
 def restart_count(environ: Mapping[str, str]) -> int:

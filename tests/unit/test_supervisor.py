@@ -1,5 +1,7 @@
 """The launcher's supervisor: failure causes from mpirun's output, restarts."""
 
+import os
+import re
 import signal
 import sys
 import time
@@ -137,13 +139,15 @@ def test_replan_gives_each_restart_its_command_or_ends_the_job(tmp_path):
 
 
 def test_an_mpirun_that_hangs_while_aborting_is_ended_after_the_grace(
-    tmp_path):
+    tmp_path, capfd):
   """mpirun's abort notice, then a hang (it waits for a daemon that will
-  not answer), with a child holding the output pipe, as its ssh sessions
-  do: the whole session ends abort_grace after the notice."""
-  hang = ('import subprocess, sys, time\n'
+  not answer), with a child holding the output pipe from a process group
+  of its own, as OpenMPI starts its ssh sessions and local ranks: the whole
+  session ends abort_grace after the notice, that child with it."""
+  hang = ('import os, subprocess, sys, time\n'
           'subprocess.Popen([sys.executable, "-c", "import time; '
-          'time.sleep(600)"])\n'
+          'time.sleep(600)"], process_group=0)\n'
+          'print("session", os.getsid(0), flush=True)\n'
           'print("Per user-direction, the job has been aborted.", '
           'flush=True)\n'
           'time.sleep(600)\n')
@@ -157,6 +161,8 @@ def test_an_mpirun_that_hangs_while_aborting_is_ended_after_the_grace(
   assert code == 128 + signal.SIGTERM
   assert lines[0] == ('mpirun did not end the job within 1 s of aborting '
                       'it (a host stopped answering): ending mpirun')
+  session = int(re.search(r'session (\d+)', capfd.readouterr().out).group(1))
+  assert not supervisor.session_processes(session)
 
 
 def test_a_usage_error_is_never_retried(tmp_path):
