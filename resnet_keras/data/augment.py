@@ -218,7 +218,11 @@ def randaugment(image, spec: RandAugmentSpec, seed):
   pixels = _to_uint8(image)
   fill = fill_colour(pixels)
   indices, applied = choose_ops(spec, seed)
-  for i in range(spec.num_ops):
+
+  # A graph loop, not a Python one: the 15 branches are traced once, not
+  # once per op, which halves building the input pipeline with n=2 (it is
+  # rebuilt at each progressive-resizing size).
+  def apply_op(i, pixels):
     op_seed = _seed(seed, 2 + i)
     level = magnitude(spec, _seed(op_seed, 0)) / MAX_MAGNITUDE
     branches = [
@@ -227,7 +231,10 @@ def randaugment(image, spec: RandAugmentSpec, seed):
     pixels = tf.cond(applied[i],
                      lambda: tf.switch_case(indices[i], branches),
                      lambda: pixels)
-    pixels = tf.ensure_shape(pixels, image.shape)
+    return i + 1, tf.ensure_shape(pixels, image.shape)
+
+  _, pixels = tf.while_loop(lambda i, _: i < spec.num_ops, apply_op,
+                            (tf.constant(0), pixels))
   return tf.cast(pixels, tf.float32)
 
 
