@@ -145,15 +145,20 @@ def test_the_quick_start_recipe_trains_with_overrides(tmp_path):
 
 @pytest.mark.slow
 def test_an_ffcv_recipe_trains_at_its_sizes_on_synthetic_data(tmp_path):
-  """resnet50_ffcv_16epochs as written (ResNet-50, BlurPool, flip
-  evaluation at 256 px, linear schedule), its batch and run shortened: two
-  epochs of one step, its ramp moved to them, so both sizes train."""
+  """resnet50_ffcv_16epochs as written (BlurPool, flip evaluation at 256
+  px, linear schedule, its sizes), its batch and run shortened: two epochs
+  of one step, its ramp moved to them, so both sizes train; a ResNet-10
+  (rsb_a1's test builds a ResNet-50's graph; three of them here took a
+  minute)."""
+  assert recipes.load(recipes.resolve('resnet50_ffcv_16epochs'))[
+      'resnet_depth'] == 50
   model_dir = str(tmp_path / 'run')
   result = runner.run_main([
       '--config', 'resnet50_ffcv_16epochs', '-synth', '-md', model_dir,
       '-bs', '2', '-te', '2', '--train_steps', '1', '--steps_per_loop', '1',
       '--num_eval_examples', '2', '--num_classes', '10',
-      '--progressive_resize_epochs', '0,1', '--dtype', 'fp32'])
+      '--progressive_resize_epochs', '0,1', '--dtype', 'fp32',
+      '--resnet_depth', '10'])
   assert result.returncode == 0, result.stderr[-3000:]
   for size, epoch in ((160, 0), (192, 1)):
     assert (f'progressive resizing: training at {size} px from epoch '
@@ -162,7 +167,7 @@ def test_an_ffcv_recipe_trains_at_its_sizes_on_synthetic_data(tmp_path):
     effective = json.load(f)['config']
   assert (effective['resnet_depth'], effective['blurpool'],
           effective['eval_image_size'], effective['eval_flip'],
-          effective['lr_schedule']) == (50, True, 256, True, 'linear')
+          effective['lr_schedule']) == (10, True, 256, True, 'linear')
   assert runner.read_summary(model_dir)['eval_examples'] == 2
 
 

@@ -199,14 +199,16 @@ def test_port_in_use_is_one_line(tmp_path):
 
 def test_two_workers_resume_the_techniques_exactly(records_run, tmp_path):
   """The time-to-accuracy techniques under Horovod's 2 processes
-  (e2e/test_training_techniques.py's run, its per-worker batch halved): 1
-  epoch then resumed to 3 ends as 3 straight: both workers' weights, every
-  variable of the last checkpoint, the weight average's included, and the
-  evaluations (which read the other worker's batch-norm statistics too:
-  it takes the chief's at each loop's end, as a resume gives them)."""
+  (e2e/test_training_techniques.py's run, its per-worker batch halved, its
+  ramp in 2 epochs: 24 then 32 px): 1 epoch then resumed to 2 ends as 2
+  straight: both workers' weights, every variable of the last checkpoint,
+  the weight average's included, and the evaluations (which read the other
+  worker's batch-norm statistics too: it takes the chief's at each loop's
+  end, as a resume gives them)."""
   data_dir, _ = records_run
-  techniques = [a for a in runner.TECHNIQUES
-                if not a.startswith('--batch_size')]
+  techniques = [a for a in runner.TECHNIQUES if not a.startswith(
+      ('--batch_size', '--progressive_resize_epochs'))] + [
+          '--progressive_resize_epochs=0,1']
 
   def train(model_dir, epochs):
     result = runner.spawn_script(
@@ -216,16 +218,16 @@ def test_two_workers_resume_the_techniques_exactly(records_run, tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return _summaries(model_dir)
 
-  straight = train(str(tmp_path / 'straight'), 3)
+  straight = train(str(tmp_path / 'straight'), 2)
   train(str(tmp_path / 'resumed'), 1)
-  resumed = train(str(tmp_path / 'resumed'), 3)
+  resumed = train(str(tmp_path / 'resumed'), 2)
   assert resumed[0]['resumed_from_step'] == 4
   assert straight[0]['global_batch_size'] == 4
   hashes = {s['weights_sha256'] for s in straight + resumed}
   assert len(hashes) == 1
   final = [{n: tf.train.load_variable(path, n)
             for n, _ in tf.train.list_variables(path)}
-           for path in (str(tmp_path / d / 'ckpt-12')
+           for path in (str(tmp_path / d / 'ckpt-8')
                         for d in ('straight', 'resumed'))]
   assert any(n.startswith('weight_average/') for n in final[0])
   assert final[0].keys() == final[1].keys()
