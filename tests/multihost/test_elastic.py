@@ -32,7 +32,7 @@ ELASTIC = ['--min_hosts=2', '--max_restarts=2',
 _missing = cluster_lib.missing_requirements()
 pytestmark = [pytest.mark.skipif(_missing is not None,
                                  reason=f'no test cluster: {_missing}'),
-              pytest.mark.xdist_group('cluster')]  # test_multi_host.py
+              pytest.mark.xdist_group('mpirun')]
 # The cluster of this module (conftest.py): its hosts, and the subnets
 # 10.77.N.0/24 it may take (the other module's are apart).
 CLUSTER_HOSTS = 3

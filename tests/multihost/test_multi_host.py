@@ -30,13 +30,11 @@ FAILURE_TIMEOUT = 60  # The launcher's default --failure_timeout.
 SHORT_FAILURE_TIMEOUT = 24
 
 _missing = cluster_lib.missing_requirements()
-# One cluster job at a time (test_elastic.py's too): its ranks share this
-# machine's cores. Beside one of processes/' mpirun jobs, apart in network
-# namespaces: most of a cluster test's time goes to waiting for a failure to
-# show. The cluster is built once, in one worker.
+# One mpirun job at a time (as in processes/test_multi_worker.py): its ranks
+# share this machine's cores. The cluster is built once, in one worker.
 pytestmark = [pytest.mark.skipif(_missing is not None,
                                  reason=f'no test cluster: {_missing}'),
-              pytest.mark.xdist_group('cluster')]
+              pytest.mark.xdist_group('mpirun')]
 # The cluster of this module (conftest.py): its hosts, and the subnets
 # 10.77.N.0/24 it may take (the other module's are apart).
 CLUSTER_HOSTS = 2
