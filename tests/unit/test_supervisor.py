@@ -162,6 +162,11 @@ def test_an_mpirun_that_hangs_while_aborting_is_ended_after_the_grace(
   assert lines[0] == ('mpirun did not end the job within 1 s of aborting '
                       'it (a host stopped answering): ending mpirun')
   session = int(re.search(r'session (\d+)', capfd.readouterr().out).group(1))
+  # A killed process closes its files (the pipe's end) before it is gone.
+  deadline = time.monotonic() + 10
+  while supervisor.session_processes(session) and (
+      time.monotonic() < deadline):
+    time.sleep(0.1)
   assert not supervisor.session_processes(session)
 
 
