@@ -240,17 +240,13 @@ class Supervisor:
       return
     self._log(f'mpirun did not end the job within {self._abort_grace:.0f} s '
               'of aborting it (a host stopped answering): ending mpirun')
+    ended = lambda: job.poll() is not None and not session_processes(job.pid)
     for sig in (signal.SIGTERM, signal.SIGKILL):
-      for pid in session_processes(job.pid) or [job.pid]:
-        try:
-          os.kill(pid, sig)
-        except ProcessLookupError:
-          pass
+      _signal_session(job.pid, sig)
       deadline = time.monotonic() + 5
-      while time.monotonic() < deadline and (
-          job.poll() is None or session_processes(job.pid)):
+      while not ended() and time.monotonic() < deadline:
         time.sleep(0.1)
-      if job.poll() is not None and not session_processes(job.pid):
+      if ended():
         return
 
   def _forward(self, signum, frame):  # pylint: disable=unused-argument
@@ -280,6 +276,20 @@ def session_processes(session_id: int) -> List[int]:
     if state != 'Z' and int(session) == session_id:
       found.append(int(name))
   return found
+
+
+def _signal_session(session_id: int, sig: int) -> None:
+  """`sig` to the process group of a session's leader (all there is to
+  reach where there is no /proc) and to every process of the session."""
+  try:
+    os.killpg(session_id, sig)
+  except ProcessLookupError:
+    pass
+  for pid in session_processes(session_id):
+    try:
+      os.kill(pid, sig)
+    except ProcessLookupError:
+      pass
 
 
 def restart_count(environ: Mapping[str, str]) -> int:

@@ -206,6 +206,8 @@ def test_two_workers_resume_the_techniques_exactly(records_run, tmp_path):
   worker's batch-norm statistics too: it takes the chief's at each loop's
   end, as a resume gives them)."""
   data_dir, _ = records_run
+  # One image size per epoch: each size is a trace of its own in each
+  # worker, the most of these runs' time.
   techniques = [a for a in runner.TECHNIQUES if not a.startswith(
       ('--batch_size', '--progressive_resize_epochs'))] + [
           '--progressive_resize_epochs=0,1']
