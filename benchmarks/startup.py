@@ -10,8 +10,10 @@ building the training augmentation.
    erasing) as a tf.data map over 28x28 images, the way the input pipeline
    applies it, which rebuilds it at every progressive-resizing size:
    seconds to build the map (tracing), then to its first element (the
-   function's graph optimised and instantiated), median of --runs builds
-   after a warm-up build; then images/s through it on one thread.
+   function's graph optimised and instantiated): the process's first
+   build (official's augment module imported, anything AutoGraph converts
+   converted), then the median of --runs more; then images/s through it on
+   one thread.
 """
 
 import argparse
@@ -97,11 +99,12 @@ def main() -> None:
         f'{cpu:.2f} s CPU (median of {args.runs})')
   augmentation = augment.ImageAugmentation(
       randaugment=parse_randaugment(args.randaugment), erasing_prob=0.25)
-  build_seconds(augmentation, args.image_size)  # Warm-up: autograph's cache.
+  first = build_seconds(augmentation, args.image_size)
   builds = [build_seconds(augmentation, args.image_size)
             for _ in range(args.runs)]
   print(f'--randaugment={args.randaugment} --random_erasing=0.25 at '
-        f'{args.image_size} px: map built in '
+        f'{args.image_size} px: first map built in {first[0]:.2f} s (what '
+        'each process pays once), later ones in '
         f'{statistics.median(b[0] for b in builds):.2f} s, first element '
         f'{statistics.median(b[1] for b in builds):.2f} s later (median of '
         f'{args.runs}); '

@@ -16,9 +16,15 @@ their RandAugment and RandomErasing draw from stateful random ops (not
 resumable), translate and cutout by absolute pixels (100 and 40: the whole
 of a 28 px image), their CutMix takes the box's width from the height and
 does not correct lambda for clipping, and their mixup smooths unmixed
-batches by 0.1 whatever the run asks. Their pixel operations (colour,
-contrast, equalize, ...) are deterministic functions of their arguments,
-and those are used here as they are.
+batches by 0.1 whatever the run asks. Their pixel operations (contrast,
+equalize, ...) are deterministic functions of their arguments, and those
+are used here as they are, except the three built on their `blend`.
+
+No function here needs AutoGraph (every branch is a tf.cond, switch_case
+or while_loop), and the maps that call them say so: tf.data would otherwise
+convert this module and official's augment module, function by function,
+in every process that builds the pipeline (3 s on a Zen 4 core, the first
+time; nothing after, as conversions are cached per process).
 """
 
 import dataclasses
@@ -124,6 +130,38 @@ def _posterize(bits):
       tf.cast(image, tf.int32), mask), tf.uint8)
 
 
+def _blend(degenerate, image, factor):
+  """PIL's ImageEnhance: degenerate + factor * (image - degenerate),
+  clipped. official's blend computes the same, but tests the tensor
+  `factor` with Python `if`s, so it needs AutoGraph."""
+  degenerate = tf.cast(degenerate, tf.float32)
+  blended = degenerate + factor * (tf.cast(image, tf.float32) - degenerate)
+  return tf.cast(tf.clip_by_value(blended, 0.0, 255.0), tf.uint8)
+
+
+def _color(image, factor):
+  return _blend(tf.image.grayscale_to_rgb(tf.image.rgb_to_grayscale(image)),
+                image, factor)
+
+
+def _brightness(image, factor):
+  return _blend(tf.zeros_like(image), image, factor)
+
+
+def _sharpness(image, factor):
+  """PIL's SMOOTH kernel inside the 1-pixel border, which keeps the
+  image's pixels."""
+  kernel = tf.tile(tf.constant([[1, 1, 1], [1, 5, 1], [1, 1, 1]], tf.float32,
+                               [3, 3, 1, 1]) / 13.0, [1, 1, 3, 1])
+  smooth = tf.nn.depthwise_conv2d(tf.cast(image, tf.float32)[None], kernel,
+                                  [1, 1, 1, 1], padding='VALID')[0]
+  smooth = tf.cast(tf.clip_by_value(smooth, 0.0, 255.0), tf.uint8)
+  border = [[1, 1], [1, 1], [0, 0]]
+  inner = tf.pad(tf.ones_like(smooth), border)
+  degenerate = tf.where(tf.equal(inner, 1), tf.pad(smooth, border), image)
+  return _blend(degenerate, image, factor)
+
+
 def _enhance(fn, increasing):
   """Colour, contrast, brightness, sharpness: a factor around 1."""
   def enhance(image, level, seed, fill):
@@ -164,10 +202,10 @@ def _ops(increasing: bool):
       ('Solarize', solarize),
       ('SolarizeAdd', lambda image, level, seed, fill:
        official_augment.solarize_add(image, tf.cast(level * 110, tf.int64))),
-      ('Color', _enhance(official_augment.color, increasing)),
+      ('Color', _enhance(_color, increasing)),
       ('Contrast', _enhance(official_augment.contrast, increasing)),
-      ('Brightness', _enhance(official_augment.brightness, increasing)),
-      ('Sharpness', _enhance(official_augment.sharpness, increasing)),
+      ('Brightness', _enhance(_brightness, increasing)),
+      ('Sharpness', _enhance(_sharpness, increasing)),
       ('ShearX', _shear('x')),
       ('ShearY', _shear('y')),
       ('TranslateXRel', _translate('x')),
@@ -302,6 +340,7 @@ class ImageAugmentation:
   def __bool__(self):
     return self.randaugment is not None or self.erasing_prob > 0
 
+  @tf.autograph.experimental.do_not_convert
   def __call__(self, image, seed):
     """Float 0-255 pixels -> float 0-255 pixels. `seed`: the record's
     (augmentation_seed of its position, without salt)."""
@@ -331,6 +370,7 @@ class BatchMixing:
   def __bool__(self):
     return self.mixup_alpha > 0 or self.cutmix_alpha > 0
 
+  @tf.autograph.experimental.do_not_convert
   def __call__(self, images, labels, seed):
     """(images [B, H, W, 3] of any dtype, int labels [B]) -> (mixed images
     of the same dtype, float32 targets [B, num_classes])."""

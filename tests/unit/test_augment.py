@@ -107,6 +107,23 @@ def test_every_op_keeps_a_grey_image_grey_and_its_shape():
   np.testing.assert_allclose(augment.fill_colour(colour), MEAN_RGB)
 
 
+@pytest.mark.parametrize('factor', [0.0, 0.1, 0.55, 1.0, 1.9])
+def test_enhancements_compute_officials_without_autograph(factor):
+  """Colour, brightness and sharpness as tf-models-official computes them
+  (its `blend` branches on the factor in Python, run eagerly here), built
+  in a graph that AutoGraph does not convert, as the input pipeline does."""
+  from official.vision.ops import augment as official  # pylint: disable=g-import-not-at-top
+  image = tf.constant(np.random.default_rng(2).integers(0, 256, (9, 7, 3)),
+                      tf.uint8)
+  ours = tf.function(autograph=False)(lambda x, f: (
+      augment._color(x, f), augment._brightness(x, f),
+      augment._sharpness(x, f)))(image, tf.constant(factor))
+  theirs = (official.color(image, factor), official.brightness(image, factor),
+            official.sharpness(image, factor))
+  for name, a, b in zip(('color', 'brightness', 'sharpness'), ours, theirs):
+    np.testing.assert_array_equal(a, b, err_msg=name)
+
+
 def test_randaugment_is_a_function_of_its_seed():
   spec = parse_randaugment('rand-m9-n2-mstd0.5-inc1-p1')
   image = grey_image(28)

@@ -39,3 +39,10 @@ def test_preloading_fetches_to_the_device_only_on_accelerators(
   options = distribution.input_options(preloading, has_gpu)
   assert options.experimental_fetch_to_device is fetch
   assert options.experimental_per_replica_buffer_size == 2
+
+
+def test_horovod_on_a_cpu_host_negotiates_every_10_ms_unless_told():
+  # At Horovod's 1 ms a waiting rank busy-polls a core away from training.
+  assert distribution.horovod_defaults(has_gpu=False) == {
+      'HOROVOD_CYCLE_TIME': '10'}
+  assert distribution.horovod_defaults(has_gpu=True) == {}
