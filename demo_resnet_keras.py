@@ -37,6 +37,7 @@ trainer at it and stops it when the job ends (common/data_servers.py).
 The exit code is the training job's (its last attempt's).
 """
 
+import contextlib
 import json
 import os
 import shlex
@@ -358,6 +359,7 @@ class _Job:
     self._filled, self._servers = filled, servers
     self._started = time.time()
     self.data_servers = None  # DataServers, once started.
+    self.written = set()  # Files of the attempts (the hostfile), to remove.
 
   @property
   def is_elastic(self) -> bool:
@@ -414,6 +416,7 @@ class _Job:
     for path, content in plan.files.items():
       with open(path, 'w') as f:
         f.write(content)
+      self.written.add(path)
     sys.stdout.flush()
     return supervisor.Attempt(plan.argv, {**self._environ, **plan.env},
                               layout.hosts)
@@ -474,6 +477,9 @@ def main(argv):
         abort_grace=FLAGS.failure_timeout).run()
   finally:
     running.stop()
+    for path in job.written:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
   if exit_code and running.lost_hosts():
     logging.error('the tf.data service lost its servers on %s during the '
                   'job: restart them there (or drop them from '

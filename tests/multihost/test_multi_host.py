@@ -97,14 +97,15 @@ def test_horovod_one_worker_per_host(cluster, horovod_run):
 ])
 def test_training_across_hosts(cluster, tmp_path, backend_args, batch,
                                workers_per_host):
-  model_dir = tmp_path / 'model'
+  model_dir, temp = tmp_path / 'model', tmp_path / 'tmp'
+  temp.mkdir()
   started = time.monotonic()
   returncode, output = launcher.run(
       cluster, backend_args + [f'--num_workers_per_hls={workers_per_host}',
                                batch, '--train_steps=4',
                                f'--model_dir={model_dir}',
                                '--enable_checkpoint_and_export'] + TINY,
-      tmp_path / 'log.txt')
+      tmp_path / 'log.txt', env={'TMPDIR': str(temp)})
   print(f'{backend_args} 2 hosts x {workers_per_host}: '
         f'{time.monotonic() - started:.0f} s')
   assert returncode == 0, output[-4000:]
@@ -121,6 +122,8 @@ def test_training_across_hosts(cluster, tmp_path, backend_args, batch,
   for worker in range(1, num_workers):
     assert not os.path.exists(model_dir / f'worker_{worker}' / 'saved_model')
   assert not launcher.error_lines(output), launcher.error_lines(output)
+  # The launcher's hostfile for mpirun goes with the job.
+  assert not list(temp.glob('resnet_keras_hostfile_*'))
 
 
 def _start_long_job(cluster, tmp_path, extra=()):
