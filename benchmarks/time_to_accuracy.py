@@ -98,6 +98,11 @@ ROWS: Dict[str, List[str]] = {
     'fashion_mnist_94, 8 epochs + EMA': [
         '--config', 'fashion_mnist_94', '--train_epochs=8',
         '--epochs_between_evals=8', '--ema_decay=0.999', '--ema_warmup'],
+    # Nesterov momentum on seed 2, 7 epochs: 94.14% against 93.84%; raced
+    # over 3 seeds, it became fashion_mnist_94 (the same flags now).
+    'fashion_mnist_94, 7 epochs + nesterov': [
+        '--config', 'fashion_mnist_94', '--train_epochs=7',
+        '--epochs_between_evals=7', '--nesterov'],
     'fast for 8 epochs': FAST8,
     '8 epochs, weight decay 2e-4': FAST8 + ['--weight_decay=0.0002'],
     '8 epochs, random erasing 0.5': FAST8 + ['--random_erasing=0.5'],
