@@ -91,13 +91,16 @@ ROWS: Dict[str, List[str]] = {
     # to fashion_mnist_94 (timm's techniques among them).
     'fashion_mnist_94': ['--config', 'fashion_mnist_94'],
     # Tries at fitting 94% inside the baseline's time: fewer epochs of
-    # fashion_mnist_94 with the weight average.
+    # fashion_mnist_94 with the weight average, as measured then: plain
+    # momentum (the recipe has had Nesterov's since).
     'fashion_mnist_94, 7 epochs + EMA': [
         '--config', 'fashion_mnist_94', '--train_epochs=7',
-        '--epochs_between_evals=7', '--ema_decay=0.999', '--ema_warmup'],
+        '--epochs_between_evals=7', '--ema_decay=0.999', '--ema_warmup',
+        '--nonesterov'],
     'fashion_mnist_94, 8 epochs + EMA': [
         '--config', 'fashion_mnist_94', '--train_epochs=8',
-        '--epochs_between_evals=8', '--ema_decay=0.999', '--ema_warmup'],
+        '--epochs_between_evals=8', '--ema_decay=0.999', '--ema_warmup',
+        '--nonesterov'],
     # Nesterov momentum on seed 2, 7 epochs: 94.14% against 93.84%; raced
     # over 3 seeds, it became fashion_mnist_94 (the same flags now).
     'fashion_mnist_94, 7 epochs + nesterov': [
