@@ -48,15 +48,14 @@ def main() -> None:
   print(hardware.machine_line())
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   for cycle in args.cycles.split(','):
-    env = {**os.environ, 'HOROVOD_CYCLE_TIME': cycle,
-           'TF_USE_LEGACY_KERAS': '1', 'TF_CPP_MIN_LOG_LEVEL': '3'}
+    forwarded = {'HOROVOD_CYCLE_TIME': cycle, 'TF_USE_LEGACY_KERAS': '1',
+                 'TF_CPP_MIN_LOG_LEVEL': '3', 'PYTHONPATH': root}
+    exports = [arg for name in forwarded for arg in ('-x', name)]
     result = subprocess.run(
-        ['mpirun', '--allow-run-as-root', '-np', '2', '--bind-to', 'core',
-         '-x', 'HOROVOD_CYCLE_TIME', '-x', 'TF_USE_LEGACY_KERAS',
-         '-x', 'TF_CPP_MIN_LOG_LEVEL', '-x', 'PYTHONPATH',
-         sys.executable, '-m', 'benchmarks.horovod_idle', '--worker',
-         f'--seconds={args.seconds}'],
-        cwd=root, env={**env, 'PYTHONPATH': root}, capture_output=True,
+        ['mpirun', '--allow-run-as-root', '-np', '2', '--bind-to', 'core']
+        + exports + [sys.executable, '-m', 'benchmarks.horovod_idle',
+                     '--worker', f'--seconds={args.seconds}'],
+        cwd=root, env={**os.environ, **forwarded}, capture_output=True,
         text=True, check=True)
     # The ranks' lines can arrive interleaved: read the records, not lines.
     ranks = sorted(re.findall(r'rank \d+: [\d.]+ CPU s', result.stdout))
