@@ -186,5 +186,8 @@ class _ShortLoopWarning(std_logging.Filter):
     self._stopped_early = stopped_early
 
   def filter(self, record) -> bool:
-    return not (self._stopped_early() and
-                'did not update `global_step`' in record.getMessage())
+    # The message first: the flag is a variable, readable only eagerly, and
+    # the filter sees every record, also those logged while a tf.function
+    # traces (a signal's own warning can land there).
+    return not ('did not update `global_step`' in record.getMessage() and
+                self._stopped_early())

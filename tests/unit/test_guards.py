@@ -7,10 +7,12 @@ import signal
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from common.errors import RunStopped
 from resnet_keras import guards
 from resnet_keras.metrics import LOOP_RECORD, LoopRecord
+from resnet_keras.step_record import StepRecord
 
 
 def test_non_finite_step_finds_the_first_bad_loss():
@@ -71,3 +73,24 @@ def test_a_loop_another_worker_stopped_stops_this_one():
   with pytest.raises(guards.SignalReceived) as stop:
     _guard()(_loop([1.0], stopped_early=True))
   assert stop.value.exit_code == 143
+
+
+def test_a_signal_while_a_function_traces_logs_and_stops():
+  """The signal's warning goes through the guard's log filter while a
+  tf.function traces (seen under Horovod: the first loop's end traces the
+  weights' check); the filter reads the record's flag only for orbit's
+  message, so it never reads a variable in graph mode."""
+  record = StepRecord(tf.Variable(0, dtype=tf.int64), max_steps_per_loop=2)
+  guard = guards.LoopGuard(any_worker=lambda *flags: flags,
+                           last_checkpoint=lambda: None, dtype='fp32',
+                           stopped_early=record.stopped_early)
+  guard.install()
+  try:
+    @tf.function
+    def check():
+      signal.raise_signal(signal.SIGTERM)  # Handled here, mid-trace.
+      return tf.constant(True)
+    assert bool(check())
+    assert guard.stop_requested()
+  finally:
+    guard.uninstall()
