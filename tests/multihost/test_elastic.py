@@ -6,7 +6,6 @@ exactly. They need root and skip without it, saying so."""
 
 import os
 import re
-import shutil
 import time
 
 import numpy as np
@@ -59,18 +58,6 @@ def _checkpoint_values(prefix):
   return {name: reader.get_tensor(name)
           for name in reader.get_variable_to_shape_map()
           if not name.startswith('save_counter')}
-
-
-def _from_checkpoint(model_dir, step, into):
-  """A model_dir holding `model_dir`'s run up to its checkpoint at `step`."""
-  os.makedirs(into)
-  for name in os.listdir(model_dir):
-    if name.startswith(f'ckpt-{step}.') or name in ('config.json',
-                                                  'world_sizes.json'):
-      shutil.copy(os.path.join(model_dir, name), into)
-  with open(os.path.join(into, 'checkpoint'), 'w') as f:
-    f.write(f'model_checkpoint_path: "ckpt-{step}"\n'
-            f'all_model_checkpoint_paths: "ckpt-{step}"\n')
 
 
 @pytest.mark.parametrize('backend', list(BACKENDS))
@@ -126,7 +113,7 @@ def test_a_lost_host_is_dropped_then_rejoins_and_the_resume_is_exact(
   # The same two hosts from the checkpoint the shrink resumed at, without
   # a failure: the checkpoint the regrowth resumed at is the same.
   reference = str(tmp_path / 'reference')
-  _from_checkpoint(model_dir, shrunk_at, reference)
+  runner.copy_run_up_to(model_dir, shrunk_at, reference)
   two_hosts = {'MULTI_HLS_IPS': f'{h1.address},{h2.address}'}
   returncode, output = launcher.run(
       cluster, backend_args + [a for a in ELASTIC if 'min_hosts' not in a] + [

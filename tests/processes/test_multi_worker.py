@@ -200,11 +200,12 @@ def test_port_in_use_is_one_line(tmp_path):
 def test_two_workers_resume_the_techniques_exactly(records_run, tmp_path):
   """The time-to-accuracy techniques under Horovod's 2 processes
   (e2e/test_training_techniques.py's run, its per-worker batch halved, its
-  ramp in 2 epochs: 24 then 32 px): 1 epoch then resumed to 2 ends as 2
-  straight: both workers' weights, every variable of the last checkpoint,
-  the weight average's included, and the evaluations (which read the other
-  worker's batch-norm statistics too: it takes the chief's at each loop's
-  end, as a resume gives them)."""
+  ramp in 2 epochs: 24 then 32 px): resumed from the straight run's epoch-1
+  checkpoint, it ends as the straight run: both workers' weights, every
+  variable of the last checkpoint, the weight average's included, and the
+  evaluations (which read the other worker's batch-norm statistics too: it
+  takes the chief's at each loop's end, as a resume gives them). (A resume
+  from a checkpoint that ended a run: the e2e test, in one process.)"""
   data_dir, _ = records_run
   # One image size per epoch: each size is a trace of its own in each
   # worker, the most of these runs' time.
@@ -221,7 +222,8 @@ def test_two_workers_resume_the_techniques_exactly(records_run, tmp_path):
     return _summaries(model_dir)
 
   straight = train(str(tmp_path / 'straight'), 2)
-  train(str(tmp_path / 'resumed'), 1)
+  runner.copy_run_up_to(str(tmp_path / 'straight'), 4,
+                        str(tmp_path / 'resumed'))
   resumed = train(str(tmp_path / 'resumed'), 2)
   assert resumed[0]['resumed_from_step'] == 4
   assert straight[0]['global_batch_size'] == 4

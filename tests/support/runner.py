@@ -18,6 +18,7 @@ import io
 import json
 import logging as py_logging
 import os
+import shutil
 import subprocess
 import sys
 import traceback
@@ -205,6 +206,21 @@ def checkpoint_steps(model_dir):
   """The steps of the checkpoints in `model_dir`, ascending."""
   return sorted(int(p.rsplit('-', 1)[1].split('.')[0])
                 for p in glob.glob(os.path.join(model_dir, 'ckpt-*.index')))
+
+
+def copy_run_up_to(model_dir, step, into):
+  """A new model_dir `into` holding `model_dir`'s run as it stood at its
+  checkpoint at `step` (that checkpoint, config.json, world_sizes.json): a
+  resume from it is a resume of the run interrupted there, without training
+  the first part again."""
+  os.makedirs(into)
+  for name in os.listdir(model_dir):
+    if name.startswith(f'ckpt-{step}.') or name in ('config.json',
+                                                  'world_sizes.json'):
+      shutil.copy(os.path.join(model_dir, name), into)
+  with open(os.path.join(into, 'checkpoint'), 'w') as f:
+    f.write(f'model_checkpoint_path: "ckpt-{step}"\n'
+            f'all_model_checkpoint_paths: "ckpt-{step}"\n')
 
 
 def assert_one_line_error(result, *fragments):
