@@ -178,11 +178,11 @@ def run(cfg: RunConfig) -> Dict:
   finally:
     # The run's objects hold its input iterators (and tf.data service
     # clients) in reference cycles that only a garbage collection frees.
-    # Freed now, while it is quick (0.2 s): an iterator left idle has its
-    # autotuning thread's wait grow, and destroying it then blocks whatever
-    # code the later collection interrupts for up to a minute (50 s, 90 s
-    # after a run); a service client would meanwhile keep calling a
-    # dispatcher that may be gone.
+    # Freed now they go in 0.2 s; freed by a collection 90 s later, the
+    # training iterator's destructor waited 50 s for tf.data's autotuning
+    # thread (it did not wake to its cancellation), inside whatever code
+    # that collection interrupted. A service client would meanwhile keep
+    # calling a dispatcher that may be gone.
     gc.collect()
 
 
