@@ -359,7 +359,7 @@ class _Job:
     self._filled, self._servers = filled, servers
     self._started = time.time()
     self.data_servers = None  # DataServers, once started.
-    self.written = set()  # Files of the attempts (the hostfile), to remove.
+    self._written = set()  # Files of the attempts (the hostfile).
 
   @property
   def is_elastic(self) -> bool:
@@ -416,10 +416,16 @@ class _Job:
     for path, content in plan.files.items():
       with open(path, 'w') as f:
         f.write(content)
-      self.written.add(path)
+      self._written.add(path)
     sys.stdout.flush()
     return supervisor.Attempt(plan.argv, {**self._environ, **plan.env},
                               layout.hosts)
+
+  def remove_files(self) -> None:
+    """Removes the files the attempts wrote, once the job has ended."""
+    for path in self._written:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(path)
 
 
 def main(argv):
@@ -477,9 +483,7 @@ def main(argv):
         abort_grace=FLAGS.failure_timeout).run()
   finally:
     running.stop()
-    for path in job.written:
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
+    job.remove_files()
   if exit_code and running.lost_hosts():
     logging.error('the tf.data service lost its servers on %s during the '
                   'job: restart them there (or drop them from '

@@ -75,7 +75,7 @@ def test_a_loop_another_worker_stopped_stops_this_one():
   assert stop.value.exit_code == 143
 
 
-def test_a_signal_while_a_function_traces_logs_and_stops():
+def test_a_signal_while_a_function_traces_logs_and_stops(caplog):
   """The signal's warning goes through the guard's log filter while a
   tf.function traces (seen under Horovod: the first loop's end traces the
   weights' check); the filter reads the record's flag only for orbit's
@@ -92,5 +92,6 @@ def test_a_signal_while_a_function_traces_logs_and_stops():
       return tf.constant(True)
     assert bool(check())
     assert guard.stop_requested()
+    assert 'received SIGTERM: stopping after the current step' in caplog.text
   finally:
     guard.uninstall()
