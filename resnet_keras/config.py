@@ -849,6 +849,11 @@ class OutputConfig:
       False,
       'Write TensorBoard summaries to model_dir/train and '
       'model_dir/eval.')
+  plots: bool = option(
+      True,
+      'The chief draws model_dir/plots/*.png from metrics.jsonl at the end '
+      'of the run (about a second: matplotlib); --noplots skips them, and '
+      'python -m resnet_keras.plots MODEL_DIR draws them at any time.')
   profile_steps: Optional[Tuple[int, int]] = option(
       None,
       '"start,stop": write a TensorBoard profile of these global steps '

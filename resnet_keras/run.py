@@ -276,6 +276,7 @@ class _Reporting:
   def __init__(self, basis: assembly.Basis, parts: assembly.Parts):
     cfg, backend, plan = basis.cfg, basis.backend, parts.plan
     self._model_dir = cfg.model_dir
+    self._plots = cfg.plots
     self.metrics_log = None
     if backend.is_chief:
       self.metrics_log = metrics.MetricsLog(
@@ -311,7 +312,7 @@ class _Reporting:
     if self._profiler:
       self._profiler.finish()
     self.logger.close()
-    if self.metrics_log:
+    if self.metrics_log and self._plots:
       _write_plots(self._model_dir)
       self.metrics_log.close()
 

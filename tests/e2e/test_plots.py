@@ -71,8 +71,20 @@ def test_training_without_matplotlib_warns_and_succeeds(tmp_path):
   model_dir = tmp_path / 'model'
   with _without_matplotlib():
     result = runner.run_main(runner.TINY + ['-md', str(model_dir),
-                                            '--train_steps=2', '--skip_eval'])
+                                            '--train_steps=2', '--skip_eval',
+                                            '--plots'])
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'plots not written (matplotlib is not installed' in result.stderr
   assert len(metrics.read_metrics_log(str(model_dir))) == 1
   assert not (model_dir / 'plots').exists()
+
+
+def test_noplots_leaves_the_metrics_log_undrawn(tmp_path):
+  model_dir = tmp_path / 'model'
+  result = runner.run_main(runner.TINY + ['-md', str(model_dir),
+                                          '--train_steps=2', '--skip_eval',
+                                          '--noplots'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert len(metrics.read_metrics_log(str(model_dir))) == 1
+  assert not (model_dir / 'plots').exists()
+  assert 'plots' not in result.stderr

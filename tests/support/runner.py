@@ -39,12 +39,15 @@ MAIN = os.path.join(REPO_ROOT, 'resnet_ctl_imagenet_main.py')
 
 # The tiny recipe, as RunConfig fields: a small, fast run, ResNet-10 at a
 # quarter width on 32x32 synthetic images, 4 steps of 8 in loops of 2, 13
-# evaluation examples (a partial last batch). Tests where the model's size
-# is the point say so with their own flags.
+# evaluation examples (a partial last batch), no plots (matplotlib's import
+# and drawing were a sixth of a tiny run's CPU; the runs that test them turn
+# them on). Tests where the model's size is the point say so with their own
+# flags.
 TINY_RECIPE = {
     'use_synthetic_data': True, 'resnet_depth': 10, 'width_multiplier': 0.25,
     'image_size': 32, 'num_classes': 10, 'batch_size': 8, 'train_steps': 4,
-    'steps_per_loop': 2, 'log_steps': 2, 'num_eval_examples': 13}
+    'steps_per_loop': 2, 'log_steps': 2, 'num_eval_examples': 13,
+    'plots': False}
 
 
 def _flag(name, value):
