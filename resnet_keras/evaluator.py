@@ -73,6 +73,9 @@ class Evaluator(orbit.StandardEvaluator):
     return flip_average(probs, self.model(tf.image.flip_left_right(images),
                                           training=False))
 
+  # orbit traces this with AutoGraph, which nothing in it needs (see
+  # Trainer.create_train_loop_fn): it would convert every layer call.
+  @tf.autograph.experimental.do_not_convert
   def eval_step(self, iterator):
 
     def step_fn(inputs):

@@ -166,6 +166,9 @@ class ResidualAdd(layers.Add):
     self.drop_rate = drop_rate
     self.index = index
 
+  # Keras would convert this with AutoGraph each time a model is built (0.2
+  # s); its branches are on Python values (trainer.create_train_loop_fn).
+  @tf.autograph.experimental.do_not_convert
   def call(self, inputs, training=None):
     if training and self.drop_rate:
       inputs = [drop_path(inputs[0], self.drop_rate, self.index), inputs[1]]
@@ -194,6 +197,7 @@ class ResidualRelu(layers.Layer):
     super().__init__(**kwargs)
     self.impl = impl
 
+  @tf.autograph.experimental.do_not_convert  # As ResidualAdd.call.
   def call(self, inputs, training=None):
     if training and self.impl == 'bitwise':
       return _bitwise_relu(inputs)
