@@ -234,13 +234,16 @@ class Supervisor:
 
   def _end_job(self) -> None:
     """mpirun, its ssh sessions and local ranks ended (SIGTERM, then
-    SIGKILL): it outlived abort_grace after it began to abort."""
+    SIGKILL): they outlived abort_grace after mpirun began to abort. mpirun
+    may have exited already: its ssh session to a host whose link was cut
+    lives on and holds the job's output open, and the launcher, reading it,
+    would wait for TCP to give up on that host (~15 min)."""
     job = self._job
-    if job is None or job.poll() is not None:
+    ended = lambda: job.poll() is not None and not session_processes(job.pid)
+    if job is None or ended():
       return
     self._log(f'mpirun did not end the job within {self._abort_grace:.0f} s '
               'of aborting it (a host stopped answering): ending mpirun')
-    ended = lambda: job.poll() is not None and not session_processes(job.pid)
     for sig in (signal.SIGTERM, signal.SIGKILL):
       _signal_session(job.pid, sig)
       deadline = time.monotonic() + 5

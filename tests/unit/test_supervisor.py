@@ -205,3 +205,27 @@ def test_a_host_whose_processes_died_is_named():
     assert failure.retry
   # 255 is mpirun's own failure, not a signal.
   assert 'signal' not in supervisor.describe_failure(255, [], [], 1).cause
+
+
+def test_an_mpirun_that_exits_leaving_its_ssh_session_is_ended_after_the_grace(
+    tmp_path):
+  """mpirun's abort notice, then mpirun exits (1) while one of its ssh
+  sessions, to a host whose link was cut, lives on holding the output
+  pipe: the launcher ends that session abort_grace after the notice, and
+  the job's exit code is mpirun's (seen in the elastic test: the launcher
+  waited on the pipe, with no restart, until the test gave up)."""
+  exits = ('import subprocess, sys\n'
+           'subprocess.Popen([sys.executable, "-c", "import time; '
+           'time.sleep(90)"], process_group=0)\n'
+           'print("Per user-direction, the job has been aborted.", '
+           'flush=True)\n'
+           'sys.exit(1)\n')
+  lines = []
+  started = time.monotonic()
+  code = supervisor.Supervisor(
+      supervisor.Attempt([sys.executable, '-c', exits], {}), max_restarts=0,
+      workers_per_host=1, parse_output=True, log=lines.append,
+      abort_grace=1).run()
+  assert time.monotonic() - started < 60
+  assert code == 1
+  assert lines[0].startswith('mpirun did not end the job within 1 s')
