@@ -44,10 +44,10 @@ MAIN = os.path.join(REPO_ROOT, 'resnet_ctl_imagenet_main.py')
 # them on). Tests where the model's size is the point say so with their own
 # flags.
 TINY_RECIPE = {
-    'use_synthetic_data': True, 'resnet_depth': 10, 'width_multiplier': 0.25,
-    'image_size': 32, 'num_classes': 10, 'batch_size': 8, 'train_steps': 4,
-    'steps_per_loop': 2, 'log_steps': 2, 'num_eval_examples': 13,
-    'plots': False}
+    'plots': False, 'use_synthetic_data': True, 'resnet_depth': 10,
+    'width_multiplier': 0.25, 'image_size': 32, 'num_classes': 10,
+    'batch_size': 8, 'train_steps': 4, 'steps_per_loop': 2, 'log_steps': 2,
+    'num_eval_examples': 13}
 
 
 def _flag(name, value):
