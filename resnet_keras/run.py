@@ -312,8 +312,9 @@ class _Reporting:
     if self._profiler:
       self._profiler.finish()
     self.logger.close()
-    if self.metrics_log and self._plots:
-      _write_plots(self._model_dir)
+    if self.metrics_log:
+      if self._plots:
+        _write_plots(self._model_dir)
       self.metrics_log.close()
 
 

@@ -56,6 +56,9 @@ def test_offline_run_logs_the_metrics_log_and_config(tmp_path):
         runner.TINY + ['-md', str(model_dir), '--wandb', '--wandb_project',
                        'tiny', '--wandb_run_name', 'first'],
         env=_offline_env(tmp_path))
+    # The run finished its W&B run (the tiny recipe draws no plots: that
+    # must not keep it open).
+    assert wandb.run is None
   finally:
     # wandb's service process serves this interpreter until torn down.
     wandb.teardown()
