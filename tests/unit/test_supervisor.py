@@ -73,13 +73,14 @@ def test_without_mpirun_output_the_exit_code_is_the_cause():
   assert supervisor.describe_failure(137, [], [], 1).retry
 
 
-def _supervise(tmp_path, script, max_restarts, replan=None, **kwargs):
+def _supervise(tmp_path, script, max_restarts, replan=None,
+               parse_output=True, abort_grace=0):
   lines = []
   code = supervisor.Supervisor(
       supervisor.Attempt([sys.executable, '-c', script, str(tmp_path)], {}),
       max_restarts=max_restarts, workers_per_host=1,
-      parse_output=kwargs.get('parse_output', True),
-      log=lines.append, replan=replan).run()
+      parse_output=parse_output, log=lines.append, replan=replan,
+      abort_grace=abort_grace).run()
   return code, lines
 
 
@@ -151,12 +152,8 @@ def test_an_mpirun_that_hangs_while_aborting_is_ended_after_the_grace(
           'print("Per user-direction, the job has been aborted.", '
           'flush=True)\n'
           'time.sleep(600)\n')
-  lines = []
   started = time.monotonic()
-  code = supervisor.Supervisor(
-      supervisor.Attempt([sys.executable, '-c', hang], {}), max_restarts=0,
-      workers_per_host=1, parse_output=True, log=lines.append,
-      abort_grace=1).run()
+  code, lines = _supervise(tmp_path, hang, max_restarts=0, abort_grace=1)
   assert time.monotonic() - started < 60
   assert code == 128 + signal.SIGTERM
   assert lines[0] == ('mpirun did not end the job within 1 s of aborting '
@@ -220,12 +217,8 @@ def test_an_mpirun_that_exits_leaving_its_ssh_session_is_ended_after_the_grace(
            'print("Per user-direction, the job has been aborted.", '
            'flush=True)\n'
            'sys.exit(1)\n')
-  lines = []
   started = time.monotonic()
-  code = supervisor.Supervisor(
-      supervisor.Attempt([sys.executable, '-c', exits], {}), max_restarts=0,
-      workers_per_host=1, parse_output=True, log=lines.append,
-      abort_grace=1).run()
+  code, lines = _supervise(tmp_path, exits, max_restarts=0, abort_grace=1)
   assert time.monotonic() - started < 60
   assert code == 1
   assert lines[0].startswith('mpirun did not end the job within 1 s')
