@@ -84,6 +84,15 @@ ROWS: Dict[str, List[str]] = {
     # block): what an AVX2-only CPU trained before that block.
     'fast, fp32': FAST_RANDOM_STEM + ['--dtype=fp32'] + BF16_SHAPE,
     'fast, its bf16 shape': FAST + BF16_SHAPE,
+    # Tries at a bf16 shape with a margin under 0.45x (seventh session):
+    # Nesterov momentum, and a narrower last stage with it.
+    'fast, nesterov': FAST + ['--nesterov'],
+    'fast, 32-64-128-128 + nesterov': FAST + ['--stage_widths=32,64,128,128',
+                                              '--nesterov'],
+    # Fewer passes over the data through the cap on steps per epoch (234 is
+    # a whole pass at batch 256): 2.5 and 2.75 passes in the 3 "epochs".
+    'fast, 2.5 passes': FAST + ['--train_steps=195'],
+    'fast, 2.75 passes': FAST + ['--train_steps=214'],
     'fast, 2 replicas': FAST_RANDOM_STEM + ['-ds', 'mirrored',
                                             '--num_cpu_replicas=2'],
     # The Fashion-MNIST frontier (benchmarks/README.md): the recipes, and
@@ -106,6 +115,10 @@ ROWS: Dict[str, List[str]] = {
     'fashion_mnist_94, 7 epochs + nesterov': [
         '--config', 'fashion_mnist_94', '--train_epochs=7',
         '--epochs_between_evals=7', '--nesterov'],
+    # The quick start's faster bf16 shape (seventh session) under the 94%
+    # recipe.
+    'fashion_mnist_94, 32-64-128-128': [
+        '--config', 'fashion_mnist_94', '--stage_widths=32,64,128,128'],
     'fast for 8 epochs': FAST8,
     '8 epochs, weight decay 2e-4': FAST8 + ['--weight_decay=0.0002'],
     '8 epochs, random erasing 0.5': FAST8 + ['--random_erasing=0.5'],

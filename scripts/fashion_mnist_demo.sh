@@ -21,10 +21,11 @@ python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt
 python3 preprocess_imagenet.py --raw_data_dir "$WORK/raw" \
   --local_scratch_dir "$WORK/tfrecords" --train_shards 16 --validation_shards 4
 
-# resnet_keras/configs/fashion_mnist_fast.yaml on every machine: ResNet-10 at half width
-# at the native 28x28, 3 epochs tuned for time to accuracy; --dtype auto
-# trains in bf16 where the CPU has bf16 hardware, in fp32 elsewhere (its
-# first log line says which and why). $FMNIST_RECIPE picks another recipe.
+# resnet_keras/configs/fashion_mnist_fast.yaml on every machine: a narrow
+# ResNet-10 at the native 28x28, 3 epochs tuned for time to accuracy;
+# --dtype auto trains in bf16 where the CPU has bf16 hardware, in fp32
+# elsewhere, with the recipe's fp32 shape (its first log lines say which
+# and why). $FMNIST_RECIPE picks another recipe.
 recipe=${FMNIST_RECIPE:-fashion_mnist_fast}
 python3 resnet_ctl_imagenet_main.py --config "$recipe" \
   -dd "$WORK/tfrecords" -md "$WORK/model" --clean "$@"

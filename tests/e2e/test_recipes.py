@@ -47,6 +47,8 @@ def test_single_process_recipes_print_and_read_back(name, tmp_path):
   # A recipe's fp32 block counts where this machine trains it in fp32.
   dtype, _ = hardware.dtype_here(recipe.get('dtype', 'fp32'))
   for key, value in recipes.for_dtype(recipe, dtype).items():
+    if isinstance(value, list):  # A YAML list is the flag's a,b,c.
+      value = ','.join(str(item) for item in value)
     assert values[key] == value, key
   # The printed configuration is itself a recipe giving the same run.
   path = tmp_path / 'effective.yaml'
@@ -131,10 +133,12 @@ def test_the_quick_start_recipe_trains_with_overrides(tmp_path):
     effective = json.load(f)['config']
   assert (effective['stem'], effective['image_size'],
           effective['lr_schedule'], effective['batch_size'],
-          effective['resnet_depth'], effective['width_multiplier'],
-          effective['train_crop_min_area'], effective['eval_flip'],
-          effective['training_dataset_cache'], effective['stem_init']) == (
-              'small', 28, 'linear', 4, 10, 0.5, 1.0, True, True, 'pca')
+          effective['resnet_depth'], effective['stage_widths'],
+          effective['nesterov'], effective['train_crop_min_area'],
+          effective['eval_flip'], effective['training_dataset_cache'],
+          effective['stem_init']) == (
+              'small', 28, 'linear', 4, 10, [32, 64, 128, 128], True, 1.0, True,
+              True, 'pca')
   # The PCA stem from the fixture's training images: flat colours, so their
   # patches vary along the 3 colours only.
   assert ('stem: 6 of its 32 filters start as +/- the 3 principal '
@@ -214,6 +218,6 @@ def test_the_quick_start_takes_its_fp32_settings_in_fp32():
           '--stage_widths=24,48,96,128, --epochs_between_evals=4') in fp32.stderr
   bf16 = runner.run_main(['--config', 'fashion_mnist_fast', '--dtype=bf16',
                           '--print_config'])
-  assert (printed(bf16)['width_multiplier'],
-          printed(bf16)['train_epochs']) == (0.5, 3)
+  assert (printed(bf16)['stage_widths'],
+          printed(bf16)['train_epochs']) == ('32,64,128,128', 3)
   assert 'in fp32' not in bf16.stderr
