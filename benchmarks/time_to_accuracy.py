@@ -116,7 +116,7 @@ ROWS: Dict[str, List[str]] = {
         '--config', 'fashion_mnist_94', '--train_epochs=7',
         '--epochs_between_evals=7', '--nesterov'],
     # The quick start's faster bf16 shape (seventh session) under the 94%
-    # recipe.
+    # recipe: 93.90% in 0.90x, so that recipe keeps the half width.
     'fashion_mnist_94, 32-64-128-128': [
         '--config', 'fashion_mnist_94', '--stage_widths=32,64,128,128'],
     'fast for 8 epochs': FAST8,
