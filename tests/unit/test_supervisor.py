@@ -84,6 +84,18 @@ def _supervise(tmp_path, script, max_restarts, replan=None,
   return code, lines
 
 
+def _aborting_mpirun(then):
+  """A stand-in for mpirun: a child holding the output pipe from a process
+  group of its own (as OpenMPI starts its ssh sessions and local ranks),
+  its session's id, the abort notice, then `then` (Python lines)."""
+  return ('import os, subprocess, sys, time\n'
+          'subprocess.Popen([sys.executable, "-c", "import time; '
+          'time.sleep(90)"], process_group=0)\n'
+          'print("session", os.getsid(0), flush=True)\n'
+          'print("Per user-direction, the job has been aborted.", '
+          'flush=True)\n' + then)
+
+
 # Fails (by SIGKILL) until it has run `n` times; records each attempt's
 # restart count as the launcher passes it on.
 FLAKY = '''
@@ -145,13 +157,7 @@ def test_an_mpirun_that_hangs_while_aborting_is_ended_after_the_grace(
   not answer), with a child holding the output pipe from a process group
   of its own, as OpenMPI starts its ssh sessions and local ranks: the whole
   session ends abort_grace after the notice, that child with it."""
-  hang = ('import os, subprocess, sys, time\n'
-          'subprocess.Popen([sys.executable, "-c", "import time; '
-          'time.sleep(600)"], process_group=0)\n'
-          'print("session", os.getsid(0), flush=True)\n'
-          'print("Per user-direction, the job has been aborted.", '
-          'flush=True)\n'
-          'time.sleep(600)\n')
+  hang = _aborting_mpirun('time.sleep(600)\n')
   started = time.monotonic()
   code, lines = _supervise(tmp_path, hang, max_restarts=0, abort_grace=1)
   assert time.monotonic() - started < 60
@@ -211,12 +217,7 @@ def test_an_mpirun_that_exits_leaving_its_ssh_session_is_ended_after_the_grace(
   pipe: the launcher ends that session abort_grace after the notice, and
   the job's exit code is mpirun's (seen in the elastic test: the launcher
   waited on the pipe, with no restart, until the test gave up)."""
-  exits = ('import subprocess, sys\n'
-           'subprocess.Popen([sys.executable, "-c", "import time; '
-           'time.sleep(90)"], process_group=0)\n'
-           'print("Per user-direction, the job has been aborted.", '
-           'flush=True)\n'
-           'sys.exit(1)\n')
+  exits = _aborting_mpirun('sys.exit(1)\n')
   started = time.monotonic()
   code, lines = _supervise(tmp_path, exits, max_restarts=0, abort_grace=1)
   assert time.monotonic() - started < 60
