@@ -20,13 +20,6 @@ def _average(model_dir, *args, **kwargs):
                          ['--model_dir', model_dir] + list(args), **kwargs)
 
 
-def _model_values(path):
-  """The model's variables in a checkpoint (no optimizer slots), by key."""
-  reader = tf.train.load_checkpoint(path)
-  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-          if k.startswith('model/') and 'OPTIMIZER_SLOT' not in k}
-
-
 def _files(directory):
   """Name -> bytes of the files directly in `directory`."""
   out = {}
@@ -52,9 +45,9 @@ def test_mean_of_the_last_two_is_a_separate_scored_exportable_run(
 
   averaged = str(output / 'ckpt-8')
   assert tf.train.latest_checkpoint(str(output)) == averaged
-  sources = [_model_values(os.path.join(synthetic_run, n))
+  sources = [runner.model_weights(os.path.join(synthetic_run, n))
              for n in ('ckpt-4', 'ckpt-8')]
-  values = _model_values(averaged)
+  values = runner.model_weights(averaged)
   assert values.keys() == sources[0].keys()
   assert any('moving_mean' in k for k in values)  # BN statistics too.
   for key, value in values.items():
@@ -85,9 +78,10 @@ def test_ema_goes_to_model_dir_averaged(synthetic_run):
   output = os.path.join(synthetic_run, checkpoint_average.OUTPUT_DIR)
   result = _average(synthetic_run, '--ema', '0.25')
   assert result.returncode == 0, result.stderr[-3000:]
-  first, last = (_model_values(os.path.join(synthetic_run, n))
+  first, last = (runner.model_weights(os.path.join(synthetic_run, n))
                  for n in ('ckpt-4', 'ckpt-8'))
-  for key, value in _model_values(os.path.join(output, 'ckpt-8')).items():
+  merged = runner.model_weights(os.path.join(output, 'ckpt-8'))
+  for key, value in merged.items():
     np.testing.assert_allclose(value, 0.25 * first[key] + 0.75 * last[key],
                                rtol=1e-6, atol=1e-7, err_msg=key)
   assert 'averaged/ckpt-8' in result.stdout

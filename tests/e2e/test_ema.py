@@ -30,9 +30,8 @@ def _tiny(model_dir, **overrides) -> RunConfig:
 
 
 def _averages(path):
-  return {n: tf.train.load_variable(path, n)
-          for n, _ in tf.train.list_variables(path)
-          if n.startswith('weight_average/')}
+  return runner.checkpoint_values(
+      path, lambda name: name.startswith('weight_average/'))
 
 
 @pytest.mark.slow
@@ -59,9 +58,7 @@ def test_a_run_resumes_its_average_exactly_and_exports_it(tmp_path):
   path = str(tmp_path / 'straight' / 'ckpt-6')
   exported = tf.saved_model.load(str(tmp_path / 'straight' / 'saved_model'))
   sizes = lambda arrays: sorted(float(np.abs(x).sum()) for x in arrays)
-  trained = [tf.train.load_variable(path, n)
-             for n, _ in tf.train.list_variables(path)
-             if n.startswith('model/') and '.OPTIMIZER_SLOT' not in n]
+  trained = list(runner.model_weights(path).values())
   assert len(trained) == len(a) == len(exported.variables)
   np.testing.assert_allclose(sizes(v.numpy() for v in exported.variables),
                              sizes(a.values()), rtol=1e-6)

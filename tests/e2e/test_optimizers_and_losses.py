@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from resnet_keras import run as run_lib
 from resnet_keras.config import RunConfig
@@ -32,11 +31,6 @@ def _tiny(model_dir, **overrides) -> RunConfig:
       'global_seed': 1, 'enable_checkpoint_and_export': True, **overrides})
 
 
-def _checkpoint_values(path):
-  return {n: tf.train.load_variable(path, n)
-          for n, _ in tf.train.list_variables(path)}
-
-
 def test_lamb_with_bce_trains_evaluates_the_softmax_and_records_itself(
     tmp_path):
   summary = run_lib.run(_tiny(tmp_path / 'lamb', **RSB))
@@ -47,7 +41,7 @@ def test_lamb_with_bce_trains_evaluates_the_softmax_and_records_itself(
   with open(tmp_path / 'lamb' / 'config.json') as f:
     recorded = json.load(f)['config']
   assert {k: recorded[k] for k in RSB} == RSB
-  final = _checkpoint_values(str(tmp_path / 'lamb' / 'ckpt-2'))
+  final = runner.checkpoint_values(str(tmp_path / 'lamb' / 'ckpt-2'))
   slots = {n.split('/.OPTIMIZER_SLOT/optimizer/')[1].split('/')[0]
            for n in final if '/.OPTIMIZER_SLOT/' in n}
   assert slots == {'m', 'v'}

@@ -27,11 +27,6 @@ def _train(data_dir, model_dir, epochs):
   return result
 
 
-def _checkpoint_values(path):
-  return {n: tf.train.load_variable(path, n)
-          for n, _ in tf.train.list_variables(path)}
-
-
 def test_all_techniques_train_together_and_resume_exactly(records_run,
                                                           tmp_path):
   data_dir, _ = records_run
@@ -56,7 +51,7 @@ def test_all_techniques_train_together_and_resume_exactly(records_run,
   assert summaries[0]['weights_sha256'] == summaries[1]['weights_sha256']
   for key in ('eval_accuracy', 'eval_loss', 'eval_examples'):
     assert summaries[0][key] == summaries[1][key], key
-  final = [_checkpoint_values(str(d / 'ckpt-12'))
+  final = [runner.checkpoint_values(str(d / 'ckpt-12'))
            for d in (straight_dir, resumed_dir)]
   assert any(n.startswith('weight_average/') for n in final[0])
   assert final[0].keys() == final[1].keys()

@@ -23,13 +23,6 @@ from tests.support import runner
 from tests.support.records import write_dataset
 
 
-def _checkpoint_values(path):
-  """Model variables of a checkpoint (no optimizer slots), by key."""
-  reader = tf.train.load_checkpoint(path)
-  return {k: reader.get_tensor(k) for k in reader.get_variable_to_shape_map()
-          if k.startswith('model/') and 'OPTIMIZER_SLOT' not in k}
-
-
 def _run_objects(cfg):
   """(network, model, optimizer) as run.py builds them, slots included."""
   network, model = models.build_models(cfg, cfg.num_classes,
@@ -57,7 +50,7 @@ def _source(cfg):
 def test_restore_from_weights_only_or_with_the_optimizer(synthetic_run,
                                                          tmp_path):
   latest = os.path.join(synthetic_run, 'ckpt-8')
-  saved = _checkpoint_values(latest)
+  saved = runner.model_weights(latest)
   for restore_optimizer, step in ((False, 0), (True, 8)):
     cfg = _this_run(synthetic_run, tmp_path, restore_from=synthetic_run,
                     restore_optimizer=restore_optimizer)
@@ -68,7 +61,7 @@ def test_restore_from_weights_only_or_with_the_optimizer(synthetic_run,
     assert int(optimizer.iterations.numpy()) == step
     restored = tf.train.Checkpoint(model=model)
     path = restored.write(str(tmp_path / 'restored'))
-    for key, value in _checkpoint_values(path).items():
+    for key, value in runner.model_weights(path).items():
       np.testing.assert_array_equal(value, saved[key], err_msg=key)
     slot = optimizer.get_slot(network.get_layer('fc').kernel, 'momentum')
     assert np.any(slot.numpy()) == restore_optimizer
@@ -169,7 +162,7 @@ def test_frozen_fine_tune_end_to_end(synthetic_run, tmp_path):
       '--freeze_backbone'])
   assert result.returncode == 0, result.stderr[-3000:]
   assert 'new 4-class head' in result.stderr
-  before, after = (_checkpoint_values(p)
+  before, after = (runner.model_weights(p)
                    for p in (source, str(model_dir / 'ckpt-4')))
   head = [k for k in after if after[k].shape != before[k].shape]
   assert len(head) == 2 and all(after[k].shape[-1] == 4 for k in head)

@@ -211,6 +211,23 @@ def checkpoint_steps(model_dir):
                 for p in glob.glob(os.path.join(model_dir, 'ckpt-*.index')))
 
 
+def checkpoint_values(path, keep=lambda name: True):
+  """Key -> value of the variables of the checkpoint `path` (a prefix such
+  as DIR/ckpt-8) whose key `keep` accepts."""
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  reader = tf.train.load_checkpoint(path)
+  return {name: reader.get_tensor(name)
+          for name in reader.get_variable_to_shape_map() if keep(name)}
+
+
+def model_weights(path):
+  """The network's own variables in the checkpoint `path`, by key: not
+  the optimizer's slots, the weight average or the step."""
+  return checkpoint_values(
+      path, lambda name: name.startswith('model/') and
+      'OPTIMIZER_SLOT' not in name)
+
+
 def copy_run_up_to(model_dir, step, into):
   """A new model_dir `into` holding `model_dir`'s run as it stood at its
   checkpoint at `step` (that checkpoint, config.json, world_sizes.json): a
