@@ -119,7 +119,7 @@ ROWS: Dict[str, List[str]] = {
     # recipe: 93.90% in 0.90x, so that recipe keeps the half width.
     'fashion_mnist_94, 32-64-128-128': [
         '--config', 'fashion_mnist_94', '--stage_widths=32,64,128,128'],
-    # Toward 95% (ninth session, seed 1): the longest lever that paid,
+    # Toward 95% (ninth session, seed 1): the best run inside 4x,
     # 94.62% in 3.7x the baseline's time (benchmarks/README.md).
     'fashion_mnist_94, 26 epochs + random erasing': [
         '--config', 'fashion_mnist_94', '--train_epochs=26',
