@@ -103,7 +103,9 @@ def records_run(tmp_path_factory):
   validation images of 40-80 px; 2 epochs of 4 steps with ckpt-4, ckpt-8
   and an export; the class count comes from the data; an eval crop of half
   the short side. Shared by the tool and technique tests (e2e/) and the
-  multi-worker resume (processes/), which only read it.
+  multi-worker resume (processes/), which only read it. Seeded: what the
+  exports are compared against is one model on every run and CPU (unseeded,
+  the int8 file's largest error ranged 0.003-0.041 from run to run).
   """
   root = tmp_path_factory.mktemp('records_run')
   data_dir, model_dir = root / 'data', root / 'model'
@@ -116,7 +118,8 @@ def records_run(tmp_path_factory):
        '--batch_size'))]
   runner.train_tiny(model_dir, args + ['--batch_size=4',
                                        f'--data_dir={data_dir}',
-                                       '--eval_crop_fraction=0.5'])
+                                       '--eval_crop_fraction=0.5',
+                                       '--global_seed=3'])
   return str(data_dir), str(model_dir)
 
 
