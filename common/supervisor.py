@@ -39,8 +39,11 @@ _HOST_OF_RANK = re.compile(r'on node (\S+)')
 _SSH_CLOSED = re.compile(r'Connection to (\S+) closed by remote host')
 # An MPI rank whose peer vanished (OpenMPI's TCP transport).
 _PEER_GONE = re.compile(r'Peer host:\s+(\S+)')
-# mpirun has begun to take the job down after a rank failed.
-_ABORTING = re.compile(r'the job has been aborted|mpirun noticed that process')
+# mpirun has begun to take the job down: a rank failed, or a host's daemon
+# stopped answering (it "will terminate the job", and with two of three
+# hosts cut it then waited on them as it does after a rank's failure).
+_ABORTING = re.compile(r'the job has been aborted|mpirun noticed that process'
+                       r'|ORTE has lost communication with a remote daemon')
 
 
 @dataclasses.dataclass(frozen=True)

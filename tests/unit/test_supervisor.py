@@ -84,7 +84,12 @@ def _supervise(tmp_path, script, max_restarts, replan=None,
   return code, lines
 
 
-def _aborting_mpirun(then):
+# What mpirun prints when it begins to take a job down.
+ABORT_NOTICES = {'aborted': 'Per user-direction, the job has been aborted.',
+                 'killed_rank': KILLED_RANK, 'lost_daemon': LOST_DAEMON}
+
+
+def _aborting_mpirun(then, notice=ABORT_NOTICES['aborted']):
   """A stand-in for mpirun: a child holding the output pipe from a process
   group of its own (as OpenMPI starts its ssh sessions and local ranks),
   its session's id, the abort notice, then `then` (Python lines)."""
@@ -92,8 +97,7 @@ def _aborting_mpirun(then):
           'subprocess.Popen([sys.executable, "-c", "import time; '
           'time.sleep(90)"], process_group=0)\n'
           'print("session", os.getsid(0), flush=True)\n'
-          'print("Per user-direction, the job has been aborted.", '
-          'flush=True)\n' + then)
+          f'print({notice!r}, flush=True)\n' + then)
 
 
 # Fails (by SIGKILL) until it has run `n` times; records each attempt's
@@ -151,13 +155,15 @@ def test_replan_gives_each_restart_its_command_or_ends_the_job(tmp_path):
   assert lines[-1] == 'only 1 of 3 hosts left, --min_hosts=2'
 
 
+@pytest.mark.parametrize('notice', list(ABORT_NOTICES))
 def test_an_mpirun_that_hangs_while_aborting_is_ended_after_the_grace(
-    tmp_path, capfd):
+    tmp_path, capfd, notice):
   """mpirun's abort notice, then a hang (it waits for a daemon that will
   not answer), with a child holding the output pipe from a process group
   of its own, as OpenMPI starts its ssh sessions and local ranks: the whole
-  session ends abort_grace after the notice, that child with it."""
-  hang = _aborting_mpirun('time.sleep(600)\n')
+  session ends abort_grace after the notice, that child with it. (The lost
+  daemon's notice, then a hang: the elastic test's two hosts cut at once.)"""
+  hang = _aborting_mpirun('time.sleep(600)\n', ABORT_NOTICES[notice])
   started = time.monotonic()
   code, lines = _supervise(tmp_path, hang, max_restarts=0, abort_grace=1)
   assert time.monotonic() - started < 60
