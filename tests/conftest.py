@@ -20,6 +20,7 @@ import tf_keras
 from tests.support import datasets
 from tests.support import records
 from tests.support import runner
+from resnet_keras import hardware
 from resnet_keras import run  # pylint: disable=unused-import
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
@@ -29,6 +30,16 @@ from resnet_keras import run  # pylint: disable=unused-import
 # (0.3-0.5 s per run in a test process that has run others).
 gc.collect()
 gc.freeze()
+
+
+def pytest_terminal_summary(terminalreporter):
+  """The machine, beside the suite's time at the end of its output (also
+  under -q): a time means little without the CPU kind and cores, and CI
+  keeps the log of a failed run only."""
+  terminalreporter.write_line(
+      f'machine: {hardware.this_cpu().describe()}, '
+      f'{psutil.cpu_count()} logical CPUs, '
+      f'{psutil.virtual_memory().total / 2**30:.0f} GiB')
 
 
 @pytest.fixture(autouse=True, scope='module')
