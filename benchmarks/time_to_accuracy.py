@@ -158,7 +158,7 @@ ROWS: Dict[str, List[str]] = {
     # 94.62% in 3.7x the baseline's time (benchmarks/README.md).
     'fashion_mnist_94, 26 epochs + random erasing': _f94_long(26),
     # Other shapes and batches in about the same time (eleventh session,
-    # seed 1): 94.4-94.5%, none closer to 95%. Batch 128 keeps the average's
+    # seed 1): 94.2-94.5%, none closer to 95%. Batch 128 keeps the average's
     # horizon in images (twice the steps).
     'fashion_mnist_94, 26 epochs + random erasing, batch 128': _f94_long(
         26, ema_decay='0.99975') + ['--batch_size=128'],
