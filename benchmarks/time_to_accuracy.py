@@ -154,8 +154,8 @@ ROWS: Dict[str, List[str]] = {
     # recipe: 93.90% in 0.90x, so that recipe keeps the half width.
     'fashion_mnist_94, 32-64-128-128': [
         '--config', 'fashion_mnist_94', '--stage_widths=32,64,128,128'],
-    # Toward 95% (ninth session, seed 1): the best run inside 4x,
-    # 94.62% in 3.7x the baseline's time (benchmarks/README.md).
+    # Toward 95%: the best run inside 4x, 94.62% in 3.7x the baseline's
+    # time on seed 1 (ninth session); 94.44% over 3 seeds (eleventh).
     'fashion_mnist_94, 26 epochs + random erasing': _f94_long(26),
     # Other shapes and batches in about the same time (eleventh session,
     # seed 1): 94.2-94.5%, none closer to 95%. Batch 128 keeps the average's
