@@ -170,6 +170,9 @@ ROWS: Dict[str, List[str]] = {
                                 '--stage_widths=16,32,64,128'],
     'fashion_mnist_94, full resolution, 9 epochs + random erasing': _f94_long(
         9, ema_decay='0.999') + ['--stem=cifar'],
+    # Stronger label smoothing over the long run: 94.57% (seed 1).
+    'fashion_mnist_94, 26 epochs + random erasing, label smoothing 0.2':
+        _f94_long(26) + ['--label_smoothing=0.2'],
     # fashion_mnist_94 without its kept techniques, then each added in turn;
     # the last row ('+weight average') trains what 'fashion_mnist_94' does.
     **_f94_ablation(),
