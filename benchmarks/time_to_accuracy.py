@@ -29,18 +29,24 @@ from typing import Dict, List
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MAIN = os.path.join(REPO, 'resnet_ctl_imagenet_main.py')
 
+
+def _epochs(n: int) -> List[str]:
+  """Train `n` epochs and evaluate once, at the end."""
+  return [f'--train_epochs={n}', f'--epochs_between_evals={n}']
+
+
 BASELINE = ['--config', 'fashion_mnist_resnet18_w025']
-SHORT = BASELINE + ['--train_epochs=4', '--epochs_between_evals=4']
+SHORT = BASELINE + _epochs(4)
 FAST = ['--config', 'fashion_mnist_fast']  # the quick start's recipe
 # The recipe before its PCA stem: what the rows below it were measured on.
 FAST_RANDOM_STEM = FAST + ['--stem_init=random']
-FAST8 = FAST + ['--train_epochs=8', '--epochs_between_evals=8']
+FAST8 = FAST + _epochs(8)
 # The quick start's bf16 settings that its fp32 block replaces.
-BF16_SHAPE = ['--width_multiplier=0.5', '--train_epochs=3',
-              '--epochs_between_evals=3']
-SHORT3 = BASELINE + ['--train_epochs=3', '--epochs_between_evals=3',
-                     '--batch_size=256', '--base_learning_rate=0.8',
-                     '--lr_schedule=linear', '--eval_flip']
+BF16_SHAPE = ['--width_multiplier=0.5'] + _epochs(3)
+SHORT3 = BASELINE + _epochs(3) + ['--batch_size=256',
+                                  '--base_learning_rate=0.8',
+                                  '--lr_schedule=linear', '--eval_flip']
+F94 = ['--config', 'fashion_mnist_94']  # the frontier's 94% recipe
 
 # fashion_mnist_94's ablation: the techniques it keeps, in the order they are
 # added back to its bare model, batch and schedule, as (name, flags off,
@@ -61,15 +67,14 @@ F94_TECHNIQUES = [
 def _f94_long(epochs: int, ema_decay: str = '0.9995') -> List[str]:
   """fashion_mnist_94 over `epochs` with random erasing and a slower
   average: the runs toward 95%."""
-  return ['--config', 'fashion_mnist_94', f'--train_epochs={epochs}',
-          f'--epochs_between_evals={epochs}', '--random_erasing=0.5',
-          f'--ema_decay={ema_decay}']
+  return F94 + _epochs(epochs) + ['--random_erasing=0.5',
+                                   f'--ema_decay={ema_decay}']
 
 
 def _f94_ablation() -> Dict[str, List[str]]:
   rows = {}
   for added in range(len(F94_TECHNIQUES) + 1):
-    flags = ['--config', 'fashion_mnist_94']
+    flags = list(F94)
     for i, (_, off, on) in enumerate(F94_TECHNIQUES):
       flags += on if i < added else off
     label = f'+{F94_TECHNIQUES[added - 1][0]}' if added else 'none'
@@ -102,8 +107,7 @@ ROWS: Dict[str, List[str]] = {
     '+weight_decay_5e-5': SHORT3 + ['--train_crop_min_area=1.0',
                                     '--weight_decay=0.00005'],
     'fast (+resnet10_w0.5)': FAST_RANDOM_STEM,
-    'fast for 4 epochs': FAST_RANDOM_STEM + ['--train_epochs=4',
-                                             '--epochs_between_evals=4'],
+    'fast for 4 epochs': FAST_RANDOM_STEM + _epochs(4),
     # The quick start's recipe as it is now: the above plus the PCA stem
     # (in fp32, with --avx2_fp32: its fp32 block, x0.375 for 4 epochs).
     'fast +pca_stem': FAST,
@@ -133,27 +137,22 @@ ROWS: Dict[str, List[str]] = {
     # The Fashion-MNIST frontier (benchmarks/README.md): the recipes, and
     # the quick start's model over 8 epochs with each lever tried on the way
     # to fashion_mnist_94 (timm's techniques among them).
-    'fashion_mnist_94': ['--config', 'fashion_mnist_94'],
+    'fashion_mnist_94': F94,
     # Tries at fitting 94% inside the baseline's time: fewer epochs of
     # fashion_mnist_94 with the weight average, as measured then: plain
     # momentum (the recipe has had Nesterov's since).
-    'fashion_mnist_94, 7 epochs + EMA': [
-        '--config', 'fashion_mnist_94', '--train_epochs=7',
-        '--epochs_between_evals=7', '--ema_decay=0.999', '--ema_warmup',
-        '--nonesterov'],
-    'fashion_mnist_94, 8 epochs + EMA': [
-        '--config', 'fashion_mnist_94', '--train_epochs=8',
-        '--epochs_between_evals=8', '--ema_decay=0.999', '--ema_warmup',
-        '--nonesterov'],
+    'fashion_mnist_94, 7 epochs + EMA': F94 + _epochs(7) + [
+        '--ema_decay=0.999', '--ema_warmup', '--nonesterov'],
+    'fashion_mnist_94, 8 epochs + EMA': F94 + _epochs(8) + [
+        '--ema_decay=0.999', '--ema_warmup', '--nonesterov'],
     # Nesterov momentum on seed 2, 7 epochs: 94.14% against 93.84%; raced
     # over 3 seeds, it became fashion_mnist_94 (the same flags now).
-    'fashion_mnist_94, 7 epochs + nesterov': [
-        '--config', 'fashion_mnist_94', '--train_epochs=7',
-        '--epochs_between_evals=7', '--nesterov'],
+    'fashion_mnist_94, 7 epochs + nesterov': F94 + _epochs(7) + [
+        '--nesterov'],
     # The quick start's faster bf16 shape (seventh session) under the 94%
     # recipe: 93.90% in 0.90x, so that recipe keeps the half width.
-    'fashion_mnist_94, 32-64-128-128': [
-        '--config', 'fashion_mnist_94', '--stage_widths=32,64,128,128'],
+    'fashion_mnist_94, 32-64-128-128': F94 + [
+        '--stage_widths=32,64,128,128'],
     # Toward 95%: the best run inside 4x, 94.62% in 3.7x the baseline's
     # time on seed 1 (ninth session); 94.44% over 3 seeds (eleventh).
     'fashion_mnist_94, 26 epochs + random erasing': _f94_long(26),
