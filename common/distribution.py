@@ -10,6 +10,7 @@ batch under Horovod (every process is a worker with its own program).
 """
 
 import dataclasses
+import functools
 import json
 import os
 import socket
@@ -116,8 +117,16 @@ class Backend:
   def any_worker(self, *flags: bool) -> Tuple[bool, ...]:
     """Per flag, True if it is true on any worker: one collective for all
     of them, which every worker must call."""
-    counts = self.count_workers(tf.constant(flags), 'any_worker').numpy()
+    counts = self._count_flags(tf.constant(flags)).numpy()
     return tuple(bool(count > 0) for count in counts)
+
+  @functools.cached_property
+  def _count_flags(self):
+    # Called eagerly (after every loop), strategy.run under
+    # MultiWorkerMirroredStrategy sets its replicas up again each time, and
+    # TensorFlow logs a warning about it; traced once, it is one collective.
+    return tf.function(lambda flags: self.count_workers(flags, 'any_worker'),
+                       autograph=False)
 
   def sum_metrics_over_workers(self, metrics) -> None:
     """Horovod: each worker evaluated its own shard; summing the metrics'
