@@ -84,8 +84,29 @@ def log_formatter() -> py_logging.Formatter:
                               datefmt='%H:%M:%S')
 
 
+# TensorFlow's and orbit's INFO lines that tell a user of these programs
+# nothing: one per checkpoint (its sharding callback's duration), three per
+# export (captures renamed inside the SavedModel, its fingerprint file) and
+# one per evaluation (the data's end, which the evaluation line gives as its
+# example count). Warnings with the same text still show.
+_NOISE = ('Sharding callback duration', 'contains input name(s) resource',
+          'Writing fingerprint to', 'The dataset iterator is exhausted')
+
+
+class _DropNoise(py_logging.Filter):
+
+  def filter(self, record: py_logging.LogRecord) -> bool:
+    if record.levelno > py_logging.INFO:
+      return True
+    message = record.getMessage()
+    return not any(noise in message for noise in _NOISE)
+
+
 def configure_logging() -> None:
-  logging.get_absl_handler().setFormatter(log_formatter())
+  handler = logging.get_absl_handler()
+  handler.setFormatter(log_formatter())
+  if not any(isinstance(f, _DropNoise) for f in handler.filters):
+    handler.addFilter(_DropNoise())
 
 
 def define_model_dir_flag(values: flags.FlagValues) -> None:

@@ -1,7 +1,9 @@
 """How entry points fail: one 'error:' line and an exit code, no traceback."""
 
 import errno
+import logging as py_logging
 
+from absl import logging
 import pytest
 
 from common import cli
@@ -53,3 +55,25 @@ def test_start_tool_checks_arguments_and_model_dir(tmp_path):
     cli.start_tool(['prog', 'extra'], str(tmp_path))
   with pytest.raises(UsageError, match='is not a directory'):
     cli.start_tool(['prog'], str(tmp_path / 'missing'))
+
+
+def test_tensorflows_routine_info_lines_are_dropped_not_its_warnings():
+  cli.configure_logging()
+  cli.configure_logging()  # Entry points called again in one process.
+  handler = logging.get_absl_handler()
+  assert sum(isinstance(f, cli._DropNoise) for f in handler.filters) == 1
+
+  def shown(level, message):
+    record = py_logging.LogRecord('tensorflow', level, __file__, 1, message,
+                                  (), None)
+    return bool(handler.filter(record))
+
+  for noise in ('Sharding callback duration: 49 microseconds',
+                'Function `serve` contains input name(s) resource with '
+                'unsupported characters which will be renamed to x',
+                'Writing fingerprint to /m/saved_model.partial/fingerprint.pb',
+                'The dataset iterator is exhausted after 2 steps.'):
+    assert not shown(py_logging.INFO, noise), noise
+    assert shown(py_logging.WARNING, noise), noise
+  assert shown(py_logging.INFO, 'saved checkpoint /m/ckpt-4')
+  assert shown(py_logging.INFO, 'exported SavedModel to /m/saved_model')
