@@ -1,4 +1,5 @@
-"""How entry points report bad input: one line, non-zero exit, no traceback."""
+"""How entry points report bad input (one line, non-zero exit, no traceback)
+and what their logs show."""
 
 import errno
 import inspect

@@ -1,4 +1,5 @@
-"""How entry points fail: one 'error:' line and an exit code, no traceback."""
+"""How entry points fail (one 'error:' line and an exit code, no traceback)
+and what their logs leave out."""
 
 import errno
 import logging as py_logging
