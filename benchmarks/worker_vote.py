@@ -14,22 +14,12 @@ TensorFlow logs a warning that it "has significant overhead".
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
 from benchmarks import hardware
-
-
-def _free_ports(count):
-  sockets = [socket.socket() for _ in range(count)]
-  for s in sockets:
-    s.bind(('127.0.0.1', 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
+from tests.support.data_service import free_ports
 
 
 def worker(index: int, calls: int, rounds: int) -> None:
@@ -73,7 +63,7 @@ def main() -> None:
     worker(args.worker, args.calls, args.rounds)
     return
   print(hardware.machine_line())
-  addresses = [f'127.0.0.1:{port}' for port in _free_ports(2)]
+  addresses = [f'127.0.0.1:{port}' for port in free_ports(2)]
   processes = []
   for index in range(2):
     tf_config = {'cluster': {'worker': addresses},
