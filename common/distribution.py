@@ -235,8 +235,8 @@ def _check_own_port_is_free(tf_config: str) -> None:
     port = int(port)
   except (ValueError, KeyError, IndexError, TypeError):
     raise UsageError(f'TF_CONFIG is not a valid cluster description '
-                     f'({tf_config[:200]}); see the README\'s multi-worker '
-                     'section') from None
+                     f'({tf_config[:200]}); see docs/multi_host.md, '
+                     '"The launcher"') from None
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
