@@ -88,6 +88,23 @@ class _NumberListParser(flags.ListParser):
     return f'comma-separated {self.kind_name}'
 
 
+def markdown_table() -> str:
+  """The flags of each config group as a Markdown table, with their short
+  aliases and choices: docs/training.md's "Flags by concern", written from
+  the same declarations as the flags (a unit test keeps them equal)."""
+  rows = ['| group | flags |', '|---|---|']
+  for group in GROUPS:
+    items = []
+    for field in options.fields_of(group):
+      spec = options.spec_of(field)
+      notes = ([f'`-{spec.alias}`'] if spec.alias else []) + (
+          [', '.join(str(c) for c in spec.choices)] if spec.choices else [])
+      items.append(f'`--{field.name}`' +
+                   (f' ({": ".join(notes)})' if notes else ''))
+    rows.append(f'| `{group.__name__}` | {", ".join(items)} |')
+  return '\n'.join(rows)
+
+
 RUN_CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(RunConfig))
 
 

@@ -2,13 +2,16 @@
 (--config) and the RunConfig they parse into."""
 
 import dataclasses
+import os
+import re
 
 import pytest
 from absl import flags
 
 from common.errors import UsageError
 from resnet_keras import flags as flags_lib
-from resnet_keras.config import RunConfig
+from resnet_keras.config import GROUPS, RunConfig
+from tests.support.runner import REPO_ROOT
 
 
 def _parsed(*argv) -> flags.FlagValues:
@@ -26,6 +29,27 @@ def test_every_run_config_field_is_a_flag():
   values = _parsed()
   for field in dataclasses.fields(RunConfig):
     assert field.name in values, field.name
+
+
+def test_the_docs_flag_table_is_the_declarations():
+  """docs/training.md's "Flags by concern" is markdown_table()'s output:
+  a flag added, renamed or given other choices changes it."""
+  with open(os.path.join(REPO_ROOT, 'docs', 'training.md')) as f:
+    doc = f.read()
+  table = re.search(r'<!-- flags table: .*? -->\n(.*?)\n<!-- end of flags '
+                    r'table -->', doc, re.S)
+  assert table, 'docs/training.md has no flags table between its markers'
+  generated = flags_lib.markdown_table()
+  assert table.group(1) == generated, (
+      'docs/training.md\'s flags table is stale: replace it with the output '
+      'of python -c "from resnet_keras import flags; '
+      'print(flags.markdown_table())"')
+  # One row per group, every option named once, its alias beside it.
+  names = re.findall(r'`--(\w+)`', generated)
+  assert sorted(names) == sorted(f.name for f in dataclasses.fields(RunConfig))
+  assert len(generated.splitlines()) == len(GROUPS) + 2
+  assert '`--batch_size` (`-bs`)' in generated
+  assert '`--dtype` (`-dt`: fp32, bf16, fp16, auto)' in generated
 
 
 @pytest.mark.parametrize('short,name,text,value', [
