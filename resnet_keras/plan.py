@@ -94,8 +94,6 @@ class TrainingPlan:
     return min(stops)
 
 
-
-
 def make_training_plan(cfg: RunConfig, num_train_examples: int,
                        num_eval_examples: int, num_programs: int = 1,
                        replicas_per_program: int = 1) -> TrainingPlan:

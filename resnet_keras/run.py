@@ -19,7 +19,7 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import orbit
 import tensorflow as tf
@@ -95,19 +95,25 @@ def _log_flag_notes(cfg: RunConfig, weight_decay_path: str,
 class _Profiler:
   """orbit train action: a TensorBoard profile of --profile_steps.
 
-  Actions run between loops, so the window snaps to loop boundaries.
+  Actions run between loops, so the profile covers whole loops: it starts
+  at the boundary before the loop that runs step `start` (before the first
+  loop, when that one does) and stops at the first boundary at or past
+  `stop`. A window between two boundaries is still profiled, not skipped.
   """
 
-  def __init__(self, start: int, stop: int, logdir: str, global_step):
+  def __init__(self, start: int, stop: int, logdir: str, global_step,
+               next_loop_end: Callable[[int], int]):
     self._start, self._stop = start, stop
     self._logdir = logdir
     self._step = global_step
-    self._active = False
+    self._next_loop_end = next_loop_end
+    self._active = self._done = False
 
-  def __call__(self, output):
+  def __call__(self, output=None):
     del output
     step = int(self._step.numpy())
-    if not self._active and self._start <= step < self._stop:
+    if (not self._active and not self._done and step < self._stop and
+        self._next_loop_end(step) > self._start):
       tf.profiler.experimental.start(self._logdir)
       self._active = True
       logging.info('profiler started at step %d (%s)', step, self._logdir)
@@ -117,8 +123,12 @@ class _Profiler:
   def finish(self):
     if self._active:
       tf.profiler.experimental.stop()
-      self._active = False
+      self._active, self._done = False, True
       logging.info('profiler stopped at step %d', int(self._step.numpy()))
+    elif not self._done:
+      logging.warning('--profile_steps=%d,%d: the run ended at step %d, '
+                      'before the window; no profile written', self._start,
+                      self._stop, int(self._step.numpy()))
 
 
 def weights_digest(model) -> str:
@@ -230,6 +240,8 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
     start_lib.record_shape(start, cfg.model_dir, _shape(basis, parts.plan))
     reporting.metrics_log.resume_at(start.step)
   parts.guard.install()
+  if reporting.profiler:
+    reporting.profiler()  # the first loop may be the window's
   watchdog = data_service.InputWatchdog(
       cfg.tf_data_service_timeout if cfg.tf_data_service else 0,
       parts.record.input_waiting_since,
@@ -293,12 +305,16 @@ class _Reporting:
         progress_bar=sys.stdout.isatty() and backend.num_workers == 1,
         metrics_log=self.metrics_log, mixed_targets=cfg.mixes_batches)
     self.actions = [self.logger, parts.guard]
-    self._profiler = None
+    self.profiler = None
     if cfg.profile_steps:
-      self._profiler = _Profiler(*cfg.profile_steps,
-                                 logdir=os.path.join(cfg.model_dir, 'profile'),
-                                 global_step=parts.optimizer.iterations)
-      self.actions.append(self._profiler)
+      plan = parts.plan
+      self.profiler = _Profiler(
+          *cfg.profile_steps, logdir=os.path.join(cfg.model_dir, 'profile'),
+          global_step=parts.optimizer.iterations,
+          # orbit's next loop: steps_per_loop, or fewer to the call's stop.
+          next_loop_end=lambda step: min(step + plan.steps_per_loop,
+                                         plan.next_stop(step)))
+      self.actions.append(self.profiler)
     self.summaries = self.eval_summary_dir = None
     if cfg.enable_tensorboard and backend.is_chief:
       summary_dir = os.path.join(cfg.model_dir, 'train')
@@ -309,8 +325,8 @@ class _Reporting:
       metrics.write_hparams(summary_dir, _hparams(cfg, plan))
 
   def close(self) -> None:
-    if self._profiler:
-      self._profiler.finish()
+    if self.profiler:
+      self.profiler.finish()
     self.logger.close()
     if self.metrics_log:
       if self._plots:
