@@ -188,6 +188,29 @@ def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
         matmul_error, native_error, scale)
 
 
+@pytest.mark.parametrize('shape,stride', [
+    ((3, 14, 14, 5), 2), ((3, 7, 7, 5), 2), ((2, 5, 6, 3), 2),
+    ((2, 9, 7, 4), 3), ((2, 4, 4, 3), 1)])
+@pytest.mark.parametrize('dtype', [tf.float32, tf.bfloat16])
+def test_subsample_is_the_strided_slice_and_its_gradient(shape, stride, dtype):
+  x = tf.cast(tf.random.stateless_normal(shape, seed=[3, 4]), dtype)
+  with tf.GradientTape(persistent=True) as tape:
+    tape.watch(x)
+    expected = x[:, ::stride, ::stride, :]
+    weights = tf.cast(tf.random.stateless_normal(expected.shape, seed=[5, 6]),
+                      dtype)
+    ours = models.subsample(x, stride)
+    losses = [tf.reduce_sum(y * weights) for y in (ours, expected)]
+  np.testing.assert_array_equal(ours.numpy(), expected.numpy())
+  np.testing.assert_array_equal(tape.gradient(losses[0], x).numpy(),
+                                tape.gradient(losses[1], x).numpy())
+  # Traced without the map's size: the strided slice itself.
+  unsized = tf.function(lambda v: models.subsample(v, stride),
+                        input_signature=[tf.TensorSpec([None, None, None,
+                                                        shape[3]], dtype)])
+  np.testing.assert_array_equal(unsized(x).numpy(), expected.numpy())
+
+
 @pytest.mark.parametrize('setting,dtype,machine,conv,relu', [
     # bf16 on any CPU: matmul convolutions and the XLA add + ReLU.
     ('auto', 'bf16', 'amx', True, True), ('auto', 'bf16', 'avx2', True, True),
