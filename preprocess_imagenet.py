@@ -30,6 +30,7 @@ The reference's `--nogcs_upload` is accepted (and changes nothing); uploading
 is left to `gsutil -m cp -r OUT gs://...`.
 """
 
+import concurrent.futures
 import io
 import json
 import multiprocessing
@@ -48,7 +49,7 @@ from PIL import Image
 from common import cli
 from common import env
 from common import files
-from common.errors import UsageError
+from common.errors import RunStopped, UsageError
 
 # TensorFlow is imported only where shards are written: it takes seconds, and
 # bad input should be reported at once. Its C++ start-up notices (no GPU,
@@ -416,21 +417,36 @@ def run_tasks(tasks, num_workers):
   # the child then waits for forever (seen once: the test suite's
   # conversion of a corrupt image hung silently, on a loaded machine). Each
   # worker imports TensorFlow itself once (2-3 s), then writes many shards.
+  # concurrent.futures, not multiprocessing.Pool: a worker that dies ends
+  # the run (BrokenProcessPool) where Pool waits forever, and stopping after
+  # an error does not go through Pool.terminate, which hung once more in
+  # the suite (2026-11-27) with its workers already gone. On an error or
+  # Ctrl-C the shards in flight finish; the queued ones are cancelled.
   context = multiprocessing.get_context('spawn')
-  with context.Pool(min(num_workers, len(tasks)),
-                    initializer=_ignore_sigint) as pool:
-    for result in pool.imap_unordered(write_shard, tasks):
-      results.append(result)
-      images_done += result.num_written + len(result.skipped)
-      for path, reason in result.skipped:
-        print(f'warning: skipped undecodable image {path} ({reason})',
-              file=sys.stderr)
-      now = time.monotonic()
-      if (now - last_report >= PROGRESS_INTERVAL_SECS
-          or len(results) == len(tasks)):
-        print(format_progress(len(results), len(tasks), images_done,
-                              total_images, now - start), flush=True)
-        last_report = now
+  with concurrent.futures.ProcessPoolExecutor(
+      min(num_workers, len(tasks)), mp_context=context,
+      initializer=_ignore_sigint) as executor:
+    futures = [executor.submit(write_shard, task) for task in tasks]
+    try:
+      for future in concurrent.futures.as_completed(futures):
+        result = future.result()
+        results.append(result)
+        images_done += result.num_written + len(result.skipped)
+        for path, reason in result.skipped:
+          print(f'warning: skipped undecodable image {path} ({reason})',
+                file=sys.stderr)
+        now = time.monotonic()
+        if (now - last_report >= PROGRESS_INTERVAL_SECS
+            or len(results) == len(tasks)):
+          print(format_progress(len(results), len(tasks), images_done,
+                                total_images, now - start), flush=True)
+          last_report = now
+    except concurrent.futures.process.BrokenProcessPool:
+      raise RunStopped('a converter worker process died (killed, or out of '
+                       'memory?); complete shards are kept, rerun the same '
+                       'command to write the rest', 1) from None
+    finally:
+      executor.shutdown(wait=True, cancel_futures=True)
   return results
 
 

@@ -6,8 +6,11 @@ reference's command line."""
 import json
 import os
 
+import pytest
+
 import preprocess_imagenet as pi
 from common import files
+from common.errors import RunStopped
 from tests.support import runner
 from tests.support.converter import (NUM_VALIDATION, SYNSETS, TRAIN_PER_CLASS,
                                      assert_one_line_error, convert_in_process,
@@ -113,6 +116,23 @@ def test_corrupt_image_stops_the_run_or_is_skipped(tmp_path):
   assert '1 undecodable images skipped' in result.stdout
   with open(os.path.join(out, 'metadata.json')) as f:
     assert json.load(f)['num_examples']['train'] == 3 * TRAIN_PER_CLASS
+
+
+class _EndsTheProcessWhenUnpickled:
+  """A shard task's image that kills the worker receiving it, as the OOM
+  killer would."""
+
+  def __reduce__(self):
+    return (os._exit, (9,))
+
+
+def test_a_worker_that_dies_ends_the_run_in_one_line(tmp_path):
+  # multiprocessing.Pool waited forever for such a worker's shard.
+  task = pi.ShardTask(str(tmp_path / 'train-00000-of-00002'),
+                      [_EndsTheProcessWhenUnpickled()], False)
+  with pytest.raises(RunStopped, match='converter worker process died'):
+    pi.run_tasks([task, task._replace(path=str(tmp_path / 'other'))], 2)
+  assert not os.listdir(tmp_path)
 
 
 def test_resume_rewrites_only_missing_shards(tmp_path):
