@@ -126,9 +126,9 @@ class _Profiler:
       self._active, self._done = False, True
       logging.info('profiler stopped at step %d', int(self._step.numpy()))
     elif not self._done:
-      logging.warning('--profile_steps=%d,%d: the run ended at step %d, '
-                      'before the window; no profile written', self._start,
-                      self._stop, int(self._step.numpy()))
+      logging.warning('--profile_steps=%d,%d: this run trained no step in '
+                      'the window (it ended at step %d); no profile written',
+                      self._start, self._stop, int(self._step.numpy()))
 
 
 def weights_digest(model) -> str:

@@ -52,5 +52,10 @@ def test_a_shorter_loop_before_an_evaluation_is_accounted_for(tmp_path):
 
 def test_a_window_past_the_run_says_so(tmp_path, caplog):
   assert _profile(tmp_path, (900, 910), [0, 117, 234]) == []
-  assert 'before the window; no profile written' in caplog.text
+  assert 'no step in the window (it ended at step 234)' in caplog.text
   assert not (tmp_path / 'profile').exists()
+
+
+def test_a_run_resumed_past_the_window_says_so(tmp_path, caplog):
+  assert _profile(tmp_path, (10, 20), [351, 468]) == []
+  assert 'no step in the window (it ended at step 468)' in caplog.text
