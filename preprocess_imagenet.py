@@ -423,30 +423,31 @@ def run_tasks(tasks, num_workers):
   # the suite (2026-11-27) with its workers already gone. On an error or
   # Ctrl-C the shards in flight finish; the queued ones are cancelled.
   context = multiprocessing.get_context('spawn')
-  with concurrent.futures.ProcessPoolExecutor(
+  executor = concurrent.futures.ProcessPoolExecutor(
       min(num_workers, len(tasks)), mp_context=context,
-      initializer=_ignore_sigint) as executor:
+      initializer=_ignore_sigint)
+  try:
     futures = [executor.submit(write_shard, task) for task in tasks]
-    try:
-      for future in concurrent.futures.as_completed(futures):
-        result = future.result()
-        results.append(result)
-        images_done += result.num_written + len(result.skipped)
-        for path, reason in result.skipped:
-          print(f'warning: skipped undecodable image {path} ({reason})',
-                file=sys.stderr)
-        now = time.monotonic()
-        if (now - last_report >= PROGRESS_INTERVAL_SECS
-            or len(results) == len(tasks)):
-          print(format_progress(len(results), len(tasks), images_done,
-                                total_images, now - start), flush=True)
-          last_report = now
-    except concurrent.futures.process.BrokenProcessPool:
-      raise RunStopped('a converter worker process died (killed, or out of '
-                       'memory?); complete shards are kept, rerun the same '
-                       'command to write the rest', 1) from None
-    finally:
-      executor.shutdown(wait=True, cancel_futures=True)
+    for future in concurrent.futures.as_completed(futures):
+      result = future.result()
+      results.append(result)
+      images_done += result.num_written + len(result.skipped)
+      for path, reason in result.skipped:
+        print(f'warning: skipped undecodable image {path} ({reason})',
+              file=sys.stderr)
+      now = time.monotonic()
+      if (now - last_report >= PROGRESS_INTERVAL_SECS
+          or len(results) == len(tasks)):
+        print(format_progress(len(results), len(tasks), images_done,
+                              total_images, now - start), flush=True)
+        last_report = now
+  except concurrent.futures.process.BrokenProcessPool:
+    raise RunStopped('a converter worker process died (killed, or out of '
+                     'memory?); complete shards are kept, rerun the same '
+                     'command to write the rest', 1) from None
+  finally:
+    # Not the executor's `with`: its exit waits for the queued shards too.
+    executor.shutdown(wait=True, cancel_futures=True)
   return results
 
 

@@ -240,8 +240,6 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
     start_lib.record_shape(start, cfg.model_dir, _shape(basis, parts.plan))
     reporting.metrics_log.resume_at(start.step)
   parts.guard.install()
-  if reporting.profiler:
-    reporting.profiler()  # the first loop may be the window's
   watchdog = data_service.InputWatchdog(
       cfg.tf_data_service_timeout if cfg.tf_data_service else 0,
       parts.record.input_waiting_since,
@@ -249,6 +247,8 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
   logging.info('training to step %d; SIGTERM or Ctrl-C: checkpoint after the '
                'current step, then stop', parts.plan.total_train_steps)
   try:
+    if reporting.profiler:
+      reporting.profiler()  # the first loop may be the window's
     outcome = _train_and_evaluate(cfg, parts, controller, reporting, start,
                                   started)
   except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
