@@ -51,10 +51,8 @@ TECHNIQUES = ['--stem=small', '--train_epochs=2',
     (['--use_horovod', '--sync_batch_norm'], '--batch_size=8', 16),
     (['-ds', 'multi_worker_mirrored'] + TECHNIQUES, '--batch_size=16',
      16),  # -bs global
-    # Accumulated gradients take Horovod's explicit all-reduce: without it
-    # the workers' weights would drift apart.
-    (['--use_horovod', '--num_accumulation_steps=2'] + TECHNIQUES,
-     '--batch_size=8', 16),
+    # Horovod with the techniques and accumulated gradients: the exact
+    # resume below, whose workers must also agree.
 ])
 def test_two_workers_train_in_lockstep(tmp_path, backend_args, batch_flag,
                                        global_batch):
@@ -202,8 +200,9 @@ def test_port_in_use_is_one_line(tmp_path):
 
 def test_two_workers_resume_the_techniques_exactly(records_run, tmp_path):
   """The time-to-accuracy techniques under Horovod's 2 processes
-  (e2e/test_training_techniques.py's run, its per-worker batch halved, its
-  ramp in 2 epochs: 24 then 32 px): resumed from the straight run's epoch-1
+  (e2e/test_training_techniques.py's run, its per-worker batch halved and
+  accumulated in 2 micro-batches, its ramp in 2 epochs: 24 then 32 px):
+  resumed from the straight run's epoch-1
   checkpoint, it ends as the straight run: both workers' weights, every
   variable of the last checkpoint, the weight average's included, and the
   evaluations (which read the other worker's batch-norm statistics too: it
@@ -217,17 +216,33 @@ def test_two_workers_resume_the_techniques_exactly(records_run, tmp_path):
           '--progressive_resize_epochs=0,1']
 
   def train(model_dir, epochs):
+    # Accumulated gradients take Horovod's explicit all-reduce: without it
+    # the workers' weights would drift apart.
     result = runner.spawn_script(
         DEMO, ['--use_horovod', '--num_workers_per_hls=2', '--batch_size=2',
-               f'--data_dir={data_dir}', f'--model_dir={model_dir}',
-               f'--train_epochs={epochs}'] + techniques, timeout=300)
+               '--num_accumulation_steps=2', f'--data_dir={data_dir}',
+               f'--model_dir={model_dir}', f'--train_epochs={epochs}'] +
+        techniques, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return _summaries(model_dir)
+    return _summaries(model_dir), result.stdout + result.stderr
 
-  straight = train(str(tmp_path / 'straight'), 2)
+  straight, output = train(str(tmp_path / 'straight'), 2)
+  # Both workers trained at both sizes, in step, and log the same reduced
+  # losses; the chief alone exported, an export that runs in training mode
+  # without Horovod; no worker ran the strategy eagerly.
+  assert 'training at 32 px from epoch 1' in output
+  assert 'gradient accumulation: 2 micro-batches of 1 per replica' in output
+  assert straight[0]['train_loss'] == pytest.approx(straight[1]['train_loss'])
+  assert (straight[0]['train_accuracy'] ==
+          pytest.approx(straight[1]['train_accuracy']))
+  assert 'eagerly has significant overhead' not in output
+  model_dir = str(tmp_path / 'straight')
+  assert not os.path.exists(os.path.join(model_dir, 'worker_1', 'saved_model'))
+  loaded = tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
+  assert loaded(tf.zeros([2, 40, 40, 3]), training=True).shape == (2, 6)
   runner.copy_run_up_to(str(tmp_path / 'straight'), 4,
                         str(tmp_path / 'resumed'))
-  resumed = train(str(tmp_path / 'resumed'), 2)
+  resumed, _ = train(str(tmp_path / 'resumed'), 2)
   assert resumed[0]['resumed_from_step'] == 4
   assert straight[0]['global_batch_size'] == 4
   hashes = {s['weights_sha256'] for s in straight + resumed}
