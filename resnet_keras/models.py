@@ -43,15 +43,25 @@ BN_MOMENTUM = 0.9
 BN_EPSILON = 1e-5
 
 
-# A 3x3 convolution's weight gradient goes through patches x matmul when its
-# output is at most this many pixels and its input has at least this many
-# channels: there oneDNN's weight-gradient kernel is 1.5-10x slower than one
-# big matmul (benchmarks/levers.py), and the patches stay small.
-SMALL_MAP_PIXELS = 49
-SMALL_MAP_MIN_CHANNELS = 256
+def kernel_grad_by_patches(out_pixels: int, in_channels: int, stride: int,
+                           dtype: str) -> bool:
+  """Whether a 3x3 convolution's weight gradient should be im2col patches x
+  one matmul rather than oneDNN's weight-gradient kernel.
+
+  Where the patches win: maps of 7x7 or less with at least 256 input
+  channels (ResNet-50's last stage; benchmarks/levers.py, measured with
+  AMX); 2x2 maps with at least 64 (1.2-2.6x in bf16 and in fp32 on AVX2
+  kernels, batch 256); in bf16, strided convolutions to 4x4 maps (1.2-1.8x;
+  0.65-0.9x in fp32). `python -m benchmarks.kernel_grad` prints the grid.
+  """
+  if out_pixels <= 4:
+    return in_channels >= 64
+  if dtype == 'bfloat16' and stride > 1 and out_pixels <= 16:
+    return True
+  return in_channels >= 256 and out_pixels <= 49
 
 
-def _conv_with_patch_matmul_kernel_grad(inputs, kernel, strides):
+def conv_with_patch_matmul_kernel_grad(inputs, kernel, strides):
   """Conv2D ('same') whose kernel gradient is im2col patches x matmul."""
 
   @tf.custom_gradient
@@ -112,9 +122,9 @@ class MatmulConv2D(layers.Conv2D):
 
   Same kernel variable and same results as Conv2D. 1x1 convolutions are one
   matmul over all pixels (strides subsample first, which is what a 1x1
-  'same' convolution does); 3x3 convolutions on small, channel-heavy maps
-  keep the native forward pass and input gradient but compute the kernel
-  gradient as patches x matmul. Why: on CPUs with AMX, oneDNN's bf16 matmul
+  'same' convolution does); 3x3 convolutions on small maps
+  (kernel_grad_by_patches) keep the native forward pass and input gradient
+  but compute the kernel gradient as patches x matmul. Why: on CPUs with AMX, oneDNN's bf16 matmul
   is much faster than its convolution weight gradients at these shapes.
   """
 
@@ -131,8 +141,9 @@ class MatmulConv2D(layers.Conv2D):
     if height is None or width is None:  # Sizes known only when run.
       return super().convolution_op(inputs, kernel)
     out_pixels = -(-height // stride) * -(-width // stride)
-    if channels >= SMALL_MAP_MIN_CHANNELS and out_pixels <= SMALL_MAP_PIXELS:
-      return _conv_with_patch_matmul_kernel_grad(inputs, kernel, stride)
+    if kernel_grad_by_patches(out_pixels, channels, stride,
+                              self.compute_dtype):
+      return conv_with_patch_matmul_kernel_grad(inputs, kernel, stride)
     return super().convolution_op(inputs, kernel)
 
 

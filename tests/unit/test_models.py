@@ -140,6 +140,46 @@ def _loss_and_grads(model, images, labels, training=True):
   return loss, tape.gradient(loss, model.trainable_variables)
 
 
+@pytest.mark.parametrize('out_pixels,in_channels,stride,dtype,patches', [
+    (49, 512, 1, 'float32', True),  # ResNet-50's last stage at 224 px
+    (49, 256, 2, 'bfloat16', True),
+    (49, 128, 2, 'bfloat16', False),
+    (64, 512, 1, 'bfloat16', False),  # 8x8: no longer a small map
+    (4, 64, 1, 'float32', True),  # 2x2 maps from 64 channels, any dtype
+    (4, 32, 2, 'bfloat16', False),
+    (16, 64, 2, 'bfloat16', True),  # bf16, strided, to 4x4
+    (16, 64, 2, 'float32', False),
+    (16, 64, 1, 'bfloat16', False),
+    (16, 256, 1, 'float32', True),
+])
+def test_kernel_gradients_go_through_patches_on_small_maps(
+    out_pixels, in_channels, stride, dtype, patches):
+  assert models.kernel_grad_by_patches(out_pixels, in_channels, stride,
+                                       dtype) is patches
+
+
+def test_matmul_convs_pick_the_kernel_gradient_per_layer(monkeypatch):
+  # fashion_mnist_94's network in bf16: 28 px, small stem, 32-64-128-256.
+  picked = []
+  original = models.conv_with_patch_matmul_kernel_grad
+
+  def recording(inputs, kernel, stride):
+    picked.append((inputs.shape[1], inputs.shape[3], stride))
+    return original(inputs, kernel, stride)
+
+  monkeypatch.setattr(models, 'conv_with_patch_matmul_kernel_grad', recording)
+  policy = tf_keras.mixed_precision.global_policy()
+  tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
+  try:
+    models.resnet(10, 10, 28, stem='small', matmul_convs=True,
+                  filters=(32, 64, 128, 256))
+  finally:
+    tf_keras.mixed_precision.set_global_policy(policy)
+  # (input map, input channels, stride): the strided 3x3s into stages 3
+  # and 4, and stage 4's unstrided one; not stages 1-2 nor 4x4 unstrided.
+  assert sorted(set(picked)) == [(2, 256, 1), (4, 128, 2), (7, 64, 2)]
+
+
 @pytest.mark.parametrize('depth,image_size', [(50, 64), (18, 28)])
 def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
   # ResNet-50 at 64 px: stride-1 and stride-2 1x1 convolutions, 3x3 ones on
