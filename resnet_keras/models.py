@@ -124,8 +124,8 @@ class MatmulConv2D(layers.Conv2D):
   matmul over all pixels (strides subsample first, which is what a 1x1
   'same' convolution does); 3x3 convolutions on small maps
   (kernel_grad_by_patches) keep the native forward pass and input gradient
-  but compute the kernel gradient as patches x matmul. Why: on CPUs with AMX, oneDNN's bf16 matmul
-  is much faster than its convolution weight gradients at these shapes.
+  but compute the kernel gradient as patches x matmul. Why: there oneDNN's
+  matmul is much faster than its convolution weight gradients.
   """
 
   def convolution_op(self, inputs, kernel):
