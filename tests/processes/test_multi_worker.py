@@ -32,6 +32,26 @@ def _summaries(model_dir):
           runner.read_summary(os.path.join(model_dir, 'worker_1')))
 
 
+def _assert_in_lockstep(model_dir, output, image_size, num_classes):
+  """A 2-worker run's chief and worker agree, and the chief alone exported;
+  returns their run summaries."""
+  chief, worker = _summaries(model_dir)
+  # The chief alone exports, and the export needs no Horovod (not imported
+  # here) nor any collective to load and run in training mode.
+  assert not os.path.exists(os.path.join(model_dir, 'worker_1', 'saved_model'))
+  loaded = tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
+  images = tf.zeros([2, image_size, image_size, 3])
+  assert loaded(images, training=True).shape == (2, num_classes)
+  assert chief['weights_sha256'] == worker['weights_sha256']
+  # Losses and accuracies are reduced over the workers: both log the same.
+  assert chief['train_loss'] == pytest.approx(worker['train_loss'])
+  assert chief['train_accuracy'] == pytest.approx(worker['train_accuracy'])
+  # The guard's check after each loop is a traced collective: no worker runs
+  # the strategy eagerly (TensorFlow warns of that, and it costs every loop).
+  assert 'eagerly has significant overhead' not in output
+  return chief, worker
+
+
 # The time-to-accuracy techniques together (e2e/test_training_techniques.py):
 # two epochs at 24 then 32 px, evaluation and export at 40 px, the weight
 # average swapped in for them; and timm's that act on synthetic batches
@@ -64,27 +84,16 @@ def test_two_workers_train_in_lockstep(tmp_path, backend_args, batch_flag,
       timeout=300)
   techniques = '--ema_decay=0.5' in backend_args
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  chief, worker = _summaries(model_dir)
-  # The chief alone exports, and the export needs no Horovod (not imported
-  # here) nor any collective to load and run in training mode.
-  assert not os.path.exists(os.path.join(model_dir, 'worker_1', 'saved_model'))
-  loaded = tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
-  size = 40 if techniques else 32
-  assert loaded(tf.zeros([2, size, size, 3]), training=True).shape == (2, 10)
+  output = result.stdout + result.stderr
+  chief, worker = _assert_in_lockstep(model_dir, output,
+                                      40 if techniques else 32, 10)
   assert chief['num_workers'] == worker['num_workers'] == 2
   assert (chief['worker_index'], worker['worker_index']) == (0, 1)
   assert chief['global_batch_size'] == global_batch
   assert chief['train_steps'] == (8 if techniques else 4)
   if techniques:  # Both workers trained at both sizes, in step.
-    assert 'training at 32 px from epoch 1' in result.stdout + result.stderr
+    assert 'training at 32 px from epoch 1' in output
   assert chief['eval_examples'] == 13  # Every example once, over both.
-  assert chief['weights_sha256'] == worker['weights_sha256']
-  # Losses and accuracies are reduced over the workers: both log the same.
-  assert chief['train_loss'] == pytest.approx(worker['train_loss'])
-  assert chief['train_accuracy'] == pytest.approx(worker['train_accuracy'])
-  # The guard's check after each loop is a traced collective: no worker runs
-  # the strategy eagerly (TensorFlow warns of that, and it costs every loop).
-  assert 'eagerly has significant overhead' not in result.stdout
 
 
 def _rank_pids(launcher_pid):
@@ -202,7 +211,7 @@ def test_two_workers_resume_the_techniques_exactly(records_run, tmp_path):
   """The time-to-accuracy techniques under Horovod's 2 processes
   (e2e/test_training_techniques.py's run, its per-worker batch halved and
   accumulated in 2 micro-batches, its ramp in 2 epochs: 24 then 32 px):
-  resumed from the straight run's epoch-1
+  its workers in lockstep, and resumed from the straight run's epoch-1
   checkpoint, it ends as the straight run: both workers' weights, every
   variable of the last checkpoint, the weight average's included, and the
   evaluations (which read the other worker's batch-norm statistics too: it
@@ -224,25 +233,17 @@ def test_two_workers_resume_the_techniques_exactly(records_run, tmp_path):
                f'--model_dir={model_dir}', f'--train_epochs={epochs}'] +
         techniques, timeout=300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return _summaries(model_dir), result.stdout + result.stderr
+    return result.stdout + result.stderr
 
-  straight, output = train(str(tmp_path / 'straight'), 2)
-  # Both workers trained at both sizes, in step, and log the same reduced
-  # losses; the chief alone exported, an export that runs in training mode
-  # without Horovod; no worker ran the strategy eagerly.
+  straight_dir = str(tmp_path / 'straight')
+  output = train(straight_dir, 2)
+  straight = _assert_in_lockstep(straight_dir, output, 40, 6)
+  # Both workers trained at both sizes, in step.
   assert 'training at 32 px from epoch 1' in output
   assert 'gradient accumulation: 2 micro-batches of 1 per replica' in output
-  assert straight[0]['train_loss'] == pytest.approx(straight[1]['train_loss'])
-  assert (straight[0]['train_accuracy'] ==
-          pytest.approx(straight[1]['train_accuracy']))
-  assert 'eagerly has significant overhead' not in output
-  model_dir = str(tmp_path / 'straight')
-  assert not os.path.exists(os.path.join(model_dir, 'worker_1', 'saved_model'))
-  loaded = tf.saved_model.load(os.path.join(model_dir, 'saved_model'))
-  assert loaded(tf.zeros([2, 40, 40, 3]), training=True).shape == (2, 6)
-  runner.copy_run_up_to(str(tmp_path / 'straight'), 4,
-                        str(tmp_path / 'resumed'))
-  resumed, _ = train(str(tmp_path / 'resumed'), 2)
+  runner.copy_run_up_to(straight_dir, 4, str(tmp_path / 'resumed'))
+  train(str(tmp_path / 'resumed'), 2)
+  resumed = _summaries(str(tmp_path / 'resumed'))
   assert resumed[0]['resumed_from_step'] == 4
   assert straight[0]['global_batch_size'] == 4
   hashes = {s['weights_sha256'] for s in straight + resumed}
