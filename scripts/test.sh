@@ -48,14 +48,14 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 # The default folders unless the arguments name test files or directories.
 for arg in "$@"; do
-  if [ -e "${arg%%::*}" ]; then paths=(); break; fi
+  if [ -e "${arg%%::*}" ]; then paths=(); extra_worker=0; break; fi
 done
 # The full suite gets one worker more than the cores: its multi-process and
 # multi-host tests wait (failure timeouts, restarts, processes starting) and
 # the extra worker fills those waits. On 2 cores, 3 workers kept the CPUs
 # 84-85% busy against 77% with 2: the suite in 9% less time for the same CPU
-# (benchmarks/README.md, fifteenth session). --quick keeps one worker per
-# core: its in-process tests were not measured with more.
+# (benchmarks/README.md, fifteenth session). --quick and named tests keep
+# one worker per core: they were not measured with more.
 workers=$(( $(nproc) + extra_worker < 4 ? $(nproc) + extra_worker : 4 ))
 workers=${TEST_WORKERS:-$workers}
 # loadgroup: the tests of one xdist_group (one mpirun job at a time; a
