@@ -19,12 +19,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 select=()
 paths=(tests)
-extra_worker=1
 if [ "${1:-}" = "--quick" ]; then
   shift
   select=(-m "not slow")
   paths=(tests/unit tests/e2e)
-  extra_worker=0
 fi
 python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt \
   -r requirements-test.txt -r requirements-deploy.txt
@@ -48,7 +46,7 @@ if [ "$(id -u)" -eq 0 ]; then
 fi
 # The default folders unless the arguments name test files or directories.
 for arg in "$@"; do
-  if [ -e "${arg%%::*}" ]; then paths=(); extra_worker=0; break; fi
+  if [ -e "${arg%%::*}" ]; then paths=(); break; fi
 done
 # The full suite gets one worker more than the cores: its multi-process and
 # multi-host tests wait (failure timeouts, restarts, processes starting) and
@@ -56,8 +54,9 @@ done
 # 84-85% busy against 77% with 2: the suite in 9% less time for the same CPU
 # (benchmarks/README.md, fifteenth session). --quick and named tests keep
 # one worker per core: they were not measured with more.
-workers=$(( $(nproc) + extra_worker < 4 ? $(nproc) + extra_worker : 4 ))
-workers=${TEST_WORKERS:-$workers}
+workers=$(nproc)
+if [ "${paths[*]:-}" = tests ]; then workers=$(( workers + 1 )); fi
+workers=${TEST_WORKERS:-$(( workers < 4 ? workers : 4 ))}
 # loadgroup: the tests of one xdist_group (one mpirun job at a time; a
 # module's shared runs) stay in one worker, the rest go test by test.
 # A lost worker (the OOM killer, a crash, pytest-timeout's exit) can leave
