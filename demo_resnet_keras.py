@@ -360,6 +360,7 @@ class _Job:
     self._started = time.time()
     self.data_servers = None  # DataServers, once started.
     self._written = set()  # Files of the attempts (the hostfile).
+    self._report = None  # The last pre-flight check's preflight.Report.
 
   @property
   def is_elastic(self) -> bool:
@@ -375,16 +376,29 @@ class _Job:
              f'{" ".join(layout.trainer_flags(FLAGS.use_horovod))}')
 
   def first_attempt(self) -> supervisor.Attempt:
-    report, _ = _preflight(self._environ, self._hosts, self._servers,
-                           self.min_hosts)
-    step, _ = elastic.last_checkpoint(FLAGS.model_dir or '')
-    return self._attempt(report, step, lost=0.0)
+    self._report, _ = _preflight(self._environ, self._hosts, self._servers,
+                                 self.min_hosts)
+    # --clean applies to the first attempt only: it starts from step 0.
+    step = (None if FLAGS.clean else
+            elastic.last_checkpoint(FLAGS.model_dir or '')[0])
+    return self._attempt(step, lost=0.0)
 
   def replan(self, failure: supervisor.Failure) -> supervisor.Attempt:
+    """The next attempt: on the hosts that pass a new check (an elastic job,
+    or one with a tf.data service; the same hosts otherwise), resuming at
+    model_dir's last checkpoint, which the trainer is told to expect."""
     del failure  # Every host is checked again, whatever failed.
+    if self.is_elastic or self._servers:
+      self._check_again()
+    step, written = elastic.last_checkpoint(FLAGS.model_dir or '')
+    return self._attempt(step, time.time() - (written or self._started),
+                         restart=True)
+
+  def _check_again(self) -> None:
     try:
-      report, service = _preflight(self._environ, self._hosts, self._servers,
-                                   self.min_hosts, restart=True)
+      self._report, service = _preflight(
+          self._environ, self._hosts, self._servers, self.min_hosts,
+          restart=True)
       if self.data_servers:
         for line in self.data_servers.renew(service.ready):
           logging.error(line)
@@ -393,18 +407,19 @@ class _Job:
     except UsageError as e:
       raise UsageError(f'{e}; the job ends (resume it with the same command '
                        'once enough hosts are back)') from None
-    step, written = elastic.last_checkpoint(FLAGS.model_dir or '')
-    return self._attempt(report, step, time.time() - (written or
-                                                      self._started))
 
-  def _attempt(self, report: preflight.Report, step, lost: float
+  def _attempt(self, step, lost: float, restart: bool = False
                ) -> supervisor.Attempt:
     before = self.layout
+    report = self._report
     layout = (elastic.relayout(self.planned, report.ready,
                                FLAGS.num_workers_per_hls, FLAGS.elastic_batch)
               if self.is_elastic else self.planned)
     if layout.hosts != before.hosts:
       logging.error(elastic.describe_change(before, layout, step, lost))
+    elif restart:
+      logging.error('the job restarts on the same host(s): %s; %.0f s lost',
+                    elastic.resuming(step), lost)
     self.layout = layout
     self._started = time.time()
     plan = build_launch(sys.argv, self._environ, self._hosts,
@@ -419,7 +434,8 @@ class _Job:
       self._written.add(path)
     sys.stdout.flush()
     return supervisor.Attempt(plan.argv, {**self._environ, **plan.env},
-                              layout.hosts)
+                              layout.hosts,
+                              resume_step=(step or 0) if restart else None)
 
   def remove_files(self) -> None:
     """Removes the files the attempts wrote, once the job has ended."""
@@ -479,7 +495,7 @@ def main(argv):
         attempt, max_restarts=FLAGS.max_restarts,
         workers_per_host=FLAGS.num_workers_per_hls,
         parse_output=plan.argv[0] == 'mpirun', log=logging.error,
-        replan=job.replan if job.is_elastic or servers else None,
+        replan=job.replan,
         abort_grace=FLAGS.failure_timeout).run()
   finally:
     running.stop()

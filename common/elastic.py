@@ -121,10 +121,16 @@ def describe_change(before: Layout, after: Layout, step: Optional[int],
   verb = 'shrinks' if len(after.hosts) < len(before.hosts) else 'grows'
   lr = (f', learning rate x{after.lr_scale:.4g} (--elastic_batch=scale)'
         if after.lr_scale != 1 else ' (kept)')
-  where = f'resuming at step {step}' if step is not None else 'from step 0'
   return (f'elastic: the job {verb} from {len(before.hosts)} to '
           f'{len(after.hosts)} host(s) ({", ".join(after.hosts)}): '
-          f'{after.describe()}{lr}; {where}; {lost_seconds:.0f} s lost')
+          f'{after.describe()}{lr}; {resuming(step)}; {lost_seconds:.0f} s '
+          'lost')
+
+
+def resuming(step: Optional[int]) -> str:
+  """Where an attempt starts, as the launcher's lines say it."""
+  return (f'resuming at step {step}' if step is not None else
+          'from step 0 (no checkpoint yet)')
 
 
 _CHECKPOINT = re.compile(r'^model_checkpoint_path:\s*"(?:.*/)?ckpt-(\d+)"',

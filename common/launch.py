@@ -14,6 +14,7 @@ import shlex
 import socket
 from typing import Dict, List, Mapping, Optional, Sequence
 
+from common import supervisor
 from common.errors import UsageError
 
 # demo_resnet_keras.py's own flags: consumed there, never forwarded to the
@@ -147,7 +148,8 @@ def mpirun_command(program: Sequence[str], *, workers_per_host: int,
   if environ.get('MPI_ROOT'):
     argv += ['--prefix', environ['MPI_ROOT']]
   argv += keepalive_args(failure_timeout)
-  for name in forwarded_env_names(environ):
+  # The supervisor sets the attempt's variables for mpirun when it runs it.
+  for name in sorted({*forwarded_env_names(environ), *supervisor.ATTEMPT_VARS}):
     argv += ['-x', name]
   return Launch(argv=argv + list(program), env=extra_env, files=files,
                 notes=notes)

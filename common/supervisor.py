@@ -24,7 +24,14 @@ from typing import Callable, Deque, List, Mapping, Optional, Sequence
 
 from common.errors import NON_FINITE_EXIT_CODE, UsageError
 
+# What the supervisor tells each attempt's workers (mpirun forwards both):
+# how many times the job was restarted before it, and the step of the
+# checkpoint it resumes at (empty on the first attempt). The trainer applies
+# --clean on the first attempt only, and refuses to train from any other
+# step than the one the launcher announced.
 RESTARTS_VAR = 'RESNET_KERAS_RESTARTS'
+RESUME_STEP_VAR = 'RESNET_KERAS_RESUME_STEP'
+ATTEMPT_VARS = (RESTARTS_VAR, RESUME_STEP_VAR)
 # Exit codes of failures a rerun cannot fix: bad input and a non-finite loss.
 NOT_RETRIED_EXIT_CODES = (UsageError.exit_code, NON_FINITE_EXIT_CODE)
 _TAIL_LINES = 400
@@ -56,11 +63,13 @@ class Failure:
 
 @dataclasses.dataclass(frozen=True)
 class Attempt:
-  """What one attempt runs: its command, environment, and the hosts it
-  runs on (empty: this host), in mpirun's order."""
+  """What one attempt runs: its command, environment, the hosts it runs
+  on (empty: this host), in mpirun's order, and for a restart the step of
+  the checkpoint it resumes at (0: none yet; None: not a restart)."""
   argv: Sequence[str]
   env: Mapping[str, str]
   hosts: Sequence[str] = ()
+  resume_step: Optional[int] = None
 
 
 def describe_failure(exit_code: int, output: Sequence[str],
@@ -209,7 +218,9 @@ class Supervisor:
 
   def _run_once(self, restarts: int):
     argv = list(self._attempt.argv)
-    env = {**self._attempt.env, RESTARTS_VAR: str(restarts)}
+    step = self._attempt.resume_step
+    env = {**self._attempt.env, RESTARTS_VAR: str(restarts),
+           RESUME_STEP_VAR: '' if step is None else str(step)}
     tail: Deque[str] = collections.deque(maxlen=_TAIL_LINES)
     if not self._parse_output:
       self._job = subprocess.Popen(argv, env=env)
@@ -301,3 +312,10 @@ def _signal_session(session_id: int, sig: int) -> None:
 def restart_count(environ: Mapping[str, str]) -> int:
   """How many times the launcher restarted this job before this attempt."""
   return int(environ.get(RESTARTS_VAR, '0') or 0)
+
+
+def resume_step(environ: Mapping[str, str]) -> Optional[int]:
+  """The step of the checkpoint the launcher restarted this attempt to
+  resume at (0: it saw none), or None (a first attempt, or no launcher)."""
+  value = environ.get(RESUME_STEP_VAR, '')
+  return int(value) if value else None

@@ -831,7 +831,9 @@ class OutputConfig:
       'Checkpoints, summaries, exports and run_summary.json.', alias='md')
   clean: bool = option(
       False,
-      'Remove model_dir before training.')
+      'Remove model_dir before training. Under the launcher it applies to '
+      'the first attempt only: a restarted one (--max_restarts, an elastic '
+      'job) resumes from the checkpoints the first wrote.')
   enable_checkpoint_and_export: bool = option(
       False,
       'Checkpoint every epoch and export a SavedModel to '

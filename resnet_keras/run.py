@@ -54,9 +54,17 @@ orbit.controller._log = logging.debug  # pylint: disable=protected-access
 SUMMARY_FILE = 'run_summary.json'
 
 
-def prepare_model_dir(model_dir: str, clean: bool) -> None:
-  """Applies --clean and checks model_dir is a writable directory."""
-  if clean and os.path.exists(model_dir):
+def prepare_model_dir(model_dir: str, clean: bool, restarts: int = 0) -> None:
+  """Applies --clean and checks model_dir is a writable directory.
+
+  --clean applies to a launch's first attempt only: a restarted one
+  (`restarts` > 0) resumes from the checkpoints the first one wrote.
+  """
+  if clean and restarts:
+    logging.info('--clean: not applied to restart %d of this job, which '
+                 'resumes from the last checkpoint in %s', restarts,
+                 model_dir)
+  elif clean and os.path.exists(model_dir):
     logging.info('--clean: removing %s', model_dir)
     shutil.rmtree(model_dir)
   try:
@@ -202,6 +210,9 @@ def _run(cfg: RunConfig) -> Dict:
   basis = _set_up(cfg)
   plan = assembly.plan_for(basis)
   start = start_lib.decide(basis.effective_cfg, plan)
+  if basis.backend.is_chief:
+    start_lib.check_announced(start, supervisor.resume_step(os.environ),
+                              basis.cfg.model_dir)
   _log_plan(basis, plan)
   parts = assembly.assemble_training(basis, plan, start)
   start_lib.restore(start, parts.weights(), basis.cfg, basis.info,
@@ -218,7 +229,8 @@ def _set_up(cfg: RunConfig) -> assembly.Basis:
   basis = assembly.set_up(cfg)
   backend = basis.backend
   if backend.is_chief:
-    prepare_model_dir(cfg.model_dir, cfg.clean)
+    prepare_model_dir(cfg.model_dir, cfg.clean,
+                      supervisor.restart_count(os.environ))
   else:
     logging.info('worker %d: logging warnings only; the chief (worker 0) '
                  'logs the run', backend.worker_index)

@@ -123,6 +123,22 @@ def decide(cfg: RunConfig, plan: TrainingPlan) -> Start:
   return Start(WARM, step, checkpoint=source.checkpoint, source=source)
 
 
+def check_announced(start: Start, announced: Optional[int],
+                    model_dir: str) -> None:
+  """Stops a restarted attempt whose start is not the checkpoint the
+  launcher announced (`announced`: its step, 0 for none; None: not a
+  restart), rather than train from another step than the log says."""
+  own = start.step if start.kind == RESUMED else 0
+  if announced is None or own == announced:
+    return
+  found = f'its checkpoint at step {own}' if own else 'no checkpoint'
+  raise UsageError(
+      f'the launcher restarted this job to resume at step {announced}, but '
+      f'the chief finds {found} in --model_dir={model_dir}: the launcher and '
+      'the chief must see the same model_dir (storage every host shares); '
+      'stopped rather than train from another step')
+
+
 def resolve_source(cfg: RunConfig, flag: str, path: str) -> Source:
   """The checkpoint `flag`=`path` names, if it holds a model this run can
   start from."""

@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from common import supervisor
 from resnet_keras import guards
 from tests.support import runner
 from tests.support.records import write_dataset
@@ -65,26 +66,47 @@ def test_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
 
 
 @pytest.mark.slow
-def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(tmp_path):
+def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
+    tmp_path, monkeypatch):
+  """The resume is the launcher's restart of a job started with --clean
+  (what the supervisor tells the attempt): --clean is for the first attempt
+  only. A restart announced at another step than model_dir's stops."""
   data_dir = str(tmp_path / 'data')
   write_dataset(data_dir)  # 17 training records: 4 steps of 4 per epoch
 
-  def train(model_dir, epochs):
-    result = runner.run_main([
+  def train(model_dir, epochs, extra=()):
+    return runner.run_main([
         '-dd', data_dir, '-md', model_dir, '--resnet_depth=10',
         '--width_multiplier=0.25', '--image_size=32', '--batch_size=4',
         f'-te={epochs}',
         '--steps_per_loop=2', '--log_steps=2', '--global_seed=7',
-        '--enable_checkpoint_and_export', '--skip_eval'])
+        '--enable_checkpoint_and_export', '--skip_eval', *extra])
+
+  def summary(model_dir, result):
     assert result.returncode == 0, result.stderr[-3000:]
     return runner.read_summary(model_dir)
 
-  straight = train(str(tmp_path / 'straight'), 2)
-  train(str(tmp_path / 'resumed'), 1)           # "interrupted" after epoch 1
-  resumed = train(str(tmp_path / 'resumed'), 2)
+  resumed_dir = str(tmp_path / 'resumed')
+  straight = summary(str(tmp_path / 'straight'),
+                     train(str(tmp_path / 'straight'), 2))
+  # "Interrupted" after epoch 1.
+  summary(resumed_dir, train(resumed_dir, 1, ['--clean']))
+  monkeypatch.setenv(supervisor.RESTARTS_VAR, '1')
+  monkeypatch.setenv(supervisor.RESUME_STEP_VAR, '4')
+  restarted = train(resumed_dir, 2, ['--clean'])
+  assert '--clean: not applied to restart 1' in restarted.stderr
+  resumed = summary(resumed_dir, restarted)
   assert resumed['resumed_from_step'] == 4 and resumed['train_steps'] == 8
+  assert resumed['restarts'] == 1
   assert resumed['train_loss'] == straight['train_loss']
   assert resumed['weights_sha256'] == straight['weights_sha256']
+
+  kept = runner.checkpoint_steps(resumed_dir)
+  disagreeing = train(resumed_dir, 3, ['--clean'])
+  runner.assert_stopped_with(
+      disagreeing, 'restarted this job to resume at step 4', 'checkpoint at '
+      'step 8', 'stopped rather than train from another step')
+  assert runner.checkpoint_steps(resumed_dir) == kept
 
 
 @pytest.mark.slow

@@ -21,7 +21,8 @@ STEPS = 36
 # Horovod: 3 workers x 4 = 12; tf.distribute: --batch_size is the global 12.
 BACKENDS = {'horovod': (['--use_horovod'], 4),
             'multi_worker_mirrored': (['-ds', 'multi_worker_mirrored'], 12)}
-ELASTIC = ['--min_hosts=2', '--max_restarts=2',
+# --clean, as users' job scripts give it, applies to the first attempt only.
+ELASTIC = ['--min_hosts=2', '--max_restarts=2', '--clean',
            f'--failure_timeout={FAILURE_TIMEOUT}', '--global_seed=7',
            '--checkpoint_interval_steps=4', '--max_checkpoints=100',
            '--enable_checkpoint_and_export', f'--train_steps={STEPS}',
@@ -96,6 +97,7 @@ def test_a_lost_host_is_dropped_then_rejoins_and_the_resume_is_exact(
   assert STEPS // 3 <= shrunk_at < grown_at < STEPS
   summary = runner.read_summary(model_dir)
   assert summary['train_steps'] == STEPS and summary['restarts'] == 2
+  assert summary['resumed_from_step'] == grown_at
   shapes = [(s['step'], s['workers'], s['global_batch_size'],
              s['micro_batches']) for s in summary['world_sizes']]
   assert shapes == [(0, 3, 12, 1), (shrunk_at, 2, 12, 2),
@@ -108,7 +110,8 @@ def test_a_lost_host_is_dropped_then_rejoins_and_the_resume_is_exact(
   runner.copy_run_up_to(model_dir, shrunk_at, reference)
   two_hosts = {'MULTI_HLS_IPS': f'{h1.address},{h2.address}'}
   returncode, output = launcher.run(
-      cluster, backend_args + [a for a in ELASTIC if 'min_hosts' not in a] + [
+      cluster, backend_args + [a for a in ELASTIC
+                               if a != '--clean' and 'min_hosts' not in a] + [
           f'--batch_size={6 if backend == "horovod" else 12}',
           '--num_accumulation_steps=2', f'--model_dir={reference}']
       + launcher.TINY, tmp_path / 'reference.txt', env=two_hosts)

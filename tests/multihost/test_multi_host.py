@@ -226,8 +226,10 @@ def test_a_restarted_job_ends_with_an_uninterrupted_runs_weights(
   cluster = healthy
   model_dir = tmp_path / 'model'
   log_path = tmp_path / 'log.txt'
+  # --clean as users' job scripts give it: for the first attempt only.
   job = launcher.start(cluster, ['--use_horovod', '--num_workers_per_hls=1',
-                                 '--max_restarts=1', f'--model_dir={model_dir}']
+                                 '--max_restarts=1', '--clean',
+                                 f'--model_dir={model_dir}']
                        + SEEDED + TINY, log_path)
   try:
     launcher.wait_for_line(job, log_path, 'ckpt-4')
@@ -247,8 +249,11 @@ def test_a_restarted_job_ends_with_an_uninterrupted_runs_weights(
   print(f'restart: reached step {reached}, resumed at step {resumed}: '
         f'{reached - resumed} steps lost')
   assert 4 <= resumed < STEPS  # It resumed mid-run, from a checkpoint.
+  # What the launcher said it resumes from is what the trainer did.
+  assert f'the job restarts on the same host(s): resuming at step {resumed}' \
+      in output
   summary = runner.read_summary(str(model_dir))
-  assert summary['restarts'] == 1
+  assert summary['restarts'] == 1 and summary['resumed_from_step'] == resumed
   assert summary['train_steps'] == STEPS
   uninterrupted = runner.read_summary(horovod_run[0])
   assert summary['weights_sha256'] == uninterrupted['weights_sha256']

@@ -56,8 +56,11 @@ def test_only_relevant_set_variables_are_forwarded():
              'HOME': '/root', 'SECRET_TOKEN': 'x'}
   plan = _mpirun(environ=environ, extra_env={'HOROVOD_CYCLE_TIME': '1'})
   forwarded = [plan.argv[i + 1] for i, a in enumerate(plan.argv) if a == '-x']
+  # And what the supervisor tells each attempt (set as it runs mpirun).
   assert forwarded == ['HOROVOD_CYCLE_TIME', 'HOROVOD_FUSION_THRESHOLD',
-                       'NCCL_DEBUG', 'PATH', 'PYTHONPATH', 'TF_CONFIG']
+                       'NCCL_DEBUG', 'PATH', 'PYTHONPATH',
+                       'RESNET_KERAS_RESTARTS', 'RESNET_KERAS_RESUME_STEP',
+                       'TF_CONFIG']
   assert plan.env == {'HOROVOD_CYCLE_TIME': '1'}
 
 

@@ -141,16 +141,17 @@ def test_replan_gives_each_restart_its_command_or_ends_the_job(tmp_path):
     if len(failures) == 2:
       raise UsageError('only 1 of 3 hosts left, --min_hosts=2')
     seen = ('import os, sys; open(sys.argv[1] + "/seen", "a").write('
-            'os.environ["WHERE"] + os.environ["RESNET_KERAS_RESTARTS"]); '
-            'sys.exit(1)')
+            'os.environ["WHERE"] + os.environ["RESNET_KERAS_RESTARTS"] + '
+            '"@" + os.environ["RESNET_KERAS_RESUME_STEP"]); sys.exit(1)')
     return supervisor.Attempt([sys.executable, '-c', seen, str(tmp_path)],
-                              {'WHERE': 'b'}, hosts=['b'])
+                              {'WHERE': 'b'}, hosts=['b'], resume_step=8)
 
   code, lines = _supervise(tmp_path, FLAKY.format(n=5), max_restarts=3,
                            replan=replan)
   assert code == 1
   assert len((tmp_path / 'runs').read_text().split()) == 1
-  assert (tmp_path / 'seen').read_text() == 'b1'
+  # The attempt's resume step reaches its workers (the trainer checks it).
+  assert (tmp_path / 'seen').read_text() == 'b1@8'
   assert [f.exit_code for f in failures] == [137, 1]
   assert lines[-1] == 'only 1 of 3 hosts left, --min_hosts=2'
 
@@ -198,6 +199,10 @@ def test_negative_max_restarts_is_a_usage_error():
 def test_restart_count_comes_from_the_environment():
   assert supervisor.restart_count({}) == 0
   assert supervisor.restart_count({supervisor.RESTARTS_VAR: '2'}) == 2
+  assert supervisor.resume_step({}) is None
+  assert supervisor.resume_step({supervisor.RESUME_STEP_VAR: ''}) is None
+  assert supervisor.resume_step({supervisor.RESUME_STEP_VAR: '0'}) == 0
+  assert supervisor.resume_step({supervisor.RESUME_STEP_VAR: '12'}) == 12
 
 
 def test_a_host_whose_processes_died_is_named():
