@@ -1,7 +1,7 @@
 """Every entry point's flags: name, alias target, type, default and bounds.
 
 tests/data/flag_surface.json is this, written by the code before the
-architecture redesign (python -m tests.support.flag_surface, from the
+launch layer became a library (issue 65) (python -m tests.support.flag_surface, from the
 repository's root); tests/unit/test_flag_surface.py compares today's with
 it.
 """
