@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 
-import hardware
+from benchmarks import hardware
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OURS_RATE = re.compile(r'\| ([\d.]+) examples/sec')

@@ -32,11 +32,10 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 from official.legacy.image_classification.resnet import imagenet_preprocessing  # pylint: disable=g-import-not-at-top
 
+from benchmarks import hardware  # pylint: disable=g-import-not-at-top
 from resnet_keras.data import imagenet  # pylint: disable=g-import-not-at-top
 from resnet_keras.data.preprocessing import augmentation_seed  # pylint: disable=g-import-not-at-top
 from tests.support.records import example
-
-import hardware  # pylint: disable=g-import-not-at-top,wrong-import-order
 
 
 def write_shards(folder, num_shards, per_shard, seed=0):

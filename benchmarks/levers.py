@@ -15,8 +15,8 @@ import argparse
 import glob
 import statistics
 
-import hardware
-from compare_upstream import run_once
+from benchmarks import hardware
+from benchmarks.compare_upstream import run_once
 
 _ALLOCATOR_GLOBS = {
     'tcmalloc': '/usr/lib/*/libtcmalloc_minimal.so.4',

@@ -18,7 +18,7 @@ import tempfile
 
 import numpy as np
 
-import hardware
+from benchmarks import hardware
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STEP_LINE = re.compile(r'step (\d+)/\d+ \|')

@@ -11,7 +11,8 @@ compilation) that is dropped.
 
 PyTorch is no dependency of this project: run this with a Python that has it,
 e.g. a venv with the CPU wheel (`pip install torch==2.13.0`; torchvision is
-not needed, and its PyPI wheels are CUDA builds).
+not needed, and its PyPI wheels are CUDA builds). Without it the script says
+so in one line and exits 2.
 
   python -m benchmarks.pytorch_reference --depth 18 --stem small --image_size 28 --batch_size 128
   python -m benchmarks.pytorch_reference --depth 50 --image_size 224 --batch_size 16 --modes eager,compile
@@ -26,10 +27,8 @@ import argparse
 import statistics
 import time
 
-import torch
-from torch import nn
-
-# Both are free of TensorFlow.
+# All three are free of TensorFlow.
+from common import cli
 from resnet_keras.config import scaled_filters
 from resnet_keras.hardware import this_cpu
 
@@ -40,34 +39,37 @@ STEMS = {'imagenet': (7, 2, True), 'small': (3, 1, True),
          'cifar': (3, 1, False)}
 
 
-def conv_bn(cin, cout, kernel, stride, relu=True):
-  layers = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=False),
-            nn.BatchNorm2d(cout, eps=1e-5, momentum=0.1)]
-  return nn.Sequential(*layers, nn.ReLU(inplace=True)) if relu else (
-      nn.Sequential(*layers))
+def resnet(torch, depth, num_classes, stem, width_multiplier):
+  """Our ResNet as a torch.nn.Sequential. `torch` is passed in, imported
+  once the flags are parsed: --help and the missing-PyTorch error need
+  none."""
+  nn = torch.nn
 
+  def conv_bn(cin, cout, kernel, stride, relu=True):
+    layers = [nn.Conv2d(cin, cout, kernel, stride, kernel // 2, bias=False),
+              nn.BatchNorm2d(cout, eps=1e-5, momentum=0.1)]
+    return nn.Sequential(*layers, nn.ReLU(inplace=True)) if relu else (
+        nn.Sequential(*layers))
 
-class Block(nn.Module):
+  class Block(nn.Module):
 
-  def __init__(self, cin, filters, stride, bottleneck):
-    super().__init__()
-    cout = filters * 4 if bottleneck else filters
-    if bottleneck:
-      self.body = nn.Sequential(conv_bn(cin, filters, 1, 1),
-                                conv_bn(filters, filters, 3, stride),
-                                conv_bn(filters, cout, 1, 1, relu=False))
-    else:
-      self.body = nn.Sequential(conv_bn(cin, filters, 3, stride),
-                                conv_bn(filters, filters, 3, 1, relu=False))
-    self.shortcut = (conv_bn(cin, cout, 1, stride, relu=False)
-                     if stride != 1 or cin != cout else nn.Identity())
-    self.out_channels = cout
+    def __init__(self, cin, filters, stride, bottleneck):
+      super().__init__()
+      cout = filters * 4 if bottleneck else filters
+      if bottleneck:
+        self.body = nn.Sequential(conv_bn(cin, filters, 1, 1),
+                                  conv_bn(filters, filters, 3, stride),
+                                  conv_bn(filters, cout, 1, 1, relu=False))
+      else:
+        self.body = nn.Sequential(conv_bn(cin, filters, 3, stride),
+                                  conv_bn(filters, filters, 3, 1, relu=False))
+      self.shortcut = (conv_bn(cin, cout, 1, stride, relu=False)
+                       if stride != 1 or cin != cout else nn.Identity())
+      self.out_channels = cout
 
-  def forward(self, x):
-    return torch.relu(self.body(x) + self.shortcut(x))
+    def forward(self, x):
+      return torch.relu(self.body(x) + self.shortcut(x))
 
-
-def resnet(depth, num_classes, stem, width_multiplier):
   kernel, stride, pool = STEMS[stem]
   filters = scaled_filters(STAGE_FILTERS, width_multiplier)
   bottleneck = depth >= 50
@@ -84,9 +86,10 @@ def resnet(depth, num_classes, stem, width_multiplier):
   return nn.Sequential(*layers)
 
 
-def measure(args, mode, channels_last):
+def measure(torch, args, mode, channels_last):
   torch.manual_seed(0)
-  model = resnet(args.depth, args.num_classes, args.stem, args.width_multiplier)
+  model = resnet(torch, args.depth, args.num_classes, args.stem,
+                 args.width_multiplier)
   images = torch.rand(args.batch_size, 3, args.image_size, args.image_size)
   labels = torch.randint(0, args.num_classes, (args.batch_size,))
   if channels_last:
@@ -94,7 +97,7 @@ def measure(args, mode, channels_last):
     images = images.contiguous(memory_format=torch.channels_last)
   optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9,
                               weight_decay=1e-4)
-  loss_fn = nn.CrossEntropyLoss(label_smoothing=0.1)
+  loss_fn = torch.nn.CrossEntropyLoss(label_smoothing=0.1)
 
   def step():
     optimizer.zero_grad(set_to_none=True)
@@ -132,6 +135,11 @@ def main():
                       help='comma-separated: eager, compile')
   parser.add_argument('--layouts', default='nchw,channels_last')
   args = parser.parse_args()
+  try:
+    import torch  # pylint: disable=g-import-not-at-top
+  except ImportError:
+    cli.fail('benchmarks.pytorch_reference needs PyTorch: '
+             'pip install torch==2.13.0')
   print(f'machine: {this_cpu().describe()}; torch {torch.__version__}, '
         f'{torch.get_num_threads()} threads, oneDNN '
         f'{torch.backends.mkldnn.is_available()}')
@@ -140,7 +148,7 @@ def main():
         f'{args.batch_size}, fp32')
   for mode in args.modes.split(','):
     for layout in args.layouts.split(','):
-      rate, rates = measure(args, mode, layout == 'channels_last')
+      rate, rates = measure(torch, args, mode, layout == 'channels_last')
       print(f'{mode:8s} {layout:14s} {rate:8.2f} img/s  (windows: '
             f'{", ".join(f"{r:.1f}" for r in rates)})', flush=True)
 

@@ -36,7 +36,7 @@ import numpy as np  # pylint: disable=g-import-not-at-top
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import tf_keras  # pylint: disable=g-import-not-at-top
 
-import hardware  # pylint: disable=g-import-not-at-top
+from benchmarks import hardware  # pylint: disable=g-import-not-at-top
 from resnet_keras import models  # pylint: disable=g-import-not-at-top
 
 VARIABLE_BYTES = 4  # float32 variables, gradients and momentum.
@@ -141,10 +141,11 @@ def main():
   parser.add_argument('--loops', type=int, default=4,
                       help='Trainer loops (the first is dropped).')
   parser.add_argument('--steps_per_loop', type=int, default=4)
+  hardware.add_size_arguments(parser)
   args = parser.parse_args()
   print(hardware.machine_line())
-  peak = hardware.matmul_peak_gflops(args.dtype) * 1e9
-  bandwidths = hardware.memory_bandwidth_gbs()
+  peak = hardware.matmul_peak_gflops(args.dtype, args.matmul_size) * 1e9
+  bandwidths = hardware.memory_bandwidth_gbs(args.bandwidth_elements)
   bandwidth = max(bandwidths.values()) * 1e9
   print(f'matmul peak {args.dtype} {peak / 1e9:.0f} GFLOP/s; memory '
         'bandwidth ' + ', '.join(f'{name} {rate:.1f}'
@@ -165,7 +166,7 @@ def main():
   rows = [('serial ceiling', args.batch / serial),
           ('overlapped ceiling', args.batch / overlapped)]
   if not args.no_measure:
-    from compare_upstream import run_once  # pylint: disable=g-import-not-at-top
+    from benchmarks.compare_upstream import run_once  # pylint: disable=g-import-not-at-top
     rows.append(('our trainer', run_once(
         'ours', args.batch, args.dtype, args.loops * args.steps_per_loop,
         args.steps_per_loop)))

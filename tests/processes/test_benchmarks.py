@@ -1,0 +1,207 @@
+"""The scripts in benchmarks/ start as benchmarks/README.md runs them: `python
+-m benchmarks.NAME` from the repository's root in a fresh interpreter, which
+is what broke when they still imported each other as top-level modules. The
+cheap ones also run, on inputs of seconds, and print their figures; the
+rest (minutes of training, the namespace cluster, mpirun, PyTorch) are
+started for their --help only."""
+
+import glob
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.support import records
+from tests.support import runner
+
+# Every script, so that a new one is covered without being listed here.
+SCRIPTS = sorted(
+    os.path.basename(path)[:-len('.py')] for path in glob.glob(
+        os.path.join(runner.REPO_ROOT, 'benchmarks', '*.py')))
+
+# Each script's --help in one interpreter (TensorFlow's import paid once, not
+# per script), run as `python -m` runs it, each script's output captured
+# apart. One JSON line per script: its exit code, or the last line of what
+# it raised, and what it printed. A script another one imported is run
+# afresh, as `python -m` finds it: not yet imported.
+_HELP_DRIVER = r'''
+import contextlib, io, json, runpy, sys, traceback
+for name in sys.argv[1:]:
+  sys.argv = [f'benchmarks/{name}.py', '--help']
+  sys.modules.pop(f'benchmarks.{name}', None)
+  output, code, error = io.StringIO(), 0, None
+  try:
+    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+      runpy.run_module(f'benchmarks.{name}', run_name='__main__',
+                       alter_sys=True)
+  except SystemExit as e:
+    if isinstance(e.code, str):  # sys.exit(message): Python prints it.
+      output.write(e.code + '\n')
+    code = e.code if isinstance(e.code, int) else int(e.code is not None)
+  except Exception as e:
+    code, error = 1, traceback.format_exception_only(e)[-1].strip()
+  print('help-result', json.dumps({'name': name, 'code': code,
+                                   'error': error,
+                                   'output': output.getvalue()}), flush=True)
+'''
+
+
+@pytest.fixture(scope='module')
+def helps():
+  """Script name -> its --help's result (_HELP_DRIVER's)."""
+  result = subprocess.run([sys.executable, '-c', _HELP_DRIVER] + SCRIPTS,
+                          cwd=runner.REPO_ROOT, capture_output=True,
+                          text=True, timeout=300)
+  assert result.returncode == 0, result.stderr[-3000:]
+  found = [json.loads(line.split(' ', 1)[1])
+           for line in result.stdout.splitlines()
+           if line.startswith('help-result ')]
+  assert [r['name'] for r in found] == SCRIPTS, result.stderr[-3000:]
+  return {r['name']: r for r in found}
+
+
+@pytest.mark.parametrize('name', SCRIPTS)
+def test_help_starts_from_the_repository_root(helps, name):
+  result = helps[name]
+  assert result['error'] is None, result['error']
+  if 'Try --helpfull' in result['output']:
+    # absl's --help prints the flags and exits 1 unless the script turns
+    # that into 0 (common/cli.py).
+    assert result['code'] in (0, 1), result
+  else:
+    assert result['code'] == 0, result
+    assert f'usage: {name}.py' in result['output'], result['output']
+
+
+def _figures(pattern, output):
+  """The numbers `pattern`'s groups capture in `output` (a line of it)."""
+  match = re.search(pattern, output, re.MULTILINE)
+  assert match, f'no {pattern!r} in:\n{output[-3000:]}'
+  return [float(group) for group in match.groups()]
+
+
+def _run(name, args):
+  """`python -m benchmarks.NAME args`, as the README runs it; its stdout."""
+  result = runner.spawn_tool(f'benchmarks.{name}', args, timeout=300)
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+  return result.stdout
+
+
+# The trainer's smallest model, where a script passes flags through to it.
+_TINY_MODEL = ('--resnet_depth=10 --width_multiplier=0.25 --image_size=32 '
+               '--num_classes=10')
+
+# name -> (arguments of a run of seconds, the lines it prints its figures on;
+# every figure must be positive).
+_TINY_RUNS = {
+    'hardware': (
+        ['--matmul_size=256', '--bandwidth_elements=65536'],
+        [r'^matmul peak, 256\^3: fp32 ([\d.]+) GFLOP/s, bf16 ([\d.]+) GFLOP/s$',
+         r'^memory bandwidth, fp32 adds on 0\.25 MiB tensors: add ([\d.]+) '
+         r'GB/s, in-place add ([\d.]+) GB/s$']),
+    'roofline': (
+        ['--no_measure', '--batch=1', '--dtype=fp32', '--matmul_size=256',
+         '--bandwidth_elements=65536'],
+        [r'^matmul peak fp32 ([\d.]+) GFLOP/s',
+         r'^ResNet-50, batch 1, fp32: ([\d.]+) GFLOP and ([\d.]+) MB per',
+         r'^serial ceiling +([\d.]+) img/s',
+         r'^overlapped ceiling +([\d.]+) img/s']),
+    'memory': (
+        ['--steps=6', '--log_steps=2', '--batch=2', '--image_size=32',
+         '--resnet_depth=10', '--dtype=fp32'],
+        [r'^ +6 +(\d+)$', r'^peak sampled RSS: (\d+) MiB$']),
+    'levers': (
+        ['--levers=steps_per_loop', '--batch=2', '--dtype=fp32',
+         '--repeats=1', '--loops=2', '--steps_per_loop=1',
+         f'--model_flags={_TINY_MODEL}'],
+        [r'^steps_per_loop +1 step/loop +([\d.]+) default +([\d.]+) +'
+         r'([\d.]+)$']),
+    'recompute': (
+        ['--resnet_depth=10', '--image_size=32', '--batch=2', '--warmup=1',
+         '--steps=1'],
+        [r'^ +off +([\d.]+) +(\d+) +(\d+) ',
+         r'^ +on +([\d.]+) +(\d+) +(\d+) ']),
+}
+
+
+# The runs of 8 s or more on 2 cores (pytest.ini's slow): each starts a
+# training process or two of its own.
+_SLOW_RUNS = ('levers', 'memory', 'recompute')
+
+
+@pytest.mark.parametrize('name', [
+    pytest.param(name, marks=[pytest.mark.slow] if name in _SLOW_RUNS else [])
+    for name in sorted(_TINY_RUNS)])
+def test_tiny_run_prints_its_figures(name):
+  args, patterns = _TINY_RUNS[name]
+  output = _run(name, args)
+  assert output.startswith(('machine: ', 'CPU: ')), output
+  for pattern in patterns:
+    assert all(figure > 0 for figure in _figures(pattern, output)), pattern
+
+
+def test_input_pipeline_on_records_of_its_own(tmp_path):
+  records.write_dataset(str(tmp_path))
+  output = _run('input_pipeline', [f'--data_dir={tmp_path}', '--batch_size=2',
+                                   '--batches=2', '--repeats=1'])
+  for side in ('ours', 'model_garden', 'ours_seeded', 'ours_private_threads',
+               'ours_uint8'):
+    assert _figures(rf'^{side} +([\d.]+) images/sec', output)[0] > 0
+  assert all(ms > 0 for ms in _figures(
+      r'^per image, one thread: ours ([\d.]+) ms, model garden ([\d.]+) ms, '
+      r'ours uint8 ([\d.]+) ms$', output))
+
+
+def test_frontier_plot_draws_the_runs(tmp_path):
+  for seed, (seconds, accuracy) in enumerate([(30, 0.9), (40, 0.92)], 1):
+    run_dir = tmp_path / f'row_s{seed}'
+    run_dir.mkdir()
+    (run_dir / 'run_summary.json').write_text(json.dumps(
+        {'wall_seconds': seconds, 'eval_accuracy': accuracy}))
+  out = tmp_path / 'frontier.png'
+  output = _run('frontier_plot', [f'--runs_dir={tmp_path}', '--rows=row',
+                                  f'--out={out}'])
+  assert output == f'{out}\n'
+  assert out.read_bytes().startswith(b'\x89PNG')
+
+
+def test_suite_time_reads_a_durations_report(tmp_path):
+  log = tmp_path / 'suite.log'
+  log.write_text('1.50s call     tests/unit/test_a.py::test_x\n'
+                 '0.50s setup    tests/unit/test_a.py::test_x\n'
+                 '3.00s call     tests/e2e/test_b.py::test_y@mpirun\n'
+                 '===== 2 passed in 4.00s =====\n')
+  output = _run('suite_time', [str(log)])
+  assert ('| `tests/e2e/test_b.py::test_y` | 3.0 |\n'
+          '| `tests/unit/test_a.py::test_x` | 2.0 |') in output
+  assert ("2 passed in 4 s wall; the tests' own times add up to 5 s (1.25 "
+          'workers busy on average)') in output
+
+
+def test_suite_cpu_records_a_run_as_plugin_and_reports_it(tmp_path):
+  (tmp_path / 'test_tiny.py').write_text('def test_one():\n  pass\n')
+  (tmp_path / 'pytest.ini').write_text('[pytest]\n')
+  records_dir = tmp_path / 'records'
+  plugin = runner.spawn_tool(
+      'pytest', ['-p', 'benchmarks.suite_cpu', '-p', 'no:cacheprovider', '-q',
+                 '-c', str(tmp_path / 'pytest.ini'), str(tmp_path)],
+      env={'SUITE_CPU_DIR': str(records_dir)}, timeout=300)
+  assert plugin.returncode == 0, plugin.stdout + plugin.stderr
+  output = _run('suite_cpu', [str(records_dir)])
+  # One worker's log ('main', or the xdist worker's name this test ran in).
+  assert re.search(r'^\| \S+ \| 1 \| ', output, re.MULTILINE), output
+  assert '| `test_tiny.py::test_one` |' in output
+
+
+@pytest.mark.skipif(importlib.util.find_spec('torch') is not None,
+                    reason='PyTorch is installed here: the message for its '
+                    'absence cannot show')
+def test_pytorch_reference_without_pytorch_says_how_to_get_it():
+  result = runner.spawn_tool('benchmarks.pytorch_reference', ['--depth=10'])
+  runner.assert_one_line_error(
+      result, 'benchmarks.pytorch_reference needs PyTorch: pip install torch==')
+  assert result.returncode == 2
