@@ -15,10 +15,10 @@ env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 from absl import flags  # pylint: disable=g-import-not-at-top
 
 from common import cli  # pylint: disable=g-import-not-at-top
-from common import launch  # pylint: disable=g-import-not-at-top
 from resnet_keras import flags as flags_lib  # pylint: disable=g-import-not-at-top
 from resnet_keras import recipes  # pylint: disable=g-import-not-at-top
 from resnet_keras.flags import define_flags  # pylint: disable=g-import-not-at-top
+from resnet_keras.launcher import options as launcher_options  # pylint: disable=g-import-not-at-top
 
 
 def main(argv):
@@ -26,7 +26,7 @@ def main(argv):
     cli.fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
   cli.configure_logging()
   flags_lib.apply_config(flags.FLAGS,
-                         launcher_keys=launch.LAUNCHER_RECIPE_KEYS)
+                         launcher_keys=launcher_options.RECIPE_KEYS)
   # Bad values fail before TensorFlow loads.
   cfg = flags_lib.config_from_flags(flags.FLAGS)
   if flags.FLAGS.print_config:

@@ -1,6 +1,7 @@
 """Elastic jobs: the batch a job keeps when it goes on with fewer (or again
 more) hosts, and the one line that says so. Pure functions of their
-arguments; demo_resnet_keras.py checks the hosts and restarts the job.
+arguments; the launcher's job (resnet_keras/launcher/job.py) checks the
+hosts and restarts the job.
 
 A run is planned for every host of MULTI_HLS_IPS: its global batch G is
 workers x per-worker batch (Horovod's --batch_size; tf.distribute's

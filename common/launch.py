@@ -17,17 +17,6 @@ from typing import Dict, List, Mapping, Optional, Sequence
 from common import supervisor
 from common.errors import UsageError
 
-# demo_resnet_keras.py's own flags: consumed there, never forwarded to the
-# trainer (which gets the recipe's and presets' values as flags instead).
-LAUNCHER_BOOLEANS = ('kubernetes_run', 'horovod_hierarchical_allreduce',
-                     'dry_run', 'print_config')
-LAUNCHER_VALUED = ('num_workers_per_hls', 'config', 'max_restarts',
-                   'min_hosts', 'elastic_batch',
-                   'failure_timeout', 'data_service_hosts',
-                   'data_service_port', 'data_service_work_dir')
-# The launcher settings a recipe may hold.
-LAUNCHER_RECIPE_KEYS = ('num_workers_per_hls', 'horovod_hierarchical_allreduce',
-                        'kubernetes_run')
 
 DEFAULT_SSH_PORT = 3022
 # The tf.data service's dispatcher; each data worker listens on the next.

@@ -32,14 +32,19 @@ def define_flags(values: flags.FlagValues = flags.FLAGS) -> None:
                        'Print the effective configuration (flags, recipe and '
                        'defaults merged) as YAML and exit.',
                        flag_values=values)
-  for group in GROUPS:
-    for field in options.fields_of(group):
-      _define_option(values, group, field)
+  define_options(values, GROUPS)
   flags.DEFINE_boolean('use_keras_mixed_precision', False,
                        'Accepted for compatibility with the reference\'s '
                        'command lines: the Keras mixed-precision policy is '
                        'the only bf16/fp16 path here.',
                        flag_values=values)
+
+
+def define_options(values: flags.FlagValues, groups) -> None:
+  """The flag of every option the config `groups` declare (option(...))."""
+  for group in groups:
+    for field in options.fields_of(group):
+      _define_option(values, group, field)
 
 
 def _define_option(values: flags.FlagValues, group,
@@ -50,14 +55,22 @@ def _define_option(values: flags.FlagValues, group,
   if spec.parse is not None:  # Given as text, parsed by RunConfig's rules.
     flags.DEFINE_string(name, spec.text(default), spec.help,
                         flag_values=values)
+  elif spec.checked_by_flag and spec.choices:
+    flags.DEFINE_enum(name, default, spec.choices, spec.help,
+                      flag_values=values)
   elif kind is bool:
     flags.DEFINE_boolean(name, default, spec.help, flag_values=values)
   elif kind is int:
-    flags.DEFINE_integer(name, default, spec.help, flag_values=values)
+    lower, upper = (options.bounds_of(spec.within) if spec.checked_by_flag
+                    else (None, None))
+    flags.DEFINE_integer(name, default, spec.help, flag_values=values,
+                         lower_bound=lower, upper_bound=upper)
   elif kind is float:
     flags.DEFINE_float(name, default, spec.help, flag_values=values)
   elif kind is str:
     flags.DEFINE_string(name, default, spec.help, flag_values=values)
+  elif str in kind.__args__:  # A tuple of names, comma-separated.
+    flags.DEFINE_list(name, list(default), spec.help, flag_values=values)
   else:  # A tuple of numbers, written as comma-separated values.
     number = int if int in kind.__args__ else float
     flags.DEFINE(_NumberListParser(number), name, default, spec.help,

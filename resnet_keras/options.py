@@ -36,6 +36,13 @@ class Spec:
   # type is 'string'); `text` writes the default as the flag's text.
   parse: Optional[Callable[[str], Any]] = None
   text: Optional[Callable[[Any], Optional[str]]] = None
+  # Whether a recipe (--config) may set it: every setting of a run may; of
+  # the launcher's own options only those that describe the job's shape.
+  in_recipe: bool = True
+  # absl checks the choices (an enum flag) or the range (an int flag's
+  # bounds) as the flag is parsed, with its own message; otherwise
+  # `check_fields` does, once the config is built.
+  checked_by_flag: bool = False
 
 
 def option(default: Any, help: str, **spec) -> Any:  # pylint: disable=redefined-builtin
@@ -78,6 +85,23 @@ def in_range(value: float, within: str) -> bool:
   low, high = float(low), float(high)
   return ((value >= low if low_kind == '[' else value > low) and
           (value <= high if high_kind == ']' else value < high))
+
+
+def bounds_of(within: Optional[str]) -> Tuple[Optional[float], Optional[float]]:
+  """(lower, upper) of a closed range such as '>= 0' or '[1, 65534]', as
+  absl's bounded flags take them (None: unbounded on that side)."""
+  if within is None:
+    return None, None
+  one_sided = _ONE_SIDED.match(within)
+  if one_sided:
+    op, bound = one_sided.group(1), int(one_sided.group(2))
+    if op not in ('>=', '<='):
+      raise ValueError(f'a flag\'s bounds are closed, not {within!r}')
+    return (bound, None) if op == '>=' else (None, bound)
+  low_kind, low, high, high_kind = _INTERVAL.match(within).groups()
+  if (low_kind, high_kind) != ('[', ']'):
+    raise ValueError(f'a flag\'s bounds are closed, not {within!r}')
+  return int(low), int(high)
 
 
 def range_message(name: str, value: Any, spec: Spec) -> str:

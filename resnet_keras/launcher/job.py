@@ -1,0 +1,266 @@
+"""A training job across its attempts: the hosts each attempt runs on (all
+of them, or with --min_hosts those that pass a new check), the global batch
+split on them (common/elastic.py), the trainer's command line, and where
+each restart resumes. The supervisor (common/supervisor.py) runs the
+attempts; the placement (placement.py) checks hosts and starts workers.
+"""
+
+import contextlib
+import os
+import sys
+import time
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from absl import logging
+
+from common import elastic
+from common import launch
+from common import preflight
+from common import supervisor
+from common.errors import UsageError
+from resnet_keras import recipes
+from resnet_keras.config import RunConfig
+from resnet_keras.launcher import options
+from resnet_keras.launcher import ssh_hosts
+from resnet_keras.launcher.placement import Placement
+
+TRAINER = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__)))), 'resnet_ctl_imagenet_main.py')
+
+# (hosts, what they must have, ports that must be free on each).
+Check = Tuple[Sequence[str], preflight.Expected, Dict[str, List[int]]]
+
+
+def uses_several_workers(cfg: RunConfig) -> bool:
+  return cfg.use_horovod or cfg.distribution_strategy == 'multi_worker_mirrored'
+
+
+def trainer_command(argv: Sequence[str], cfg: RunConfig,
+                    filled: Dict[str, object], total_workers: int,
+                    layout: Optional[elastic.Layout] = None) -> List[str]:
+  """The trainer's argv: the launcher's command line less its own flags,
+  then the settings a recipe or preset filled in; `layout`: an elastic
+  job's batch split, when it is not the command line's."""
+  if total_workers > 1 and not uses_several_workers(cfg):
+    raise UsageError(
+        f'{total_workers} workers need a multi-worker backend: add '
+        '--use_horovod or --distribution_strategy=multi_worker_mirrored')
+  if not cfg.use_horovod and cfg.batch_size % total_workers:
+    raise UsageError(
+        f'--batch_size={cfg.batch_size} is the global batch under '
+        f'tf.distribute and must be a multiple of the {total_workers} '
+        f'workers; use e.g. --batch_size={total_workers * max(1, cfg.batch_size // total_workers)}')
+  forwarded = options.strip(argv[1:])
+  if layout:
+    forwarded = launch.strip_flags(forwarded, (), elastic.BATCH_FLAGS)
+    filled = {k: v for k, v in filled.items() if k not in elastic.BATCH_FLAGS}
+    forwarded += layout.trainer_flags(cfg.use_horovod)
+  return [sys.executable, TRAINER] + forwarded + recipes.as_args(filled)
+
+
+class Job:
+  """What each attempt of the job runs; `replan` is the supervisor's
+  between attempts. It also restarts the lost tf.data service servers of
+  `data_servers`."""
+
+  def __init__(self, placement: Placement, cfg: RunConfig, argv,
+               filled: Dict[str, object], servers):
+    self.placement, self._cfg, self._argv = placement, cfg, argv
+    launch_cfg = placement.cfg
+    hosts = placement.hosts
+    self.min_hosts = launch_cfg.min_hosts or len(hosts)
+    if launch_cfg.min_hosts and not hosts:
+      raise UsageError('--min_hosts needs several hosts in MULTI_HLS_IPS')
+    if self.min_hosts > len(hosts):
+      raise UsageError(f'--min_hosts={self.min_hosts} is more than the '
+                       f'{len(hosts)} hosts of MULTI_HLS_IPS')
+    self.planned = elastic.planned_layout(
+        hosts, launch_cfg.num_workers_per_hls, cfg.batch_size,
+        cfg.num_accumulation_steps, cfg.use_horovod)
+    if self.is_elastic:
+      elastic.check_host_counts(self.planned, self.min_hosts,
+                                launch_cfg.num_workers_per_hls,
+                                launch_cfg.elastic_batch)
+    self.layout = self.planned
+    self._filled, self._servers = filled, servers
+    self._started = time.time()
+    self.data_servers = None  # DataServers, once started.
+    self._written = set()  # Files of the attempts (the hostfile).
+    self._report = None  # The last pre-flight check's preflight.Report.
+
+  @property
+  def is_elastic(self) -> bool:
+    return self.min_hosts < len(self.placement.hosts)
+
+  def command(self, layout: Optional[elastic.Layout] = None,
+              hosts_per_machine: int = 1) -> launch.Launch:
+    """The command of an attempt on `layout`'s hosts (None: the planned
+    ones), as data."""
+    launch_cfg, hosts = self.placement.cfg, self.placement.hosts
+    program = trainer_command(
+        self._argv, self._cfg, self._filled, self.placement.total_workers,
+        layout)
+    extra_env = {}
+    if layout:
+      hosts = list(layout.hosts)
+      extra_env['MULTI_HLS_IPS'] = ','.join(hosts)
+    workers = launch_cfg.num_workers_per_hls * max(1, len(hosts))
+    if workers > 1:
+      extra_env.update(launch.failure_env(launch_cfg.failure_timeout,
+                                          self._cfg.use_horovod))
+    if launch_cfg.horovod_hierarchical_allreduce:
+      extra_env['HOROVOD_HIERARCHICAL_ALLREDUCE'] = '1'
+    return self.placement.command(program, hosts, extra_env,
+                                  hosts_per_machine)
+
+  def describe(self):
+    """--dry_run's lines: the layout on each host count it may run on."""
+    launch_cfg, hosts = self.placement.cfg, self.placement.hosts
+    for count in range(len(hosts) - 1, self.min_hosts - 1, -1):
+      layout = elastic.relayout(self.planned, hosts[:count],
+                                launch_cfg.num_workers_per_hls,
+                                launch_cfg.elastic_batch)
+      lr = (f', learning rate x{layout.lr_scale:.4g}'
+            if layout.lr_scale != 1 else '')
+      yield (f'elastic: on {layout.describe()}{lr}: '
+             f'{" ".join(layout.trainer_flags(self._cfg.use_horovod))}')
+
+  def checks(self) -> Tuple[Optional[Check], Optional[Check]]:
+    """(training's check, the data service's check), or None where
+    nothing is checked."""
+    training = service = None
+    placement = self.placement
+    if placement.is_checked():
+      ports = {}
+      if self._cfg.distribution_strategy == 'multi_worker_mirrored':
+        tf_config = launch.tf_config_from_env(0, placement.total_workers,
+                                              placement.environ)
+        ports = preflight.ports_by_host(tf_config['cluster']['worker'])
+      training = (placement.hosts,
+                  preflight.expected(TRAINER, self._cfg.use_horovod), ports)
+    if self._servers:
+      ports = {}
+      for server in self._servers:
+        ports.setdefault(server.host, []).append(server.port)
+      service = (list(ports), preflight.expected(TRAINER, False), ports)
+    return training, service
+
+  def check_lines(self) -> List[str]:
+    """The checks, as --dry_run prints them."""
+    training, service = self.checks()
+    lines = []
+    if training:
+      lines += self.placement.check_lines(training[1], training[2])
+    if service:
+      lines += preflight.describe(service[0],
+                                  ssh_hosts.ssh(self.placement.environ)[0],
+                                  service[1], service[2])
+    return lines
+
+  def _preflight(self, restart: bool = False):
+    """Hosts (training's and the data service's) are checked before
+    anything starts on them. Fail-stop (min_hosts = all hosts): every
+    training host must be ready. Elastic: training hosts that fail are left
+    out, each named in one line, as long as `min_hosts` remain. Data service
+    hosts must all be ready at the start; at a `restart` those that fail
+    are named and DataServers.renew leaves them out. Returns the reports of
+    the training hosts and of the data service's (None without one)."""
+    training_check, service_check = checks = self.checks()
+    hosts = self.placement.hosts
+    training = (self.placement.check(*training_check) if training_check else
+                preflight.Report([], 1, tuple(hosts)))
+    service = None
+    if service_check:
+      ssh, port = ssh_hosts.ssh(self.placement.environ)
+      service_hosts, want, ports = service_check
+      service = preflight.check(service_hosts, ssh, want, ports, port)
+    fatal = []
+    if service and restart:
+      for line in service.problems:
+        logging.error('%s', line)
+    elif service:
+      fatal += service.problems
+    if self.min_hosts < len(hosts):
+      for line in training.problems:
+        logging.error('%s: left out of the job', line)
+      if len(training.ready) < self.min_hosts:
+        raise UsageError(
+            f'only {len(training.ready)} of {len(hosts)} hosts pass the '
+            f'pre-flight check ({", ".join(training.ready) or "none"}), '
+            f'fewer than --min_hosts={self.min_hosts}')
+    else:
+      fatal = training.problems + fatal
+    if fatal:
+      for problem in fatal:
+        print(f'error: {problem}', file=sys.stderr)
+      every = sorted({h for check in checks if check for h in check[0]})
+      raise UsageError(f'pre-flight check failed on {len(every)} host(s) '
+                       f'({", ".join(every)})' +
+                       ('' if restart else ': nothing was started'))
+    return training, service
+
+  def first_attempt(self) -> supervisor.Attempt:
+    self._report, _ = self._preflight()
+    # --clean applies to the first attempt only: it starts from step 0.
+    step = (None if self._cfg.clean else
+            elastic.last_checkpoint(self._cfg.model_dir or '')[0])
+    return self._attempt(step, lost=0.0)
+
+  def replan(self, failure: supervisor.Failure) -> supervisor.Attempt:
+    """The next attempt: on the hosts that pass a new check (an elastic job,
+    or one with a tf.data service; the same hosts otherwise), resuming at
+    model_dir's last checkpoint, which the trainer is told to expect."""
+    del failure  # Every host is checked again, whatever failed.
+    if self.is_elastic or self._servers:
+      self._check_again()
+    step, written = elastic.last_checkpoint(self._cfg.model_dir or '')
+    return self._attempt(step, time.time() - (written or self._started),
+                         restart=True)
+
+  def _check_again(self) -> None:
+    try:
+      self._report, service = self._preflight(restart=True)
+      if self.data_servers:
+        for line in self.data_servers.renew(service.ready):
+          logging.error(line)
+        self._filled['tf_data_service_workers'] = (
+            self.data_servers.num_workers)
+    except UsageError as e:
+      raise UsageError(f'{e}; the job ends (resume it with the same command '
+                       'once enough hosts are back)') from None
+
+  def _attempt(self, step: Optional[int], lost: float,
+               restart: bool = False) -> supervisor.Attempt:
+    before, report = self.layout, self._report
+    launch_cfg = self.placement.cfg
+    layout = (elastic.relayout(self.planned, report.ready,
+                               launch_cfg.num_workers_per_hls,
+                               launch_cfg.elastic_batch)
+              if self.is_elastic else self.planned)
+    if layout.hosts != before.hosts:
+      logging.error(elastic.describe_change(before, layout, step, lost))
+    elif restart:
+      logging.error('the job restarts on the same host(s): %s; %.0f s lost',
+                    elastic.resuming(step), lost)
+    self.layout = layout
+    self._started = time.time()
+    plan = self.command(layout if layout != self.planned else None,
+                        report.hosts_per_machine)
+    for note in plan.notes:
+      print(f'note: {note}')
+    for path, content in plan.files.items():
+      with open(path, 'w') as f:
+        f.write(content)
+      self._written.add(path)
+    sys.stdout.flush()
+    return supervisor.Attempt(plan.argv,
+                              {**self.placement.environ, **plan.env},
+                              layout.hosts,
+                              resume_step=(step or 0) if restart else None)
+
+  def remove_files(self) -> None:
+    """Removes the files the attempts wrote, once the job has ended."""
+    for path in self._written:
+      with contextlib.suppress(FileNotFoundError):
+        os.remove(path)

@@ -1,0 +1,19 @@
+"""An external launcher started this rank (a Kubeflow MPIJob's mpirun,
+--kubernetes_run): the trainer runs in-process as that rank. Its hosts
+(MULTI_HLS_IPS) count the workers, for the batch checks; nobody is asked
+anything before it starts."""
+
+from typing import Dict, Sequence
+
+from common import launch
+from resnet_keras.launcher import placement
+
+
+class Kubeflow(placement.Placement):
+
+  def command(self, program: Sequence[str], hosts: Sequence[str],
+              extra_env: Dict[str, str],
+              hosts_per_machine: int) -> launch.Launch:
+    del hosts, hosts_per_machine  # The MPIJob placed this rank.
+    return launch.Launch(argv=list(program), env=extra_env, files={},
+                         notes=[])

@@ -1,0 +1,165 @@
+"""The launcher as a library: `launch` is demo_resnet_keras.py's main.
+
+Parsed flags -> the trainer's settings a recipe (--config) and the
+optimizer preset fill in -> LaunchConfig and RunConfig -> the placement
+(how workers start) -> the Job -> --print_config, --dry_run, or the
+supervised attempts with the tf.data service's servers around them.
+"""
+
+import importlib.util
+import os
+import shlex
+import shutil
+import sys
+from typing import Dict, List, Mapping, Sequence
+
+from absl import flags
+from absl import logging
+
+from common import cli
+from common import data_servers
+from common import launch as launch_lib
+from common import supervisor
+from common.errors import UsageError
+from resnet_keras import flags as flags_lib
+from resnet_keras import recipes
+from resnet_keras.config import RunConfig
+from resnet_keras.launcher import job as job_lib
+from resnet_keras.launcher import kubeflow
+from resnet_keras.launcher import options
+from resnet_keras.launcher import presets
+from resnet_keras.launcher import ssh_hosts
+from resnet_keras.launcher import this_host
+from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher.placement import Placement
+
+
+def placement_for(cfg: LaunchConfig, environ: Mapping[str, str]) -> Placement:
+  """How this launch's workers start, from its options and environment."""
+  hosts = launch_lib.parse_hosts(environ.get('MULTI_HLS_IPS'))
+  if cfg.kubernetes_run:
+    return kubeflow.Kubeflow(cfg, environ, hosts)
+  if hosts:
+    return ssh_hosts.SshHosts(cfg, environ, hosts)
+  return this_host.ThisHost(cfg, environ, hosts)
+
+
+def fill_in_settings(values: flags.FlagValues,
+                     environ: Mapping[str, str]) -> Dict[str, object]:
+  """Applies --config's recipe, then the optimizer preset, to `values`;
+  returns the trainer settings they filled in (the command line gave the
+  rest; neither replaces a value given there, in any spelling, and a preset
+  never replaces a recipe's value)."""
+  recipe = flags_lib.apply_config(
+      values, allowed=flags_lib.RUN_CONFIG_KEYS | set(options.RECIPE_KEYS))
+  hosts = launch_lib.parse_hosts(environ.get('MULTI_HLS_IPS'))
+  total_workers = values.num_workers_per_hls * max(1, len(hosts))
+  preset = recipes.apply(
+      values, presets.preset(values.optimizer, total_workers),
+      f'--optimizer={values.optimizer} preset', flags_lib.RUN_CONFIG_KEYS,
+      skip=recipe)
+  return {name: value for name, value in {**recipe, **preset}.items()
+          if name not in options.RECIPE_KEYS}
+
+
+def data_service_servers(cfg: LaunchConfig, environ: Mapping[str, str]
+                         ) -> List[launch_lib.DataServer]:
+  """The tf.data service servers --data_service_hosts asks for."""
+  if not cfg.data_service_hosts:
+    return []
+  return launch_lib.data_service_servers(
+      cfg.data_service_hosts, ssh_hosts.ssh(environ)[0], sys.executable,
+      os.path.dirname(job_lib.TRAINER), cfg.data_service_port,
+      cfg.data_service_work_dir)
+
+
+def _point_at_data_service(values: flags.FlagValues, cfg: LaunchConfig,
+                           filled: Dict[str, object]) -> None:
+  """--data_service_hosts: the trainer's --tf_data_service is ours."""
+  if values.tf_data_service:
+    raise UsageError('--data_service_hosts starts a tf.data service and '
+                     'points the trainer at it; --tf_data_service names '
+                     'one started elsewhere: give one of them')
+  settings = {'tf_data_service': launch_lib.data_service_address(
+      cfg.data_service_hosts, cfg.data_service_port),
+              'tf_data_service_workers': len(cfg.data_service_hosts)}
+  for name, value in settings.items():
+    values[name].value = filled[name] = value
+
+
+def dry_run(job: job_lib.Job, cfg: RunConfig,
+            servers: Sequence[launch_lib.DataServer]) -> None:
+  """Prints what the launch would run and check, contacting nobody."""
+  plan = job.command()
+  for note in plan.notes:
+    print(f'note: {note}')
+  print(plan.describe())
+  total_workers = job.placement.total_workers
+  if cfg.distribution_strategy == 'multi_worker_mirrored' and total_workers > 1:
+    print('\n'.join(job.placement.tf_configs(total_workers)))
+  for server in servers:
+    print(f'data service {server.role} on {server.host}: '
+          f'{shlex.join(server.argv)}')
+    print(f'  stopped at the end with: {shlex.join(server.stop_argv)}')
+  for line in job.check_lines():
+    print(line)
+  if job.is_elastic:
+    print('\n'.join(job.describe()))
+
+
+def _check_tools(plan: launch_lib.Launch, cfg: RunConfig) -> None:
+  if plan.argv[0] == 'mpirun' and not shutil.which('mpirun'):
+    cli.fail('mpirun not found; install OpenMPI (apt-get install openmpi-bin '
+             'libopenmpi-dev, or run scripts/install_horovod.sh)')
+  if cfg.use_horovod and importlib.util.find_spec('horovod') is None:
+    cli.fail('--use_horovod needs Horovod; install it with '
+             'scripts/install_horovod.sh')
+
+
+def launch(argv: Sequence[str], values: flags.FlagValues,
+           environ: Mapping[str, str]) -> int:
+  """Launches the job `argv` (the launcher's command line, parsed into
+  `values`) describes; its exit code (its last attempt's)."""
+  environ = dict(environ)
+  filled = fill_in_settings(values, environ)
+  launch_cfg = options.from_flags(values)
+  if launch_cfg.data_service_hosts:
+    _point_at_data_service(values, launch_cfg, filled)
+  servers = data_service_servers(launch_cfg, environ)
+  cfg = flags_lib.config_from_flags(values)  # Bad trainer flags fail first.
+  if values.print_config:
+    print(recipes.dump(cfg, options.recipe_values(launch_cfg)), end='')
+    return 0
+  job = job_lib.Job(placement_for(launch_cfg, environ), cfg, argv, filled,
+                    servers)
+  if launch_cfg.dry_run:
+    dry_run(job, cfg, servers)
+    return 0
+  _check_tools(job.command(), cfg)
+  return run(job, launch_cfg, servers)
+
+
+def run(job: job_lib.Job, cfg: LaunchConfig,
+        servers: Sequence[launch_lib.DataServer]) -> int:
+  """The job's attempts under the supervisor, with the tf.data service's
+  servers running around them; the exit code of the last attempt."""
+  attempt = job.first_attempt()
+  running = data_servers.DataServers(list(servers), logging.error)
+  try:
+    running.start()
+    job.data_servers = running if servers else None
+    exit_code = supervisor.Supervisor(
+        attempt, max_restarts=cfg.max_restarts,
+        workers_per_host=cfg.num_workers_per_hls,
+        parse_output=job.placement.parses_output(job.command()),
+        log=logging.error, replan=job.replan,
+        abort_grace=cfg.failure_timeout).run()
+  finally:
+    running.stop()
+    job.remove_files()
+  if exit_code and running.lost_hosts():
+    logging.error('the tf.data service lost its servers on %s during the '
+                  'job: restart them there (or drop them from '
+                  '--data_service_hosts) and rerun to resume',
+                  ', '.join(running.lost_hosts()))
+  return exit_code

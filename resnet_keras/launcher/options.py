@@ -1,0 +1,144 @@
+"""The launcher's own options, declared once (as the trainer's are in
+config.py): each LaunchConfig field's flag, its check, whether a recipe may
+hold it, and that it is never forwarded to the trainer all follow from it.
+
+The launcher accepts every trainer flag as well (flags.define_flags) and
+forwards those as typed; `--config` and `--print_config` are the trainer's
+flags that the launcher consumes itself.
+"""
+
+import dataclasses
+from typing import Any, Dict, Sequence, Tuple
+
+from absl import flags
+
+from common import elastic
+from common import launch
+from resnet_keras import flags as flags_lib
+from resnet_keras import options
+from resnet_keras.options import option
+
+# The trainer's flags the launcher consumes (the recipe it fills in, the
+# config it prints) rather than forwards.
+CONSUMED_TRAINER_FLAGS = {'config': str, 'print_config': bool}
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchConfig:
+  """How a training job is started: workers, restarts, input servers."""
+  num_workers_per_hls: int = option(
+      1,
+      'Workers (processes) per host (the reference\'s name: an HLS is a '
+      'Habana host; its hosts list is MULTI_HLS_IPS). More than one worker '
+      'in total runs them with mpirun; needs --use_horovod or '
+      '--distribution_strategy=multi_worker_mirrored.',
+      within='>= 1')
+  horovod_hierarchical_allreduce: bool = option(
+      False,
+      'Set HOROVOD_HIERARCHICAL_ALLREDUCE=1 (allreduce within each host '
+      'first; for multi-host Horovod).')
+  kubernetes_run: bool = option(
+      False,
+      'Each rank is already started by an external launcher (e.g. a '
+      'Kubeflow MPIJob): run this rank in-process, without mpirun.')
+  dry_run: bool = option(
+      False,
+      'Print the command(s), environment, per-worker TF_CONFIG and '
+      'pre-flight checks, then exit without running anything.',
+      in_recipe=False)
+  max_restarts: int = option(
+      0,
+      'Start the whole job again, up to this many times, when it fails for '
+      'a reason a rerun can fix (a lost worker or host, a network failure, '
+      'a signal to one rank); the workers resume from the last checkpoint '
+      '(--checkpoint_interval_steps bounds what is lost). Usage errors, a '
+      'non-finite loss and a signal to the launcher are never retried.',
+      within='>= 0', in_recipe=False)
+  min_hosts: int = option(
+      0,
+      'Elastic job: the fewest MULTI_HLS_IPS hosts it may go on with (0: '
+      'all of them, fail-stop). At start a host that fails the pre-flight '
+      'check is left out, named; after a failure a rerun can fix (up to '
+      '--max_restarts times) every host is checked again and the job '
+      'restarts from the last checkpoint on those that pass, so a lost host '
+      'is dropped and one that answers again rejoins. The global batch is '
+      'kept (see --elastic_batch). The chief is the first host left: '
+      '--model_dir must be on storage every host shares.',
+      within='>= 0', checked_by_flag=True, in_recipe=False)
+  elastic_batch: str = option(
+      elastic.KEEP,
+      'How an elastic job on fewer hosts splits its batch: keep: the '
+      'planned global batch, each worker taking a larger share (in '
+      'micro-batches no larger than planned), so the schedule and result '
+      'are the planned run\'s (the worker count must divide it; checked at '
+      'start); scale: each worker keeps its batch, the global batch shrinks '
+      'with the workers and the learning rate with it (linear scaling; the '
+      'trainer gets --planned_global_batch).',
+      choices=elastic.MODES, checked_by_flag=True, in_recipe=False)
+  data_service_hosts: Tuple[str, ...] = option(
+      (),
+      'Run the training input pipeline on these hosts (comma-separated): a '
+      'tf.data service dispatcher on the first, a data worker on each, '
+      'started over ssh (DOCKER_SSHD_PORT) before training and stopped '
+      'after; the trainer gets --tf_data_service.',
+      in_recipe=False)
+  data_service_port: int = option(
+      launch.DEFAULT_DATA_SERVICE_PORT,
+      'The dispatcher\'s port; data workers listen on the next one.',
+      within='[1, 65534]', checked_by_flag=True, in_recipe=False)
+  data_service_work_dir: str = option(
+      '/tmp/resnet_keras_data_service',
+      'The dispatcher\'s journal on its host: a dispatcher restarted with '
+      'it resumes its jobs.',
+      in_recipe=False)
+  failure_timeout: int = option(
+      launch.DEFAULT_FAILURE_TIMEOUT,
+      'Seconds within which a lost host or rank ends a multi-worker job '
+      '(mpirun\'s keepalive probes; Horovod\'s stall check and '
+      'multi_worker_mirrored\'s collective timeout get 10x this, for a rank '
+      'alive but stuck).',
+      in_recipe=False)
+
+  def check(self) -> None:
+    options.check_fields(self, LaunchConfig)
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(LaunchConfig))
+# What a recipe may hold of the launcher's: the trainer refuses these keys
+# with a hint to use the launcher.
+RECIPE_KEYS = tuple(f.name for f in dataclasses.fields(LaunchConfig)
+                    if options.spec_of(f).in_recipe)
+# Never forwarded to the trainer, in any absl spelling.
+_FLAG_TYPES = {**{f.name: options.field_type(LaunchConfig, f.name)
+                  for f in dataclasses.fields(LaunchConfig)},
+               **CONSUMED_TRAINER_FLAGS}
+BOOLEAN_FLAGS = tuple(n for n, kind in _FLAG_TYPES.items() if kind is bool)
+VALUED_FLAGS = tuple(n for n, kind in _FLAG_TYPES.items() if kind is not bool)
+
+
+def define_flags(values: flags.FlagValues) -> None:
+  """The trainer's flags (forwarded to it) and the launcher's own."""
+  flags_lib.define_flags(values)
+  flags_lib.define_options(values, [LaunchConfig])
+
+
+def from_flags(values: flags.FlagValues) -> LaunchConfig:
+  """The launcher's options from parsed flags (a recipe applied), checked."""
+  cfg = LaunchConfig(**{name: _value(values[name].value) for name in FIELDS})
+  cfg.check()
+  return cfg
+
+
+def _value(value: Any) -> Any:
+  return tuple(value) if isinstance(value, list) else value
+
+
+def recipe_values(cfg: LaunchConfig) -> Dict[str, Any]:
+  """The launcher settings --print_config writes beside the trainer's."""
+  return {name: getattr(cfg, name) for name in RECIPE_KEYS}
+
+
+def strip(args: Sequence[str]) -> list:
+  """`args` without the launcher's flags: what is forwarded to the trainer."""
+  return launch.strip_flags(args, BOOLEAN_FLAGS, VALUED_FLAGS)
+

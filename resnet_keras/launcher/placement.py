@@ -1,0 +1,93 @@
+"""The seam between a job and the ways its workers start: one Placement
+per way, each in a module of its own.
+
+  this_host.py   one process, or mpirun on this host
+  ssh_hosts.py   mpirun over ssh on the hosts of MULTI_HLS_IPS, checked
+                 before anything starts (common/preflight.py)
+  kubeflow.py    an external launcher (a Kubeflow MPIJob) started this rank:
+                 run it in-process
+
+A Placement says which hosts a job may use, which of them are ready now,
+and the command (argv, environment, files) that starts an attempt's
+workers on some of them, as data: --dry_run prints it, the supervisor runs
+it. The job (job.py) owns what is placement-independent: the batch split on
+the hosts it gets, restarts, the trainer's flags, the tf.data service.
+A new way of starting workers is one module with a Placement subclass, and
+its line in main.placement_for.
+"""
+
+import abc
+import json
+import os
+import tempfile
+from typing import Dict, List, Mapping, Sequence
+
+from common import launch
+from common import preflight
+from resnet_keras.launcher.options import LaunchConfig
+
+
+class Placement(abc.ABC):
+  """How and where the workers of one launch start."""
+
+  def __init__(self, cfg: LaunchConfig, environ: Mapping[str, str],
+               hosts: Sequence[str]):
+    self.cfg, self.environ = cfg, dict(environ)
+    self.hosts = tuple(hosts)  # The planned hosts; empty: this host.
+
+  @property
+  def total_workers(self) -> int:
+    return self.cfg.num_workers_per_hls * max(1, len(self.hosts))
+
+  def check(self, hosts: Sequence[str], want: preflight.Expected,
+            ports: Mapping[str, Sequence[int]]) -> preflight.Report:
+    """Which of `hosts` can run workers now (default: all of them)."""
+    del want, ports
+    return preflight.Report([], 1, tuple(hosts))
+
+  def check_lines(self, want: preflight.Expected,
+                  ports: Mapping[str, Sequence[int]]) -> List[str]:
+    """The checks `check` makes, as --dry_run prints them."""
+    del want, ports
+    return []
+
+  def is_checked(self) -> bool:
+    """Whether `check` asks the hosts anything."""
+    return False
+
+  @abc.abstractmethod
+  def command(self, program: Sequence[str], hosts: Sequence[str],
+              extra_env: Dict[str, str],
+              hosts_per_machine: int) -> launch.Launch:
+    """What starts `program` on every worker of `hosts` (the planned ones,
+    or those an elastic job goes on with)."""
+
+  def parses_output(self, plan: launch.Launch) -> bool:
+    """Whether the supervisor reads `plan`'s output to name a failure
+    (mpirun's account of a lost rank or host)."""
+    return plan.argv[0] == 'mpirun'
+
+  def tf_configs(self, total_workers: int) -> List[str]:
+    """multi_worker_mirrored: each rank's TF_CONFIG, as --dry_run shows
+    them (the ranks derive theirs from their MPI rank)."""
+    return [f'TF_CONFIG rank {rank}: '
+            f'{json.dumps(launch.tf_config_from_env(rank, total_workers, self.environ))}'
+            for rank in range(total_workers)]
+
+  def _one_process_or_mpirun(self, program: Sequence[str],
+                             hosts: Sequence[str], extra_env: Dict[str, str],
+                             hosts_per_machine: int) -> launch.Launch:
+    """One worker in all: the program itself; more: mpirun on `hosts`."""
+    workers = self.cfg.num_workers_per_hls * max(1, len(hosts))
+    if workers == 1:
+      return launch.Launch(argv=list(program), env=extra_env, files={},
+                           notes=[])
+    hostfile = os.path.join(tempfile.gettempdir(),
+                            f'resnet_keras_hostfile_{os.getpid()}')
+    return launch.mpirun_command(
+        program, workers_per_host=self.cfg.num_workers_per_hls, hosts=hosts,
+        physical_cores=launch.physical_core_count(), environ=self.environ,
+        hostfile_path=hostfile, extra_env=extra_env,
+        failure_timeout=self.cfg.failure_timeout,
+        hosts_per_machine=hosts_per_machine)
+

@@ -1,0 +1,37 @@
+"""Workers on the hosts of MULTI_HLS_IPS, started by mpirun over ssh
+(DOCKER_SSHD_PORT) from a hostfile; each host is checked over the same ssh
+before anything starts there (common/preflight.py: the same Python,
+TensorFlow, Horovod and project path, the TF_CONFIG ports free)."""
+
+from typing import Dict, List, Mapping, Sequence
+
+from common import launch
+from common import preflight
+from resnet_keras.launcher import placement
+
+
+def ssh(environ: Mapping[str, str]):
+  """(ssh argv, its port) as mpirun and the data service hosts use it."""
+  port = environ.get('DOCKER_SSHD_PORT', str(launch.DEFAULT_SSH_PORT))
+  return preflight.ssh_command(environ, port), port
+
+
+class SshHosts(placement.Placement):
+
+  def is_checked(self) -> bool:
+    return True
+
+  def check(self, hosts: Sequence[str], want: preflight.Expected,
+            ports: Mapping[str, Sequence[int]]) -> preflight.Report:
+    argv, port = ssh(self.environ)
+    return preflight.check(hosts, argv, want, ports, port)
+
+  def check_lines(self, want: preflight.Expected,
+                  ports: Mapping[str, Sequence[int]]) -> List[str]:
+    return preflight.describe(self.hosts, ssh(self.environ)[0], want, ports)
+
+  def command(self, program: Sequence[str], hosts: Sequence[str],
+              extra_env: Dict[str, str],
+              hosts_per_machine: int) -> launch.Launch:
+    return self._one_process_or_mpirun(program, hosts, extra_env,
+                                       hosts_per_machine)

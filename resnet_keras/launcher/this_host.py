@@ -1,0 +1,16 @@
+"""Workers on this host: the trainer itself for one worker, mpirun for
+more (each bound to its share of the physical cores)."""
+
+from typing import Dict, Sequence
+
+from common import launch
+from resnet_keras.launcher import placement
+
+
+class ThisHost(placement.Placement):
+
+  def command(self, program: Sequence[str], hosts: Sequence[str],
+              extra_env: Dict[str, str],
+              hosts_per_machine: int) -> launch.Launch:
+    return self._one_process_or_mpirun(program, hosts, extra_env,
+                                       hosts_per_machine)

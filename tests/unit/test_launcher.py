@@ -1,0 +1,147 @@
+"""The launch layer as a library (resnet_keras/launcher/): its options
+declared once, the presets quoted by the docs, the placement each launch
+gets, the commands a job builds and where its restarts resume, called in
+this process without starting anything."""
+
+import os
+import sys
+
+import pytest
+from absl import flags
+
+from common import preflight
+from common import supervisor
+from resnet_keras.config import RunConfig
+from resnet_keras.launcher import job as job_lib
+from resnet_keras.launcher import main as launcher
+from resnet_keras.launcher import options
+from resnet_keras.launcher import presets
+from resnet_keras.launcher import ssh_hosts
+from resnet_keras.launcher.kubeflow import Kubeflow
+from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher.ssh_hosts import SshHosts
+from resnet_keras.launcher.this_host import ThisHost
+from tests.support import runner
+
+HOSTS = '192.0.2.1,192.0.2.2,192.0.2.3'
+
+
+def test_the_launchers_flags_come_from_its_declarations():
+  values = flags.FlagValues()
+  options.define_flags(values)
+  values(['prog', '--min_hosts=2', '--data_service_hosts=a,b', '-bs', '4'])
+  cfg = options.from_flags(values)
+  assert cfg.min_hosts == 2 and cfg.data_service_hosts == ('a', 'b')
+  assert options.RECIPE_KEYS == ('num_workers_per_hls',
+                                 'horovod_hierarchical_allreduce',
+                                 'kubernetes_run')
+  # Never forwarded: every launcher option, and --config/--print_config.
+  assert options.strip(['--min_hosts', '2', '--nodry_run', '--config=x',
+                        '--print_config', '--elastic_batch=scale', '-bs',
+                        '4']) == ['-bs', '4']
+  with pytest.raises(Exception, match='num_workers_per_hls must be >= 1'):
+    LaunchConfig(num_workers_per_hls=0).check()
+
+
+def test_the_docs_quote_the_presets_from_the_recipes():
+  assert presets.preset('LARS', 1)['base_learning_rate'] == 2.5
+  assert presets.preset('LARS', 16)['base_learning_rate'] == 9.5
+  assert presets.preset('RMSProp', 1) == {}
+  with open(os.path.join(runner.REPO_ROOT, 'docs', 'multi_host.md')) as f:
+    docs = f.read()
+  table = '\n'.join('  ' + line
+                    for line in presets.markdown_table().splitlines())
+  assert table in docs
+
+
+@pytest.mark.parametrize('launch_cfg,environ,kind', [
+    (LaunchConfig(), {}, ThisHost),
+    (LaunchConfig(), {'MULTI_HLS_IPS': HOSTS}, SshHosts),
+    (LaunchConfig(kubernetes_run=True), {'MULTI_HLS_IPS': HOSTS}, Kubeflow),
+])
+def test_each_launch_gets_its_placement(launch_cfg, environ, kind):
+  assert type(launcher.placement_for(launch_cfg, environ)) is kind
+
+
+def _job(tmp_path, launch_cfg, environ=None, **trainer):
+  cfg = RunConfig(**{'model_dir': str(tmp_path / 'model'), 'use_horovod': True,
+                     'batch_size': 4, **trainer})
+  placement = launcher.placement_for(launch_cfg, environ or {})
+  return job_lib.Job(placement, cfg, ['demo', '--use_horovod', '-bs', '4'],
+                     {'warmup_epochs': 3}, servers=[])
+
+
+def test_commands_by_placement(tmp_path):
+  one = _job(tmp_path, LaunchConfig()).command()
+  assert one.argv == [sys.executable, job_lib.TRAINER, '--use_horovod', '-bs',
+                      '4', '--warmup_epochs=3']
+  two = _job(tmp_path, LaunchConfig(num_workers_per_hls=2)).command()
+  assert two.argv[:4] == ['mpirun', '--allow-run-as-root', '-np', '2']
+  assert '--hostfile' not in two.argv
+  assert two.env['HOROVOD_STALL_CHECK_TIME_SECONDS'] == '60'
+  hosts = _job(tmp_path, LaunchConfig(), {'MULTI_HLS_IPS': HOSTS}).command()
+  assert hosts.argv[hosts.argv.index('-np') + 1] == '3'
+  assert list(hosts.files.values()) == [
+      ''.join(f'{h} slots=1\n' for h in HOSTS.split(','))]
+  rank = _job(tmp_path, LaunchConfig(kubernetes_run=True, num_workers_per_hls=8),
+              {'MULTI_HLS_IPS': HOSTS}).command()
+  assert rank.argv[1] == job_lib.TRAINER
+
+
+def _write_checkpoint_state(model_dir, step):
+  os.makedirs(model_dir, exist_ok=True)
+  with open(os.path.join(model_dir, 'checkpoint'), 'w') as f:
+    f.write(f'model_checkpoint_path: "ckpt-{step}"\n'
+            f'all_model_checkpoint_paths: "ckpt-{step}"\n')
+
+
+def test_a_restart_resumes_at_the_last_checkpoint_and_says_so(tmp_path,
+                                                             caplog):
+  job = _job(tmp_path, LaunchConfig(num_workers_per_hls=2), clean=True)
+  _write_checkpoint_state(tmp_path / 'model', 8)
+  first = job.first_attempt()
+  assert first.resume_step is None  # --clean: the first attempt starts over.
+  _write_checkpoint_state(tmp_path / 'model', 12)
+  failure = supervisor.Failure(137, 'rank 1 was killed', retry=True)
+  restart = job.replan(failure)
+  assert restart.resume_step == 12 and restart.argv == first.argv
+  assert 'the job restarts on the same host(s): resuming at step 12' in \
+      caplog.text
+  job.remove_files()
+
+
+class _Lossy(SshHosts):
+  """ssh hosts of which the last fails its check from the second on."""
+  checks = 0
+
+  def check(self, hosts, want, ports):
+    _Lossy.checks += 1
+    ready = hosts[:-1] if _Lossy.checks > 1 else hosts
+    return preflight.Report([f'host {h}: down' for h in hosts
+                             if h not in ready], 1, tuple(ready))
+
+
+def test_an_elastic_restart_shrinks_on_the_hosts_that_pass(tmp_path, caplog,
+                                                          monkeypatch):
+  monkeypatch.setattr(launcher.ssh_hosts, 'SshHosts', _Lossy)
+  monkeypatch.setattr(_Lossy, 'checks', 0)
+  job = _job(tmp_path, LaunchConfig(min_hosts=2), {'MULTI_HLS_IPS': HOSTS})
+  assert type(job.placement) is _Lossy and job.is_elastic
+  job.first_attempt()
+  _write_checkpoint_state(tmp_path / 'model', 4)
+  attempt = job.replan(supervisor.Failure(1, 'lost', retry=True))
+  assert attempt.hosts == ('192.0.2.1', '192.0.2.2')
+  assert attempt.resume_step == 4
+  assert attempt.env['MULTI_HLS_IPS'] == '192.0.2.1,192.0.2.2'
+  # The command line's batch flag gives way to the split on two hosts.
+  assert attempt.argv[-5:] == [job_lib.TRAINER, '--use_horovod',
+                               '--batch_size=6', '--num_accumulation_steps=2',
+                               '--warmup_epochs=3']
+  assert 'the job shrinks from 3 to 2 host(s)' in caplog.text
+  assert 'resuming at step 4' in caplog.text
+  job.remove_files()
+
+
+def test_ssh_is_as_mpirun_runs_it():
+  argv, port = ssh_hosts.ssh({'DOCKER_SSHD_PORT': '4022'})
+  assert port == '4022' and argv[:3] == ['ssh', '-p', '4022']
