@@ -181,14 +181,6 @@ def test_multi_host_needs_a_multi_worker_backend():
   runner.assert_one_line_error(result, '2 workers need a multi-worker backend')
 
 
-def test_help_lists_launcher_and_trainer_flags():
-  result = runner.spawn_script(DEMO, ['--helpfull'], timeout=120)
-  assert result.returncode == 0
-  for name in ('num_workers_per_hls', 'kubernetes_run', 'dry_run',
-               'optimizer', 'use_horovod', 'data_loader_image_type'):
-    assert f'--{name}' in result.stdout or f'--[no]{name}' in result.stdout
-
-
 def test_missing_mpirun_says_how_to_install_it(tmp_path):
   result = runner.spawn_script(DEMO, ['--use_horovod',
                                       '--num_workers_per_hls=2',

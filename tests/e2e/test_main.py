@@ -1,8 +1,8 @@
 """End-to-end runs of resnet_ctl_imagenet_main.py in this process, through
 its main (support/runner.py): precisions, optimizers, normalisations,
-kernels, loaders, early stopping, resumes, one-line errors; and --helpfull,
-as a fresh interpreter prints it. (XLA, whose C++ log needs a process of
-its own: processes/.)"""
+kernels, loaders, early stopping, resumes, one-line errors. (XLA, whose
+C++ log needs a process of its own: processes/; --helpfull, as a fresh
+interpreter prints it: unit/test_flag_surface.py.)"""
 
 import dataclasses
 import glob
@@ -267,19 +267,3 @@ def test_unwritable_model_dir(tmp_path):
   result = runner.run_main(runner.TINY + ['-md', str(blocker / 'sub')])
   runner.assert_one_line_error(result, '--model_dir',
                                'not a writable directory')
-
-
-def test_helpfull_lists_flags_with_aliases():
-  result = runner.spawn_main(['--helpfull'], timeout=120)
-  text = (result.stdout + result.stderr).replace('--[no]', '--')
-  for name in ('--data_dir', '--train_epochs', '--lars_epsilon',
-               '--single_l2_loss_op', '--data_loader_image_type',
-               '--experimental_preloading', '--keras_applications_model',
-               '--target_accuracy', '--use_tf_while_loop', '--profile_steps',
-               '--norm', '--groups', '--sync_batch_norm', '--enable_recompute',
-               '--nesterov', '--rmsprop_rho', '--rmsprop_epsilon',
-               '--lr_decay_factor', '--lr_decay_points', '--lr_decay_epochs'):
-    assert name in text, name
-  for alias in ('--dd', '--md', '--te', '--ebe', '--bs', '--dt', '--dlit',
-                '--synth'):
-    assert alias in text, alias
