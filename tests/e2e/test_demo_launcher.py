@@ -1,7 +1,8 @@
-"""demo_resnet_keras.py as users run it, in short processes of its own
-(--dry_run contacts nobody and starts nothing): presets, dry-run commands
-and launch errors."""
+"""demo_resnet_keras.py as users run it, through its main in this process
+(support/runner.py; --dry_run contacts nobody and starts nothing):
+presets, dry-run commands and launch errors."""
 
+import importlib
 import json
 import os
 import platform
@@ -11,11 +12,14 @@ import pytest
 
 from tests.support import runner
 
-DEMO = os.path.join(runner.REPO_ROOT, 'demo_resnet_keras.py')
+
+def launch(args, env=None):
+  return runner.call(importlib.import_module('demo_resnet_keras'), args,
+                     env=env)
 
 
 def dry_run(args, env=None):
-  result = runner.spawn_script(DEMO, ['--dry_run'] + args, timeout=120, env=env)
+  result = launch(['--dry_run'] + args, env=env)
   assert result.returncode == 0, result.stderr
   return result.stdout
 
@@ -119,9 +123,8 @@ def test_data_service_hosts_dry_run_shows_the_servers_and_contacts_nobody():
   assert '-m resnet_keras.data.service worker --port 6001 --dispatcher ' \
          '192.0.2.5:6000' in servers[2]
   assert 'pre-flight on 192.0.2.5: ports 6000, 6001 free' in out
-  result = runner.spawn_script(DEMO, ['--dry_run', '--data_service_hosts',
-                                      'h2', '--tf_data_service', 'grpc://h3:1'],
-                               timeout=120)
+  result = launch(['--dry_run', '--data_service_hosts', 'h2',
+                   '--tf_data_service', 'grpc://h3:1'])
   runner.assert_one_line_error(result, 'give one of them')
 
 
@@ -151,7 +154,7 @@ def test_kubernetes_run_starts_this_rank_in_process():
     (['--no_such_flag'], ['no_such_flag']),
 ])
 def test_launch_errors_are_one_line(args, fragments):
-  result = runner.spawn_script(DEMO, ['--dry_run'] + args, timeout=120)
+  result = launch(['--dry_run'] + args)
   runner.assert_one_line_error(result, *fragments)
 
 
@@ -168,22 +171,18 @@ def test_elastic_dry_run_shows_the_split_on_each_host_count_it_allows():
           ' = global batch 12: --batch_size=12 --num_accumulation_steps=6'
           ) in out
   assert '--min_hosts' not in command_of(out)  # The launcher's own flag.
-  result = runner.spawn_script(DEMO, ['--dry_run', '--use_horovod',
-                                      '--min_hosts', '4'], timeout=120,
-                               env=env)
+  result = launch(['--dry_run', '--use_horovod', '--min_hosts', '4'],
+                  env=env)
   runner.assert_one_line_error(result, '--min_hosts=4 is more than the 3 '
                                'hosts of MULTI_HLS_IPS')
 
 
 def test_multi_host_needs_a_multi_worker_backend():
-  result = runner.spawn_script(DEMO, ['--dry_run'], timeout=120,
-                          env={'MULTI_HLS_IPS': '192.0.2.1,192.0.2.2'})
+  result = launch(['--dry_run'], env={'MULTI_HLS_IPS': '192.0.2.1,192.0.2.2'})
   runner.assert_one_line_error(result, '2 workers need a multi-worker backend')
 
 
 def test_missing_mpirun_says_how_to_install_it(tmp_path):
-  result = runner.spawn_script(DEMO, ['--use_horovod',
-                                      '--num_workers_per_hls=2',
-                                      f'--model_dir={tmp_path}'],
-                               timeout=120, env={'PATH': str(tmp_path)})
+  result = launch(['--use_horovod', '--num_workers_per_hls=2',
+                   f'--model_dir={tmp_path}'], env={'PATH': str(tmp_path)})
   runner.assert_one_line_error(result, 'mpirun not found', 'install_horovod.sh')

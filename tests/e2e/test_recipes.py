@@ -1,8 +1,10 @@
-"""Recipes (--config) through the entry points: every shipped recipe printed
-and read back (--print_config, a short process of its own), the launcher's
+"""Recipes (--config) through the entry points' mains in this process
+(support/runner.py): every shipped recipe printed and read back
+(--print_config), the launcher's
 recipes and presets, one-line errors, recipes that train. (Applying a
 recipe to flags: unit/.)"""
 
+import importlib
 import json
 import os
 
@@ -14,7 +16,7 @@ from resnet_keras import recipes
 from tests.support import runner
 from tests.support.records import write_dataset
 
-DEMO = os.path.join(runner.REPO_ROOT, 'demo_resnet_keras.py')
+MAIN, DEMO = 'resnet_ctl_imagenet_main', 'demo_resnet_keras'
 LAUNCHER_RECIPES = ('resnet50_lars_8workers', 'resnet50_lars_16workers',
                     'resnet50_lars_32workers', 'resnet50_mlperf_lars')
 
@@ -25,14 +27,17 @@ def test_decay_points_from_a_yaml_list_or_text(points, tmp_path):
   path.write_text(yaml.safe_dump({'lr_schedule': 'stepped',
                                   'lr_decay_points': points,
                                   'norm': 'group', 'groups': 16}))
-  values = yaml.safe_load(_print_config(runner.MAIN, ['--config', str(path)]))
+  values = yaml.safe_load(_print_config(MAIN, ['--config', str(path)]))
   assert values['lr_decay_points'] == '0.2,0.7'
   assert values['norm'] == 'group' and values['groups'] == 16
 
 
-def _print_config(script, args):
-  result = runner.spawn_script(script, list(args) + ['--print_config'],
-                          timeout=120)
+def _call(entry_point, args):
+  return runner.call(importlib.import_module(entry_point), args)
+
+
+def _print_config(entry_point, args):
+  result = _call(entry_point, list(args) + ['--print_config'])
   assert result.returncode == 0, result.stderr
   return result.stdout
 
@@ -40,7 +45,7 @@ def _print_config(script, args):
 @pytest.mark.parametrize('name', sorted(
     set(recipes.available()) - set(LAUNCHER_RECIPES)))
 def test_single_process_recipes_print_and_read_back(name, tmp_path):
-  printed = _print_config(runner.MAIN, ['--config', name])
+  printed = _print_config(MAIN, ['--config', name])
   values = yaml.safe_load(printed)
   with open(os.path.join(recipes.RECIPES_DIR, f'{name}.yaml')) as f:
     recipe = yaml.safe_load(f)
@@ -53,7 +58,7 @@ def test_single_process_recipes_print_and_read_back(name, tmp_path):
   # The printed configuration is itself a recipe giving the same run.
   path = tmp_path / 'effective.yaml'
   path.write_text(printed)
-  assert _print_config(runner.MAIN, ['--config', str(path)]) == printed
+  assert _print_config(MAIN, ['--config', str(path)]) == printed
 
 
 @pytest.mark.parametrize('name', LAUNCHER_RECIPES)
@@ -66,7 +71,7 @@ def test_multi_worker_recipes_need_the_launcher(name):
 
 
 def test_reference_recipe_values():
-  one = yaml.safe_load(_print_config(runner.MAIN, ['--config',
+  one = yaml.safe_load(_print_config(MAIN, ['--config',
                                                    'resnet50_lars_1worker']))
   assert (one['optimizer'], one['base_learning_rate'], one['batch_size'],
           one['train_epochs']) == ('LARS', 2.5, 256, 40)
@@ -83,9 +88,8 @@ def test_reference_recipe_values():
 
 
 def test_launcher_recipe_beats_the_preset_and_flags_beat_both():
-  result = runner.spawn_script(DEMO, ['--config', 'resnet50_lars_16workers',
-                                 '--warmup_epochs', '2', '--dry_run'],
-                          timeout=120)
+  result = _call(DEMO, ['--config', 'resnet50_lars_16workers',
+                        '--warmup_epochs', '2', '--dry_run'])
   assert result.returncode == 0, result.stderr
   command = next(l for l in result.stdout.splitlines()
                  if l.startswith('command: '))
@@ -110,8 +114,8 @@ def test_bad_recipes_are_one_line(tmp_path, args, fragments):
     path = tmp_path / 'recipe.yaml'
     path.write_text(args[1])
     args = ['--config', str(path)]
-  for script in (runner.MAIN, DEMO):
-    result = runner.spawn_script(script, args + ['--print_config'], timeout=120)
+  for entry_point in (MAIN, DEMO):
+    result = _call(entry_point, args + ['--print_config'])
     runner.assert_one_line_error(result, *fragments)
 
 

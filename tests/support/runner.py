@@ -136,6 +136,7 @@ def call(module, args: Sequence[str],
   stdout, stderr = io.StringIO(), io.StringIO()
   try:
     with mock.patch.object(flags, 'FLAGS', values), \
+        mock.patch.object(sys, 'argv', [module.__file__] + list(args)), \
         mock.patch.dict(os.environ, env or {}), \
         contextlib.redirect_stdout(stdout), \
         contextlib.redirect_stderr(stderr), _captured_logs(stderr):
