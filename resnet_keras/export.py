@@ -1,4 +1,4 @@
-"""Exports a run's checkpoints without retraining (serving/exports.py).
+"""Exports a run's checkpoints without retraining (serving/deployment.py).
 
   python -m resnet_keras.export --model_dir DIR                 # the latest
   python -m resnet_keras.export --model_dir DIR --checkpoint ckpt-4
@@ -29,7 +29,7 @@ from common import cli
 from common.errors import UsageError
 from resnet_keras import checkpoints
 from resnet_keras.serving import contract
-from resnet_keras.serving import exports
+from resnet_keras.serving import deployment
 # pylint: enable=g-import-not-at-top
 
 
@@ -79,7 +79,7 @@ def main(argv):
   except OSError as e:
     raise UsageError(f'--output_dir={output_dir} cannot be created '
                      f'({e.strerror}); choose a writable directory') from None
-  for path in exports.export_checkpoints(
+  for path in deployment.export_checkpoints(
       cfg, flags.FLAGS.checkpoint, output_dir, flags.FLAGS.format,
       flags.FLAGS.quantize, flags.FLAGS.representative_images):
     if os.path.isdir(path):

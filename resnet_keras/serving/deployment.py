@@ -1,5 +1,5 @@
-"""A run's checkpoints exported in the formats asked for (the export tool,
-resnet_keras/export.py).
+"""A run's checkpoints deployed: exported in the formats asked for (the
+export tool, resnet_keras/export.py).
 
 Each checkpoint goes to OUTPUT_DIR/<checkpoint name>/: the SavedModel
 classifier and feature vector (saved_model.py) and, with --format
