@@ -1,4 +1,6 @@
-"""Throughput of preprocess_imagenet.py with 1 and with 2 worker processes.
+"""Throughput of preprocess_imagenet.py's conversion
+(resnet_keras/data/imagenet_converter.py) with 1 and with 2 worker
+processes.
 
 Generates 256x256 RGB JPEGs in a temporary raw tree, converts it with
 --num_workers 1 and 2 (best of --repeats each) and prints images/sec and
@@ -20,7 +22,8 @@ from absl import app, flags
 import numpy as np
 from PIL import Image
 
-import preprocess_imagenet
+from common import env
+from resnet_keras.data import imagenet_converter
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer('num_classes', 4, 'Classes in the generated tree.')
@@ -65,7 +68,7 @@ def timed_conversion(raw, out, num_workers):
             cpu_seconds(resource.RUSAGE_CHILDREN)]
   start = time.monotonic()
   with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
-    metadata = preprocess_imagenet.convert(
+    metadata = imagenet_converter.convert(
         raw, out, {'train': 16, 'validation': 4}, num_workers,
         skip_bad_images=False)
   seconds = time.monotonic() - start
@@ -99,6 +102,7 @@ def main(argv):
 
 
 if __name__ == '__main__':
+  env.prepare_tensorflow_environment()  # Before the workers start.
   # As in preprocess_imagenet.py: app.run would make the TensorFlow import
   # scan for GPUs in the parent, which the converter's own runs never do.
   app.define_help_flags()

@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks import hardware
 from resnet_keras.serving import contract
-from resnet_keras.serving import exports
+from resnet_keras.serving import deployment
 from resnet_keras.serving import readers
 from resnet_keras.serving import saved_model
 
@@ -80,11 +80,11 @@ def resnet50_exports(work_dir: str) -> str:
   coarse = rng.randint(0, 256, (64, 14, 14, 3)).astype(np.float32)
   images = tf.cast(tf.image.resize(coarse, [224, 224]), tf.uint8).numpy()
   saved_model.export_run(network, cfg, work_dir)
-  plan = exports.DeployPlan(
+  plan = deployment.DeployPlan(
       files=(('onnx', 'none'),) + tuple(('tflite', q)
                                          for q in contract.QUANTIZATIONS),
       check_images=images[:8], representative=images, labels=[])
-  exports.write_deployables(network, cfg, work_dir, plan, 'random', 0)
+  deployment.write_deployables(network, cfg, work_dir, plan, 'random', 0)
   return work_dir
 
 

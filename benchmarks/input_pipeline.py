@@ -34,6 +34,7 @@ from official.legacy.image_classification.resnet import imagenet_preprocessing  
 
 from benchmarks import hardware  # pylint: disable=g-import-not-at-top
 from resnet_keras.data import imagenet  # pylint: disable=g-import-not-at-top
+from resnet_keras.data import imagenet_record  # pylint: disable=g-import-not-at-top
 from resnet_keras.data.preprocessing import augmentation_seed  # pylint: disable=g-import-not-at-top
 from tests.support.records import example
 
@@ -103,7 +104,7 @@ def per_image_ms(files, repeats, num_records=400):
 
   def ours_fn(dtype):
     def fn(position, record):
-      image_bytes, label, boxes = imagenet.parse_record(record)
+      image_bytes, label, boxes = imagenet_record.parse(record)
       return imagenet.preprocess_train(
           image_bytes, boxes, 224, dtype, augmentation_seed(None, position),
           augmentation_seed(None, position, 1)), label

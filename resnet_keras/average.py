@@ -24,15 +24,11 @@ from common import env
 env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 
 # pylint: disable=g-import-not-at-top
-import os
-
 from absl import flags
 
 from common import cli
 from resnet_keras import checkpoint_average
-from resnet_keras import checkpoints
-from resnet_keras import scoring
-from resnet_keras.serving import saved_model
+from resnet_keras import tool_flags
 # pylint: enable=g-import-not-at-top
 
 
@@ -46,10 +42,8 @@ def define_flags(values: flags.FlagValues) -> None:
                      'over the checkpoints, oldest first, instead of the '
                      'mean.',
                      flag_values=values)
-  flags.DEFINE_string('output_dir', None,
-                      'Where the averaged checkpoint goes; default: '
-                      'MODEL_DIR/averaged.',
-                      flag_values=values)
+  tool_flags.define_output_dir(values, 'the averaged checkpoint',
+                               checkpoint_average.OUTPUT_DIR)
   flags.DEFINE_boolean('export', False,
                        'Also export it as a SavedModel to '
                        'OUTPUT_DIR/saved_model.',
@@ -57,27 +51,10 @@ def define_flags(values: flags.FlagValues) -> None:
 
 
 def main(argv):
-  model_dir = cli.start_tool(argv, flags.FLAGS.model_dir)
-  ema_decay = flags.FLAGS.ema
-  checkpoint_average.check_ema_decay(ema_decay)
-  output_dir = checkpoint_average.output_dir_for(model_dir,
-                                                flags.FLAGS.output_dir)
-  cfg, plan = checkpoints.read_config(model_dir)
-  evaluator = scoring.CheckpointEvaluator(cfg, plan)
-  paths = checkpoint_average.select_last(
-      checkpoints.checkpoint_paths(evaluator.manager, model_dir, 'all'),
-      flags.FLAGS.last, model_dir)
-  averaged = checkpoint_average.write_averaged(evaluator, paths, ema_decay,
-                                              output_dir)
-  method = checkpoint_average.describe_method(paths, ema_decay)
-  print(f'wrote {averaged}: {method}')
-  if flags.FLAGS.export:  # The model holds the average until evaluated.
-    path, = saved_model.export_run(evaluator.network, cfg, output_dir)
-    print(f'exported {path}')
-  rows = [evaluator.evaluate(paths[-1]), evaluator.evaluate(averaged)]
-  rows[1]['checkpoint'] = os.path.relpath(averaged, model_dir)
-  print(scoring.format_table(rows))
-  scoring.write_csv(os.path.join(output_dir, scoring.RESULTS_FILE), rows)
+  values = flags.FLAGS
+  model_dir = cli.start_tool(argv, values.model_dir)
+  checkpoint_average.average_run(model_dir, values.last, values.ema,
+                                 values.output_dir, values.export)
 
 
 def run() -> None:

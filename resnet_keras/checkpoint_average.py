@@ -1,5 +1,5 @@
-"""Averages a run's checkpoints into a new checkpoint (the average tool,
-resnet_keras/average.py).
+"""Averages a run's checkpoints into a new checkpoint, and scores it (the
+average tool, resnet_keras/average.py).
 
 Every variable of the model is averaged, batch-norm moving statistics
 included, over the checkpoints chosen, in step order: their mean, or an
@@ -26,6 +26,7 @@ from resnet_keras import checkpoints
 from resnet_keras import optimizers
 from resnet_keras import scoring
 from resnet_keras import ema as ema_lib
+from resnet_keras.serving import saved_model
 
 OUTPUT_DIR = 'averaged'
 RECORD_FILE = 'averaging.json'
@@ -129,3 +130,28 @@ def write_averaged(evaluator: scoring.CheckpointEvaluator,
        'method': 'mean' if ema_decay is None else 'ema',
        'ema_decay': ema_decay, 'sources': list(paths)})
   return path
+
+
+def average_run(model_dir: str, last: Optional[int],
+                ema_decay: Optional[float], output_dir: Optional[str],
+                export: bool) -> None:
+  """Averages the last `last` (None: all) checkpoints of the run in
+  model_dir into output_dir (None: MODEL_DIR/averaged), with `export` a
+  SavedModel of it too, and scores it beside the last checkpoint; says
+  each step as it ends."""
+  check_ema_decay(ema_decay)
+  output_dir = output_dir_for(model_dir, output_dir)
+  cfg, plan = checkpoints.read_config(model_dir)
+  evaluator = scoring.CheckpointEvaluator(cfg, plan)
+  paths = select_last(
+      checkpoints.checkpoint_paths(evaluator.manager, model_dir, 'all'),
+      last, model_dir)
+  averaged = write_averaged(evaluator, paths, ema_decay, output_dir)
+  print(f'wrote {averaged}: {describe_method(paths, ema_decay)}')
+  if export:  # The model holds the average until evaluated.
+    path, = saved_model.export_run(evaluator.network, cfg, output_dir)
+    print(f'exported {path}')
+  rows = [evaluator.evaluate(paths[-1]), evaluator.evaluate(averaged)]
+  rows[1]['checkpoint'] = os.path.relpath(averaged, model_dir)
+  print(scoring.format_table(rows))
+  scoring.write_csv(os.path.join(output_dir, scoring.RESULTS_FILE), rows)

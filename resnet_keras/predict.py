@@ -22,16 +22,14 @@ env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 
 # pylint: disable=g-import-not-at-top
 import os
-from typing import List, Optional
+from typing import List
 
-import numpy as np
-import tensorflow as tf
 from absl import flags
 
 from common import cli
-from resnet_keras.serving import readers
-from resnet_keras.data import imagenet
 from common.errors import UsageError
+from resnet_keras import tool_flags
+from resnet_keras.serving import readers
 # pylint: enable=g-import-not-at-top
 
 IMAGE_SUFFIXES = ('.jpg', '.jpeg', '.png')
@@ -39,21 +37,13 @@ TOP_K = 5
 
 
 def define_flags(values: flags.FlagValues) -> None:
-  flags.DEFINE_string('saved_model', None,
-                      'SavedModel directory (model_dir/saved_model of a run '
-                      'with --enable_checkpoint_and_export), or an .onnx or '
-                      '.tflite file (python -m resnet_keras.export --format).',
-                      flag_values=values)
+  tool_flags.define_saved_model(values, 'The export to predict with')
   flags.DEFINE_string('labels', None,
                       'Class names, one per line in label order (the '
                       'converter\'s labels.txt); default: the one exported '
                       'with the model, else class indices.',
                       flag_values=values)
-  flags.DEFINE_boolean('eval_flip', False,
-                       'Average each image\'s and its mirror\'s logits, as '
-                       'evaluation does with --eval_flip.',
-                       flag_values=values)
-  flags.mark_flag_as_required('saved_model', flag_values=values)
+  tool_flags.define_eval_flip(values, False)
 
 
 def image_files(args: List[str]) -> List[str]:
@@ -75,36 +65,15 @@ def image_files(args: List[str]) -> List[str]:
   return files
 
 
-def class_names(labels: List[str], labels_file: Optional[str],
-                num_classes: int) -> List[str]:
-  """A name per model output: --labels, the exported `labels`, or indices."""
-  if labels_file:
-    if not os.path.isfile(labels_file):
-      raise UsageError(f'--labels={labels_file} does not exist')
-    labels = imagenet.read_labels(labels_file)
-  if len(labels) > num_classes:
-    raise UsageError(f'{labels_file or "the export"} names {len(labels)} '
-                     f'classes but the model has {num_classes}; pass its '
-                     'training data\'s labels.txt with --labels')
-  # A model may have more outputs than its data had classes (--num_classes).
-  return list(labels) + [f'class {i}' for i in range(len(labels), num_classes)]
-
-
 def main(argv):
+  values = flags.FLAGS
   files = image_files(argv[1:])
-  model = readers.load(flags.FLAGS.saved_model)
-  names = class_names(model.labels, flags.FLAGS.labels, model.num_classes)
-  for path in files:
-    with open(path, 'rb') as f:
-      encoded = f.read()
-    try:  # One image per call, so an undecodable file is named.
-      probabilities = readers.probabilities_of(model, encoded,
-                                               flags.FLAGS.eval_flip)
-    except tf.errors.InvalidArgumentError:
-      raise UsageError(f'{path} is not a JPEG or PNG image') from None
+  for path, top in readers.top_classes(values.saved_model, files,
+                                       values.labels, values.eval_flip,
+                                       TOP_K):
     print(path)
-    for i in np.argsort(-probabilities, kind='stable')[:TOP_K]:
-      print(f'  {probabilities[i]:.4f}  {names[i]}')
+    for probability, name in top:
+      print(f'  {probability:.4f}  {name}')
 
 
 def run() -> None:

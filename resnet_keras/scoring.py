@@ -14,7 +14,7 @@ are rows: printed as tables and written as CSV files.
 import csv
 import io
 import os
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -125,6 +125,25 @@ def score_exports(cfg: RunConfig, paths: Sequence[str],
                  'loss': total['loss'] / n, 'examples': total['examples'],
                  'max_prob_diff': total['max_prob_diff']})
   return rows
+
+
+def validate(cfg: RunConfig, plan: TrainingPlan, which: Optional[str],
+             exports: Optional[Sequence[str]] = None) -> Tuple[str, str]:
+  """Scores the checkpoints `which` names or, given, the `exports` instead,
+  into the run's validation.csv or validation_exports.csv; returns the
+  table and the file's path."""
+  if exports:
+    if which:
+      raise UsageError('--checkpoint scores checkpoints, --saved_model '
+                       'exports: pass one of them')
+    rows = score_exports(cfg, exports)
+    path = os.path.join(cfg.model_dir, EXPORTS_RESULTS_FILE)
+    write_csv(path, rows, EXPORTS_COLUMNS)
+    return format_exports_table(rows), path
+  rows = evaluate_checkpoints(cfg, plan, which)
+  path = os.path.join(cfg.model_dir, RESULTS_FILE)
+  write_csv(path, rows)
+  return format_table(rows), path
 
 
 # A table's columns: (header, row key, alignment and width, value format).

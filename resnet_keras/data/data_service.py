@@ -48,6 +48,7 @@ from common.errors import UsageError
 SHARDING = {'off': tf.data.experimental.service.ShardingPolicy.OFF,
             'dynamic': tf.data.experimental.service.ShardingPolicy.DYNAMIC}
 PROTOCOL = 'grpc'
+ROLES = ('dispatcher', 'worker')  # The servers, one per process.
 
 
 def parse_address(address: str) -> Tuple[str, int]:
@@ -260,6 +261,26 @@ def start_worker(port: int, dispatcher: str, worker_address: Optional[str]):
       worker_address=(worker_address or
                       f'{address_toward(host, dispatcher_port)}:{port}'))
   return tf.data.experimental.service.WorkerServer(config), config
+
+
+def start_server(role: str, port: int, work_dir: Optional[str],
+                 dispatcher: Optional[str], worker_address: Optional[str]):
+  """Starts the server of `role` (ROLES) on `port`; returns it and its line
+  saying it is ready."""
+  try:
+    if role == 'dispatcher':
+      server = start_dispatcher(port, work_dir)
+      mode = (f'fault tolerant, work_dir {work_dir}' if work_dir
+              else 'no work_dir: a restart forgets its jobs')
+      address = f'{PROTOCOL}://{socket.gethostname()}:{port}'
+      return server, (f'tf.data service dispatcher ready at {address} '
+                      f'({mode})')
+    server, config = start_worker(port, dispatcher, worker_address)
+  except tf.errors.OpError as e:
+    raise UsageError(f'the {role} did not start on port {port}: '
+                     f'{" ".join(e.message.split())}') from None
+  return server, (f'tf.data service worker ready at {config.worker_address}, '
+                  f'serving {config.dispatcher_address}')
 
 
 def serve_until_signalled(server) -> None:

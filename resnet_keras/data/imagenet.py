@@ -1,12 +1,12 @@
 """ImageNet-format TFRecords: finding shards, sizes, and the tf.data pipeline.
 
-The format is the standard one (`image/encoded` JPEG bytes,
-`image/class/label` 1-based, optional `image/object/bbox/*`), as written by
-preprocess_imagenet.py and by the Model Garden's converters. The directory
-layouts users have are found: `train/train-*` + `validation/validation-*`
-(ours and the reference trainer's), the flat `train-*` + `validation-*`
-(Model Garden's), and `img_train/img_train-*` + `img_val/img_val-*` (what the
-reference's converter writes).
+Each record is the standard tf.train.Example of one image
+(imagenet_record.py), as written by preprocess_imagenet.py and by the Model
+Garden's converters. The directory layouts users have are found:
+`train/train-*` + `validation/validation-*` (ours and the reference
+trainer's), the flat `train-*` + `validation-*` (Model Garden's), and
+`img_train/img_train-*` + `img_val/img_val-*` (what the reference's
+converter writes).
 
 Training: file-level sharding per input pipeline (worker), file shuffle,
 parallel interleave, record shuffle, parallel fused decode-and-crop, flip,
@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from resnet_keras.config import RunConfig
 from resnet_keras.data import augment
+from resnet_keras.data import imagenet_record
 from resnet_keras.data.preprocessing import augmentation_seed
 from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.data.preprocessing import training_order
@@ -51,15 +52,6 @@ DEFAULT_CROP_MIN_AREA = RunConfig.train_crop_min_area
 CROP_ASPECT_RANGE = (3 / 4, 4 / 3)
 SHUFFLE_BUFFER = 10_000
 INTERLEAVE_CYCLE = 10
-
-_FEATURES = {
-    'image/encoded': tf.io.FixedLenFeature([], tf.string),
-    'image/class/label': tf.io.FixedLenFeature([], tf.int64),
-    'image/object/bbox/xmin': tf.io.VarLenFeature(tf.float32),
-    'image/object/bbox/ymin': tf.io.VarLenFeature(tf.float32),
-    'image/object/bbox/xmax': tf.io.VarLenFeature(tf.float32),
-    'image/object/bbox/ymax': tf.io.VarLenFeature(tf.float32),
-}
 
 
 def find_shards(data_dir: str, split: str) -> List[str]:
@@ -120,9 +112,7 @@ def scan_shards(files: List[str], skip_corrupt: bool = False) -> Dict[str, int]:
   labels = tf.data.Dataset.from_tensor_slices(files).interleave(
       _record_reader(skip_corrupt), cycle_length=INTERLEAVE_CYCLE,
       num_parallel_calls=tf.data.AUTOTUNE).map(
-          lambda r: tf.io.parse_single_example(
-              r, {'image/class/label': _FEATURES['image/class/label']})[
-                  'image/class/label'],
+          imagenet_record.stored_label,
           num_parallel_calls=tf.data.AUTOTUNE).batch(4096)
   count, max_label = 0, 0
   try:
@@ -197,7 +187,7 @@ def find_corrupt_file(files: List[str]) -> Optional[Tuple[str, str]]:
   undecodable image, or None. Reads every record: only for error messages."""
   for path in files:
     records = tf.data.TFRecordDataset(path).map(
-        lambda r: tf.shape(tf.io.decode_jpeg(parse_record(r)[0]))[0],
+        lambda r: tf.shape(tf.io.decode_jpeg(imagenet_record.parse(r)[0]))[0],
         num_parallel_calls=tf.data.AUTOTUNE)
     try:
       records.reduce(0, lambda count, _: count + 1)
@@ -222,17 +212,6 @@ def read_labels(path: str) -> List[str]:
   """Class names: line k names the records' label k + 1 (model output k)."""
   with open(path, encoding='utf-8') as f:
     return [line.strip() for line in f if line.strip()]
-
-
-def parse_record(serialized):
-  """-> (JPEG bytes, 0-based label, boxes [1, N, 4] as ymin, xmin, ymax, xmax)."""
-  parsed = tf.io.parse_single_example(serialized, _FEATURES)
-  # A 1-D VarLenFeature's values are its dense form: no SparseToDense ops.
-  coords = [parsed[f'image/object/bbox/{k}'].values
-            for k in ('ymin', 'xmin', 'ymax', 'xmax')]
-  boxes = tf.expand_dims(tf.stack(coords, axis=-1), 0)
-  label = tf.cast(parsed['image/class/label'], tf.int32) - 1
-  return parsed['image/encoded'], label, boxes
 
 
 def _to_loader_dtype(image, dtype):
@@ -362,11 +341,11 @@ def dataset(files: List[str], *, is_training: bool, batch_size: int,
   deterministic = not is_training or seed is not None
 
   def parse_and_decode(record):
-    image_bytes, label, _ = parse_record(record)
+    image_bytes, label, _ = imagenet_record.parse(record)
     return decode_whole(image_bytes, image_size), label
 
   def parse_and_preprocess(position, record):
-    image_bytes, label, boxes = parse_record(record)
+    image_bytes, label, boxes = imagenet_record.parse(record)
     if is_training:
       image = preprocess_train(
           image_bytes, boxes, image_size, dtype,

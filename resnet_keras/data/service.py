@@ -12,17 +12,12 @@ from common import env
 env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 
 # pylint: disable=g-import-not-at-top
-import socket
-
-import tensorflow as tf
 from absl import flags
 
 from common import cli
 from common.errors import UsageError
 from resnet_keras.data import data_service
 # pylint: enable=g-import-not-at-top
-
-ROLES = ('dispatcher', 'worker')
 
 
 def define_flags(values: flags.FlagValues) -> None:
@@ -46,25 +41,12 @@ def define_flags(values: flags.FlagValues) -> None:
 
 
 def main(argv):
-  if len(argv) != 2 or argv[1] not in ROLES:
+  if len(argv) != 2 or argv[1] not in data_service.ROLES:
     raise UsageError('say which server to start: dispatcher or worker')
-  port = flags.FLAGS.port
-  try:
-    if argv[1] == 'dispatcher':
-      server = data_service.start_dispatcher(port, flags.FLAGS.work_dir)
-      mode = (f'fault tolerant, work_dir {flags.FLAGS.work_dir}'
-              if flags.FLAGS.work_dir else 'no work_dir: a restart forgets '
-              'its jobs')
-      address = f'{data_service.PROTOCOL}://{socket.gethostname()}:{port}'
-      ready = f'tf.data service dispatcher ready at {address} ({mode})'
-    else:
-      server, config = data_service.start_worker(
-          port, flags.FLAGS.dispatcher, flags.FLAGS.worker_address)
-      ready = (f'tf.data service worker ready at {config.worker_address}, '
-               f'serving {config.dispatcher_address}')
-  except tf.errors.OpError as e:
-    raise UsageError(f'the {argv[1]} did not start on port {port}: '
-                     f'{" ".join(e.message.split())}') from None
+  values = flags.FLAGS
+  server, ready = data_service.start_server(
+      argv[1], values.port, values.work_dir, values.dispatcher,
+      values.worker_address)
   print(ready, flush=True)
   data_service.serve_until_signalled(server)
 

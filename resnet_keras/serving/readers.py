@@ -7,7 +7,7 @@ without one, the format that needs it is refused in one line.
 
 import json
 import os
-from typing import List
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -156,3 +156,37 @@ def probabilities_of(model: Deployed, encoded: bytes,
   if flip:
     return evaluator.flip_average(probs[0], probs[1]).numpy()
   return probs[0]
+
+
+def class_names(labels: List[str], labels_file: Optional[str],
+                num_classes: int) -> List[str]:
+  """A name per model output: from labels_file (--labels), else the
+  export's `labels`, the rest as indices."""
+  if labels_file:
+    if not os.path.isfile(labels_file):
+      raise UsageError(f'--labels={labels_file} does not exist')
+    labels = imagenet.read_labels(labels_file)
+  if len(labels) > num_classes:
+    raise UsageError(f'{labels_file or "the export"} names {len(labels)} '
+                     f'classes but the model has {num_classes}; pass its '
+                     'training data\'s labels.txt with --labels')
+  # A model may have more outputs than its data had classes (--num_classes).
+  return list(labels) + [f'class {i}' for i in range(len(labels), num_classes)]
+
+
+def top_classes(export: str, files: Sequence[str], labels_file: Optional[str],
+                flip: bool, k: int) -> Iterator[Tuple[str, List]]:
+  """(file, its `k` most likely (probability, class name)) for each image
+  file, by the export at `export` (load), one file at a time (the predict
+  tool's answer)."""
+  model = load(export)
+  names = class_names(model.labels, labels_file, model.num_classes)
+  for path in files:
+    with open(path, 'rb') as f:
+      encoded = f.read()
+    try:  # One image per call, so an undecodable file is named.
+      probabilities = probabilities_of(model, encoded, flip)
+    except tf.errors.InvalidArgumentError:
+      raise UsageError(f'{path} is not a JPEG or PNG image') from None
+    yield path, [(probabilities[i], names[i]) for i in
+                 np.argsort(-probabilities, kind='stable')[:k]]

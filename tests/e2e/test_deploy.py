@@ -16,7 +16,7 @@ from resnet_keras import checkpoints
 from resnet_keras import scoring
 from resnet_keras.data import datasets
 from resnet_keras.serving import contract
-from resnet_keras.serving import exports as exports_lib
+from resnet_keras.serving import deployment
 from resnet_keras.serving import readers
 from tests.support import runner
 from tests.support.images import parse_predictions, write_images
@@ -61,7 +61,7 @@ def exports(records_run, tmp_path_factory):
 def validation_pixels(exports):
   """The records run's 9 validation images as the exports take them."""
   cfg, _ = checkpoints.read_config(exports[0])
-  return exports_lib.stacked(
+  return deployment.stacked(
       datasets.pixel_batches(cfg, datasets.describe(cfg), 4), 100)
 
 

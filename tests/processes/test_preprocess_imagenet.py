@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-import preprocess_imagenet as pi
+from resnet_keras.data import imagenet_converter
 from common import files
 from common.errors import RunStopped
 from tests.support import runner
@@ -108,7 +108,7 @@ def test_corrupt_image_stops_the_run_or_is_skipped(tmp_path):
   finished = [n for n in os.listdir(train_dir) if n.startswith('train-')]
   assert len(finished) < 2
   for name in finished:
-    assert pi.count_records(os.path.join(train_dir, name)) > 0
+    assert imagenet_converter.count_records(os.path.join(train_dir, name)) > 0
 
   result = run_script(*args, '--skip_bad_images')
   assert result.returncode == 0, result.stderr
@@ -128,10 +128,12 @@ class _EndsTheProcessWhenUnpickled:
 
 def test_a_worker_that_dies_ends_the_run_in_one_line(tmp_path):
   # multiprocessing.Pool waited forever for such a worker's shard.
-  task = pi.ShardTask(str(tmp_path / 'train-00000-of-00002'),
-                      [_EndsTheProcessWhenUnpickled()], False)
+  task = imagenet_converter.ShardTask(
+      str(tmp_path / 'train-00000-of-00002'),
+      [_EndsTheProcessWhenUnpickled()], False)
   with pytest.raises(RunStopped, match='converter worker process died'):
-    pi.run_tasks([task, task._replace(path=str(tmp_path / 'other'))], 2)
+    imagenet_converter.run_tasks(
+        [task, task._replace(path=str(tmp_path / 'other'))], 2)
   assert not os.listdir(tmp_path)
 
 

@@ -1,6 +1,7 @@
 """preprocess_imagenet.py's inputs and outputs, for its tests: a tiny raw
 tree of JPEGs and PNGs built with Pillow, the script run as users run it or
-its conversion called in this process, and its records read back."""
+its conversion (data/imagenet_converter.py) called in this process, and its
+records read back."""
 
 import io
 import os
@@ -10,7 +11,7 @@ import sys
 import numpy as np
 from PIL import Image
 
-import preprocess_imagenet as pi
+from resnet_keras.data import imagenet_converter
 from tests.support.runner import REPO_ROOT
 
 SYNSETS = ['n01440764', 'n01443537', 'n01484850']
@@ -88,9 +89,9 @@ def run_script(*args):
 
 def convert_in_process(raw, out, train_shards=4, validation_shards=2,
                        skip_bad_images=False):
-  return pi.convert(raw, out,
-                    {'train': train_shards, 'validation': validation_shards},
-                    num_workers=1, skip_bad_images=skip_bad_images)
+  return imagenet_converter.convert(
+      raw, out, {'train': train_shards, 'validation': validation_shards},
+      num_workers=1, skip_bad_images=skip_bad_images)
 
 
 def read_split(out, split):

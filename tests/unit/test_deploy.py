@@ -1,4 +1,4 @@
-"""ONNX and TFLite exports (resnet_keras/serving/exports.py): every
+"""ONNX and TFLite exports (resnet_keras/serving/deployment.py): every
 architecture the trainer builds converts to the same function. (A trained
 run's exports in every format, validate and predict on them: e2e/.)"""
 
@@ -11,7 +11,7 @@ import tf_keras
 from resnet_keras import models
 from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.serving import converters
-from resnet_keras.serving import exports as exports_lib
+from resnet_keras.serving import deployment
 from resnet_keras.serving import readers
 from resnet_keras.serving import saved_model
 from tests.support import runner
@@ -35,11 +35,11 @@ def test_architectures_convert_to_the_same_function(overrides, tmp_path):
   finally:
     tf_keras.mixed_precision.set_global_policy('float32')
   pixels = np.random.RandomState(0).randint(0, 256, (4, 32, 32, 3), np.uint8)
-  plan = exports_lib.DeployPlan(files=(('onnx', 'none'), ('tflite', 'none')),
-                           check_images=pixels, representative=None,
-                           labels=[])
-  paths = exports_lib.write_deployables(network, cfg, str(tmp_path), plan,
-                                   'ckpt-1', 1)
+  plan = deployment.DeployPlan(files=(('onnx', 'none'), ('tflite', 'none')),
+                               check_images=pixels, representative=None,
+                               labels=[])
+  paths = deployment.write_deployables(network, cfg, str(tmp_path), plan,
+                                       'ckpt-1', 1)
   with converters.float32_layers():
     copy = saved_model.portable_copy(network, cfg)
   expected = copy(normalize_images(pixels), training=False).numpy()

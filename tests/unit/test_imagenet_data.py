@@ -9,6 +9,7 @@ import pytest
 import tensorflow as tf
 
 from resnet_keras.data import imagenet
+from resnet_keras.data import imagenet_record
 from resnet_keras.data.preprocessing import normalize_images
 from common.errors import UsageError
 from tests.support.records import example
@@ -22,7 +23,7 @@ def test_parse_record_returns_label_and_boxes_in_y_x_order(boxes):
   # xmin, ymin, ...); the crop sampler wants them regrouped per box as
   # [1, num_boxes, (ymin, xmin, ymax, xmax)].
   record = example(b'jpeg', 7, 10, 10, boxes=boxes)
-  image_bytes, label, parsed = imagenet.parse_record(tf.constant(record))
+  image_bytes, label, parsed = imagenet_record.parse(tf.constant(record))
   assert image_bytes.numpy() == b'jpeg'
   assert int(label) == 6  # 1-based in the record.
   assert parsed.shape == (1, len(boxes), 4)

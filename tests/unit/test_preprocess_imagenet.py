@@ -1,7 +1,8 @@
-"""preprocess_imagenet.py's functions, and its conversion called in this
-process, on a tiny raw tree built with Pillow (support/converter.py). (The
-script as users run it: e2e/ for its usage errors, processes/ for its
-conversions with worker processes.)"""
+"""preprocess_imagenet.py's library (data/imagenet_converter.py): its
+functions, and its conversion called in this process, on a tiny raw tree
+built with Pillow (support/converter.py). (The script as users run it: e2e/
+for its usage errors, processes/ for its conversions with worker
+processes.)"""
 
 import io
 import os
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-import preprocess_imagenet as pi
+from resnet_keras.data import imagenet_converter
 from common import files
 from common.errors import UsageError
 from tests.support.converter import (NUM_VALIDATION, SYNSETS, TRAIN_PER_CLASS,
@@ -23,7 +24,7 @@ from tests.support.converter import (NUM_VALIDATION, SYNSETS, TRAIN_PER_CLASS,
 
 def test_encode_image_passes_rgb_jpeg_through():
   data = encoded(pil_image(30, 20, 0), 'JPEG')
-  assert pi.encode_image(data) == (data, 20, 30)
+  assert imagenet_converter.encode_image(data) == (data, 20, 30)
 
 
 @pytest.mark.parametrize('mode,fmt', [('RGB', 'PNG'), ('RGBA', 'PNG'),
@@ -31,7 +32,7 @@ def test_encode_image_passes_rgb_jpeg_through():
                                       ('L', 'PNG'), ('P', 'PNG')])
 def test_encode_image_reencodes_everything_else_as_rgb_jpeg(mode, fmt):
   source = Image.new('RGB', (30, 20), (200, 40, 10)).convert(mode)
-  jpeg, height, width = pi.encode_image(encoded(source, fmt))
+  jpeg, height, width = imagenet_converter.encode_image(encoded(source, fmt))
   with Image.open(io.BytesIO(jpeg)) as image:
     assert (image.format, image.mode, image.size) == ('JPEG', 'RGB', (30, 20))
     expected = source.convert('RGB').getpixel((15, 10))
@@ -45,39 +46,41 @@ def test_encode_image_reencodes_everything_else_as_rgb_jpeg(mode, fmt):
     encoded(pil_image(64, 64, 0), 'PNG')[:300],
 ])
 def test_encode_image_rejects_undecodable_data(data):
-  with pytest.raises(pi.BadImageError):
-    pi.encode_image(data)
+  with pytest.raises(imagenet_converter.BadImageError):
+    imagenet_converter.encode_image(data)
 
 
 @pytest.mark.parametrize('n,k', [(10, 3), (7, 7), (1024, 1024), (5, 1)])
 def test_plan_shards_is_balanced_and_keeps_order(n, k):
   images = list(range(n))
-  shards = pi.plan_shards(images, k)
+  shards = imagenet_converter.plan_shards(images, k)
   assert len(shards) == k
   assert sum(shards, []) == images
   assert max(map(len, shards)) - min(map(len, shards)) <= 1
 
 
 def test_effective_num_shards_never_leaves_a_shard_empty():
-  assert pi.effective_num_shards(10, 4) == 4
-  assert pi.effective_num_shards(3, 128) == 3
+  assert imagenet_converter.effective_num_shards(10, 4) == 4
+  assert imagenet_converter.effective_num_shards(3, 128) == 3
 
 
 def test_shuffled_is_deterministic():
   images = list(range(50))
-  assert pi.shuffled(images) == pi.shuffled(images) != images
-  assert sorted(pi.shuffled(images)) == images
+  shuffled = imagenet_converter.shuffled(images)
+  assert shuffled == imagenet_converter.shuffled(images) != images
+  assert sorted(shuffled) == images
 
 
 def test_shard_and_temporary_names():
-  assert pi.shard_name('train', 3, 1024) == 'train-00003-of-01024'
+  assert imagenet_converter.shard_name('train', 3, 1024) == (
+      'train-00003-of-01024')
   assert files.temporary_path('/o/train/train-00003-of-00008') == (
       '/o/train/.train-00003-of-00008.tmp')
 
 
 def test_list_train_labels_follow_sorted_synsets(tmp_path):
   raw = make_raw(str(tmp_path))
-  synsets, images = pi.list_train(raw)
+  synsets, images = imagenet_converter.list_train(raw)
   assert synsets == SYNSETS
   assert len(images) == len(SYNSETS) * TRAIN_PER_CLASS
   for image in images:
@@ -91,7 +94,7 @@ def test_list_train_labels_follow_sorted_synsets(tmp_path):
 @pytest.mark.parametrize('layout', ['labels_file', 'class_folders'])
 def test_list_validation_layouts_agree(tmp_path, layout):
   raw = make_raw(str(tmp_path), layout)
-  images = pi.list_validation(raw, SYNSETS)
+  images = imagenet_converter.list_validation(raw, SYNSETS)
   got = sorted((os.path.basename(i.path), i.synset, i.label) for i in images)
   expected = [(f'ILSVRC2012_val_{i + 1:08d}.JPEG', SYNSETS[i % 3],
                i % 3 + 1) for i in range(NUM_VALIDATION)]
@@ -104,16 +107,16 @@ def test_count_records_reads_headers(tmp_path):
   with tf.io.TFRecordWriter(path) as writer:
     for i in range(5):
       writer.write(b'x' * i * 100)
-  assert pi.count_records(path) == 5
+  assert imagenet_converter.count_records(path) == 5
   with open(path, 'rb') as f:
     data = f.read()
   write_bytes(path, data[:-3])
   with pytest.raises(UsageError, match='truncated'):
-    pi.count_records(path)
+    imagenet_converter.count_records(path)
 
 
 def test_format_progress():
-  assert pi.format_progress(2, 8, 500, 2000, 5.0) == (
+  assert imagenet_converter.format_progress(2, 8, 500, 2000, 5.0) == (
       '2/8 shards, 500/2000 images, 100.0 images/sec, ETA 15s')
 
 
@@ -155,8 +158,8 @@ def test_reference_folder_names_list_the_same_images(tmp_path, layout):
   reference_layout(reference)
 
   def listed(raw):
-    synsets, train = pi.list_train(raw)
-    rows = train + pi.list_validation(raw, synsets)
+    synsets, train = imagenet_converter.list_train(raw)
+    rows = train + imagenet_converter.list_validation(raw, synsets)
     return synsets, [(os.path.relpath(i.path, raw).split(os.sep, 1)[1],
                       i.synset, i.label) for i in rows]
 

@@ -1,5 +1,5 @@
-"""A run's checkpoints exported in the formats asked for (the export tool,
-resnet_keras/export.py).
+"""A run's checkpoints deployed: exported in the formats asked for (the
+export tool, resnet_keras/export.py).
 
 Each checkpoint goes to OUTPUT_DIR/<checkpoint name>/: the SavedModel
 classifier and feature vector (saved_model.py) and, with --format
@@ -126,12 +126,19 @@ def write_deployables(network: tf_keras.Model, cfg: RunConfig,
 
 
 def export_checkpoints(cfg: RunConfig, which: Optional[str],
-                       output_dir: str,
+                       output_dir: Optional[str] = None,
                        formats: Sequence[str] = ('saved_model',),
                        quantizations: Sequence[str] = ('none',),
                        representative_images: int = 200) -> List[str]:
   """Exports the checkpoints `which` names (one, 'all', or None: the latest)
-  of the run `cfg` describes, in `formats`; returns the paths written."""
+  of the run `cfg` describes, in `formats`, to output_dir (None: the run's
+  exports/); returns the paths written."""
+  output_dir = output_dir or os.path.join(cfg.model_dir, contract.EXPORTS_DIR)
+  try:
+    os.makedirs(output_dir, exist_ok=True)
+  except OSError as e:
+    raise UsageError(f'--output_dir={output_dir} cannot be created '
+                     f'({e.strerror}); choose a writable directory') from None
   cfg, machine, _ = runtime.configure(cfg)  # No data: config.json has it all.
   plan = plan_deployment(cfg, formats, quantizations, representative_images)
   network, model = assembly.build_model(cfg, cfg.num_classes, machine)
