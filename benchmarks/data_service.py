@@ -31,7 +31,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 from benchmarks import hardware  # pylint: disable=g-import-not-at-top
 from benchmarks.input_pipeline import write_shards  # pylint: disable=g-import-not-at-top
-from tests.support import cluster as cluster_lib
+from testbed import cluster as cluster_lib
 
 MAIN = os.path.join(REPO_ROOT, 'resnet_ctl_imagenet_main.py')
 PORT = 5050

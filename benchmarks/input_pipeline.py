@@ -36,7 +36,6 @@ from benchmarks import hardware  # pylint: disable=g-import-not-at-top
 from resnet_keras.data import imagenet  # pylint: disable=g-import-not-at-top
 from resnet_keras.data import imagenet_record  # pylint: disable=g-import-not-at-top
 from resnet_keras.data.preprocessing import augmentation_seed  # pylint: disable=g-import-not-at-top
-from tests.support.records import example
 
 
 def write_shards(folder, num_shards, per_shard, seed=0):
@@ -48,12 +47,15 @@ def write_shards(folder, num_shards, per_shard, seed=0):
     path = os.path.join(folder, 'train',
                         f'train-{shard:05d}-of-{num_shards:05d}')
     with tf.io.TFRecordWriter(path) as writer:
-      for _ in range(per_shard):
+      for i in range(per_shard):
         h, w = rng.randint(300, 500), rng.randint(300, 500)
         small = rng.randint(0, 256, [h // 8, w // 8, 3]).astype(np.uint8)
         pixels = tf.image.resize(small, [h, w]).numpy().astype(np.uint8)
         jpeg = tf.io.encode_jpeg(pixels, quality=90).numpy()
-        writer.write(example(jpeg, int(rng.randint(1, 1001)), h, w))
+        label = int(rng.randint(1, 1001))
+        writer.write(imagenet_record.encode(
+            jpeg, label, h, w, synset=f'n{label:08d}',
+            filename=f'{shard}_{i}.JPEG'))
     files.append(path)
   return files
 

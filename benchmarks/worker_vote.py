@@ -19,7 +19,7 @@ import sys
 import time
 
 from benchmarks import hardware
-from tests.support.data_service import free_ports
+from testbed.ports import free_ports
 
 
 def worker(index: int, calls: int, rounds: int) -> None:

@@ -30,7 +30,7 @@ python3 -m pip install --quiet --disable-pip-version-check -r requirements.txt \
 # run for real. Does nothing when already installed.
 ./scripts/install_horovod.sh
 # The multi-host tests build hosts as network namespaces with their own sshd
-# (tests/support/cluster.py); they need root and these Debian packages.
+# (testbed/cluster.py); they need root and these Debian packages.
 if [ "$(id -u)" -eq 0 ]; then
   missing=()
   command -v ip >/dev/null || missing+=(iproute2)

@@ -8,7 +8,8 @@ import pytest
 
 from common.errors import UsageError
 from resnet_keras import run as run_lib
-from tests.support.data_service import free_ports, service_config
+from testbed.ports import free_ports
+from tests.support.data_service import service_config
 
 
 def test_a_run_trains_from_the_service_and_resumes_without_it(

@@ -1,4 +1,4 @@
-"""The multi-host tests' cluster (support/cluster.py): built once per test
+"""The multi-host tests' cluster (testbed/cluster.py): built once per test
 module with the module's CLUSTER_HOSTS hosts on a subnet of its own (from
 its CLUSTER_SUBNETS, so that two modules' clusters never collide), and
 healed after each test that breaks it."""
@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.support import cluster as cluster_lib
+from testbed import cluster as cluster_lib
 
 
 @pytest.fixture(scope='module')

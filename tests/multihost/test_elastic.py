@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.support import cluster as cluster_lib
+from testbed import cluster as cluster_lib
 from tests.support import launcher
 from tests.support import runner
 from tests.support.records import write_dataset

@@ -1,5 +1,5 @@
 """Jobs across hosts: the launcher, exactly as the README runs it, on a
-cluster of network-namespace hosts (support/cluster.py). They need root
+cluster of network-namespace hosts (testbed/cluster.py). They need root
 (network namespaces) and skip without it, saying so.
 
 Training with Horovod and multi_worker_mirrored, failures that must end the
@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from tests.support import cluster as cluster_lib
+from testbed import cluster as cluster_lib
 from tests.support import launcher
 from tests.support import runner
 from tests.support.records import write_dataset

@@ -205,3 +205,14 @@ def test_pytorch_reference_without_pytorch_says_how_to_get_it():
   runner.assert_one_line_error(
       result, 'benchmarks.pytorch_reference needs PyTorch: pip install torch==')
   assert result.returncode == 2
+
+
+def test_benchmarks_import_no_test_module():
+  """What the benchmarks share with the tests lives in testbed/ or the
+  package, so that moving a test helper cannot break a benchmark."""
+  importing = []
+  for name in SCRIPTS:
+    with open(os.path.join(runner.REPO_ROOT, 'benchmarks', f'{name}.py')) as f:
+      if re.search(r'^\s*(from|import) tests\b', f.read(), re.MULTILINE):
+        importing.append(name)
+  assert not importing, importing

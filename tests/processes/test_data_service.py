@@ -13,7 +13,7 @@ import pytest
 
 from resnet_keras.data import data_service
 from tests.support import runner
-from tests.support.data_service import free_ports
+from testbed.ports import free_ports
 
 
 # -- The servers as processes, and faults -------------------------------------

@@ -1,22 +1,8 @@
 """What the tf.data service tests share (resnet_keras/data/data_service.py):
-free loopback ports and a tiny run reading from a service."""
-
-import socket
+a tiny run reading from a service (free ports: testbed/ports.py)."""
 
 from resnet_keras.config import RunConfig
 from tests.support import runner
-
-
-def free_ports(n):
-  """n distinct loopback ports nothing listens on (bound together, so
-  distinct, then released)."""
-  sockets = [socket.socket() for _ in range(n)]
-  for s in sockets:
-    s.bind(('127.0.0.1', 0))
-  ports = [s.getsockname()[1] for s in sockets]
-  for s in sockets:
-    s.close()
-  return ports
 
 
 def service_config(model_dir, records_dir, address, **overrides) -> RunConfig:

@@ -1,4 +1,4 @@
-"""The launcher on a test cluster (support/cluster.py), as a user runs it:
+"""The launcher on a test cluster (testbed/cluster.py), as a user runs it:
 started on the first host, its output in a log file the test polls."""
 
 import os

@@ -14,7 +14,8 @@ from common.errors import UsageError
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data import data_service
-from tests.support.data_service import free_ports, service_config
+from testbed.ports import free_ports
+from tests.support.data_service import service_config
 
 
 def test_dispatcher_addresses_and_job_names():
