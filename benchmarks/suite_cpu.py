@@ -7,7 +7,7 @@ As a pytest plugin (`-p benchmarks.suite_cpu`) it records, for each test
 (setup, call and teardown together), its start, its wall time and the CPU
 time of its xdist worker and of the children the worker waited for, in
 DIR/<worker>.jsonl (DIR: $SUITE_CPU_DIR, else ./suite_cpu). Run as a script
-it prints, as Markdown for benchmarks/README.md: each worker's wall and CPU,
+it prints, as Markdown for benchmarks/HISTORY.md: each worker's wall and CPU,
 the CPU per test file, the tests that use the most CPU, and the *waiting*
 tests: over 10 s of wall with under a third of it on a CPU (a timeout, a
 sleep, or a stall; this found the idle tf.data iterators whose destruction

@@ -5,7 +5,7 @@
 
 Reads pytest's `--durations=0` report (setup, call and teardown of each
 test, as the xdist workers measured them) and prints, as Markdown tables for
-benchmarks/README.md: the slowest tests (their phases added), the time per
+benchmarks/HISTORY.md: the slowest tests (their phases added), the time per
 test file, and the run's wall time beside the sum of the tests' times (their
 ratio is how well the workers were kept busy). No test asserts a time: this
 is how the suite's budget is kept.

@@ -112,7 +112,7 @@ ROWS: Dict[str, List[str]] = {
     # (in fp32, with --avx2_fp32: its fp32 block, x0.375 for 4 epochs).
     'fast +pca_stem': FAST,
     # Levers tried on the recipe before its PCA stem (flags only; none
-    # pays: benchmarks/README.md, "What else was tried").
+    # pays: benchmarks/HISTORY.md, "What else was tried").
     'fast, weight decay 0': FAST_RANDOM_STEM + ['--weight_decay=0'],
     'fast, label smoothing 0.05': FAST_RANDOM_STEM + [
         '--label_smoothing=0.05'],
@@ -134,7 +134,7 @@ ROWS: Dict[str, List[str]] = {
     'fast, 2.75 passes': FAST + ['--train_steps=214'],
     'fast, 2 replicas': FAST_RANDOM_STEM + ['-ds', 'mirrored',
                                             '--num_cpu_replicas=2'],
-    # The Fashion-MNIST frontier (benchmarks/README.md): the recipes, and
+    # The Fashion-MNIST frontier (benchmarks/HISTORY.md): the recipes, and
     # the quick start's model over 8 epochs with each lever tried on the way
     # to fashion_mnist_94 (timm's techniques among them).
     'fashion_mnist_94': F94,

@@ -18,7 +18,7 @@ def prepare_tensorflow_environment() -> None:
   tf_keras (Keras 2) is the Keras this project trains with; tf-models-official
   and Horovod are built on it. TensorFlow 2.20 turns its oneDNN CPU kernels on
   by default only on CPUs with AVX512_VNNI, AVX512_BF16 or AMX; everywhere
-  else its Eigen kernels train ResNets about 4x slower (benchmarks/README.md),
+  else its Eigen kernels train ResNets about 4x slower (benchmarks/HISTORY.md),
   so this turns oneDNN on for every x86-64 CPU. --enable_xla gets to compile
   on CPUs too (allow_xla_on_cpu). TensorFlow's CUDA build logs a
   cuInit *error* on every start on a machine without an NVIDIA driver; there

@@ -3,7 +3,7 @@
 `--dtype auto`: bf16 is fast only where the hardware multiplies in bf16: CPUs
 with AMX-BF16 or AVX512_BF16, and GPUs of compute capability 8.0 or more.
 Elsewhere TensorFlow emulates it on CPUs (slower than fp32,
-benchmarks/README.md), and older GPUs have fp16 tensor cores instead.
+benchmarks/HISTORY.md), and older GPUs have fp16 tensor cores instead.
 `--conv_impl auto` and `--relu_impl auto` pick the kernels that measured
 fastest for that dtype on that kind of machine (levers.py). Each choice is
 a pure function of what was detected, so it is tested without the hardware.
@@ -19,7 +19,7 @@ BF16_CPU_FEATURES = ('amx_bf16', 'avx512_bf16')
 REPORTED_CPU_FEATURES = BF16_CPU_FEATURES + ('avx512f', 'avx2')
 # ResNet-18 (small stem, 28x28, batch 32, oneDNN on) trained at this share
 # of its fp32 speed in bf16 on a 2-core AMD EPYC with AVX2 only
-# (benchmarks/README.md, "AMD EPYC, AVX2 only").
+# (benchmarks/HISTORY.md, "AMD EPYC, AVX2 only").
 EMULATED_BF16_SPEED = 0.13
 MIN_BF16_GPU_CAPABILITY = (8, 0)
 
@@ -131,7 +131,7 @@ def _cc(capability: Tuple[int, int]) -> str:
 
 def uses_matmul_convs(conv_impl: str, dtype: str, machine: Machine) -> bool:
   """Whether models.MatmulConv2D runs the convolutions. auto, by levers.py
-  (benchmarks/README.md): on CPUs for bf16 (AMX 1.13x, AVX2 1.22x), and
+  (benchmarks/HISTORY.md): on CPUs for bf16 (AMX 1.13x, AVX2 1.22x), and
   for fp32 on CPUs without AVX-512 (AVX2: 1.02-1.16x; no gain with
   AVX-512); GPUs keep cuDNN."""
   if conv_impl == 'auto':

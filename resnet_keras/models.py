@@ -89,7 +89,7 @@ def subsample(x, stride: int):
   Same values and gradients as the strided slice, which TensorFlow's CPU
   kernels run slowly in both directions (StridedSlice and StridedSliceGrad
   were a tenth of fashion_mnist_94's bf16 op time; its img/s is 1.11x
-  without them: benchmarks/README.md). Needs the map's size when traced;
+  without them: benchmarks/HISTORY.md). Needs the map's size when traced;
   without it, the strided slice.
   """
   _, height, width, channels = x.shape

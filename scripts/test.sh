@@ -52,7 +52,7 @@ done
 # multi-host tests wait (failure timeouts, restarts, processes starting) and
 # the extra worker fills those waits. On 2 cores, 3 workers kept the CPUs
 # 84-85% busy against 77% with 2: the suite in 9% less time for the same CPU
-# (benchmarks/README.md, fifteenth session). --quick and named tests keep
+# (benchmarks/HISTORY.md, fifteenth session). --quick and named tests keep
 # one worker per core: they were not measured with more.
 workers=$(nproc)
 if [ "${paths[*]:-}" = tests ]; then workers=$(( workers + 1 )); fi

@@ -98,7 +98,7 @@ class Job:
     """The command of an attempt on `layout`'s hosts (None: the planned
     ones), as data."""
     launch_cfg, hosts = self.placement.cfg, self.placement.hosts
-    program = trainer_command(
+    trainer_argv = trainer_command(
         self._argv, self._cfg, self._filled, self.placement.total_workers,
         layout)
     extra_env = {}
@@ -111,7 +111,7 @@ class Job:
                                           self._cfg.use_horovod))
     if launch_cfg.horovod_hierarchical_allreduce:
       extra_env['HOROVOD_HIERARCHICAL_ALLREDUCE'] = '1'
-    return self.placement.command(program, hosts, extra_env,
+    return self.placement.command(trainer_argv, hosts, extra_env,
                                   hosts_per_machine)
 
   def describe(self):
@@ -131,9 +131,10 @@ class Job:
     nothing is checked."""
     training = service = None
     placement = self.placement
-    if placement.is_checked():
+    if placement.hosts:
       ports = {}
-      if self._cfg.distribution_strategy == 'multi_worker_mirrored':
+      if (placement.asks_hosts and
+          self._cfg.distribution_strategy == 'multi_worker_mirrored'):
         tf_config = launch.tf_config_from_env(0, placement.total_workers,
                                               placement.environ)
         ports = preflight.ports_by_host(tf_config['cluster']['worker'])

@@ -11,9 +11,9 @@ from resnet_keras.launcher import placement
 
 class Kubeflow(placement.Placement):
 
-  def command(self, program: Sequence[str], hosts: Sequence[str],
+  def command(self, trainer_argv: Sequence[str], hosts: Sequence[str],
               extra_env: Dict[str, str],
               hosts_per_machine: int) -> launch.Launch:
     del hosts, hosts_per_machine  # The MPIJob placed this rank.
-    return launch.Launch(argv=list(program), env=extra_env, files={},
+    return launch.Launch(argv=list(trainer_argv), env=extra_env, files={},
                          notes=[])

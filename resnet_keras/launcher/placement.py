@@ -30,6 +30,10 @@ from resnet_keras.launcher.options import LaunchConfig
 class Placement(abc.ABC):
   """How and where the workers of one launch start."""
 
+  # Whether `check` asks the hosts over the network: the job then also
+  # names the ports the workers will listen on, for them to be checked free.
+  asks_hosts = False
+
   def __init__(self, cfg: LaunchConfig, environ: Mapping[str, str],
                hosts: Sequence[str]):
     self.cfg, self.environ = cfg, dict(environ)
@@ -41,7 +45,8 @@ class Placement(abc.ABC):
 
   def check(self, hosts: Sequence[str], want: preflight.Expected,
             ports: Mapping[str, Sequence[int]]) -> preflight.Report:
-    """Which of `hosts` can run workers now (default: all of them)."""
+    """Which of `hosts` can run workers now (default: all of them, asking
+    nothing)."""
     del want, ports
     return preflight.Report([], 1, tuple(hosts))
 
@@ -51,16 +56,12 @@ class Placement(abc.ABC):
     del want, ports
     return []
 
-  def is_checked(self) -> bool:
-    """Whether `check` asks the hosts anything."""
-    return False
-
   @abc.abstractmethod
-  def command(self, program: Sequence[str], hosts: Sequence[str],
+  def command(self, trainer_argv: Sequence[str], hosts: Sequence[str],
               extra_env: Dict[str, str],
               hosts_per_machine: int) -> launch.Launch:
-    """What starts `program` on every worker of `hosts` (the planned ones,
-    or those an elastic job goes on with)."""
+    """What starts `trainer_argv` on every worker of `hosts` (the planned
+    ones, or those an elastic job goes on with)."""
 
   def parses_output(self, plan: launch.Launch) -> bool:
     """Whether the supervisor reads `plan`'s output to name a failure
@@ -74,18 +75,18 @@ class Placement(abc.ABC):
             f'{json.dumps(launch.tf_config_from_env(rank, total_workers, self.environ))}'
             for rank in range(total_workers)]
 
-  def _one_process_or_mpirun(self, program: Sequence[str],
+  def _one_process_or_mpirun(self, trainer_argv: Sequence[str],
                              hosts: Sequence[str], extra_env: Dict[str, str],
                              hosts_per_machine: int) -> launch.Launch:
     """One worker in all: the program itself; more: mpirun on `hosts`."""
     workers = self.cfg.num_workers_per_hls * max(1, len(hosts))
     if workers == 1:
-      return launch.Launch(argv=list(program), env=extra_env, files={},
+      return launch.Launch(argv=list(trainer_argv), env=extra_env, files={},
                            notes=[])
     hostfile = os.path.join(tempfile.gettempdir(),
                             f'resnet_keras_hostfile_{os.getpid()}')
     return launch.mpirun_command(
-        program, workers_per_host=self.cfg.num_workers_per_hls, hosts=hosts,
+        trainer_argv, workers_per_host=self.cfg.num_workers_per_hls, hosts=hosts,
         physical_cores=launch.physical_core_count(), environ=self.environ,
         hostfile_path=hostfile, extra_env=extra_env,
         failure_timeout=self.cfg.failure_timeout,

@@ -18,8 +18,7 @@ def ssh(environ: Mapping[str, str]):
 
 class SshHosts(placement.Placement):
 
-  def is_checked(self) -> bool:
-    return True
+  asks_hosts = True
 
   def check(self, hosts: Sequence[str], want: preflight.Expected,
             ports: Mapping[str, Sequence[int]]) -> preflight.Report:
@@ -30,8 +29,8 @@ class SshHosts(placement.Placement):
                   ports: Mapping[str, Sequence[int]]) -> List[str]:
     return preflight.describe(self.hosts, ssh(self.environ)[0], want, ports)
 
-  def command(self, program: Sequence[str], hosts: Sequence[str],
+  def command(self, trainer_argv: Sequence[str], hosts: Sequence[str],
               extra_env: Dict[str, str],
               hosts_per_machine: int) -> launch.Launch:
-    return self._one_process_or_mpirun(program, hosts, extra_env,
+    return self._one_process_or_mpirun(trainer_argv, hosts, extra_env,
                                        hosts_per_machine)

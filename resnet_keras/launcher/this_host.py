@@ -9,8 +9,8 @@ from resnet_keras.launcher import placement
 
 class ThisHost(placement.Placement):
 
-  def command(self, program: Sequence[str], hosts: Sequence[str],
+  def command(self, trainer_argv: Sequence[str], hosts: Sequence[str],
               extra_env: Dict[str, str],
               hosts_per_machine: int) -> launch.Launch:
-    return self._one_process_or_mpirun(program, hosts, extra_env,
+    return self._one_process_or_mpirun(trainer_argv, hosts, extra_env,
                                        hosts_per_machine)

@@ -73,7 +73,7 @@ class _Reusable(tf.train.Checkpoint):
 
   # Every function here is traced with autograph=False: none branches on a
   # tensor, and AutoGraph's conversion was a quarter of a tiny network's
-  # first export (1.1 -> 0.85 s of CPU, benchmarks/README.md).
+  # first export (1.1 -> 0.85 s of CPU, benchmarks/HISTORY.md).
   @tf.function(autograph=False)
   def __call__(self, images, training=False):
     return self._outputs(normalize_images(images), training)
