@@ -86,7 +86,8 @@ class Placement(abc.ABC):
     hostfile = os.path.join(tempfile.gettempdir(),
                             f'resnet_keras_hostfile_{os.getpid()}')
     return launch.mpirun_command(
-        trainer_argv, workers_per_host=self.cfg.num_workers_per_hls, hosts=hosts,
+        trainer_argv, workers_per_host=self.cfg.num_workers_per_hls,
+        hosts=hosts,
         physical_cores=launch.physical_core_count(), environ=self.environ,
         hostfile_path=hostfile, extra_env=extra_env,
         failure_timeout=self.cfg.failure_timeout,
