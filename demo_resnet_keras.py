@@ -61,6 +61,7 @@ from common import preflight  # pylint: disable=g-import-not-at-top
 from common import supervisor  # pylint: disable=g-import-not-at-top
 from resnet_keras import flags as flags_lib  # pylint: disable=g-import-not-at-top
 from resnet_keras import recipes  # pylint: disable=g-import-not-at-top
+from resnet_keras import run_directory  # pylint: disable=g-import-not-at-top
 from common.errors import UsageError  # pylint: disable=g-import-not-at-top
 
 TRAINER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -379,8 +380,8 @@ class _Job:
     self._report, _ = _preflight(self._environ, self._hosts, self._servers,
                                  self.min_hosts)
     # --clean applies to the first attempt only: it starts from step 0.
-    step = (None if FLAGS.clean else
-            elastic.last_checkpoint(FLAGS.model_dir or '')[0])
+    latest = run_directory.latest_checkpoint(FLAGS.model_dir or '')
+    step = None if FLAGS.clean or not latest else latest.step
     return self._attempt(step, lost=0.0)
 
   def replan(self, failure: supervisor.Failure) -> supervisor.Attempt:
@@ -390,7 +391,8 @@ class _Job:
     del failure  # Every host is checked again, whatever failed.
     if self.is_elastic or self._servers:
       self._check_again()
-    step, written = elastic.last_checkpoint(FLAGS.model_dir or '')
+    latest = run_directory.latest_checkpoint(FLAGS.model_dir or '')
+    step, written = (latest.step, latest.written) if latest else (None, None)
     return self._attempt(step, time.time() - (written or self._started),
                          restart=True)
 

@@ -29,6 +29,7 @@ from resnet_keras import guards
 from resnet_keras import hardware
 from resnet_keras import models
 from resnet_keras import optimizers
+from resnet_keras import run_directory
 from resnet_keras import runtime
 from resnet_keras import schedules
 from resnet_keras import start as start_lib
@@ -269,9 +270,10 @@ def _training_manager(cfg: RunConfig, backend: distribution.Backend,
   """The manager this worker saves with (None: it never saves).
 
   The chief's lives in model_dir. Other tf.distribute workers take part in
-  every save, into a scratch manager in their worker_dir (and restore
-  model_dir's checkpoint into it: model_dir must be shared). Other Horovod
-  workers take the chief's variables by broadcast instead.
+  every save, into a scratch manager in their own folder of model_dir
+  (run_directory.worker_dir), and restore model_dir's checkpoint into it:
+  model_dir must be shared. Other Horovod workers take the chief's
+  variables by broadcast instead.
   """
   if backend.is_chief:
     return checkpoints.make_manager(model, optimizer, cfg.model_dir,
@@ -279,7 +281,9 @@ def _training_manager(cfg: RunConfig, backend: distribution.Backend,
                                     ema=averaged)
   if not backend.collective_saves:
     return None
-  scratch = os.path.join(backend.worker_dir(cfg.model_dir), 'checkpoints')
+  scratch = os.path.join(
+      run_directory.worker_dir(cfg.model_dir, backend.worker_index),
+      run_directory.WORKER_CHECKPOINTS_DIR)
   shutil.rmtree(scratch, ignore_errors=True)
   return checkpoints.make_manager(model, optimizer, scratch, max_to_keep=1,
                                   ema=averaged)

@@ -25,6 +25,7 @@ from absl import logging
 
 from common.errors import UsageError
 from common.files import write_text_atomically
+from resnet_keras import run_directory
 
 # The key of the LoopRecord in a training loop's orbit output, beside the
 # scalars orbit writes to TensorBoard.
@@ -46,7 +47,6 @@ class LoopRecord:
   loss_scales: Optional[np.ndarray] = None
 
 
-METRICS_LOG_FILE = 'metrics.jsonl'
 
 INPUT_BOUND_FRACTION = 0.2
 INPUT_BOUND_ADVICE = ('try --training_dataset_cache (if the data fits in RAM), '
@@ -190,7 +190,7 @@ class MetricsLog:
 
   def __init__(self, model_dir: str, mirror: Optional['Mirror'] = None):
     self.model_dir = model_dir
-    self.path = os.path.join(model_dir, METRICS_LOG_FILE)
+    self.path = os.path.join(model_dir, run_directory.METRICS_FILE)
     self._mirror = mirror
 
   def resume_at(self, step: int) -> None:
@@ -222,7 +222,7 @@ class Mirror(Protocol):
 
 def read_metrics_log(model_dir: str) -> List[Dict]:
   """The records of model_dir/metrics.jsonl in order; [] if there is none."""
-  path = os.path.join(model_dir, METRICS_LOG_FILE)
+  path = os.path.join(model_dir, run_directory.METRICS_FILE)
   if not os.path.exists(path):
     return []
   with open(path) as f:

@@ -29,11 +29,12 @@ from common import files
 from common import launch
 from common import supervisor
 from resnet_keras import assembly
-from resnet_keras import charts
 from resnet_keras import checkpoints
+from resnet_keras import curves
 from resnet_keras import guards
 from resnet_keras import metrics
 from resnet_keras import optimizers
+from resnet_keras import run_directory
 from resnet_keras import schedules
 from resnet_keras import start as start_lib
 from resnet_keras import tracking
@@ -50,9 +51,6 @@ from common.errors import RunStopped, UsageError
 # orbit's Controller logs every status twice (log and stdout) as multi-line
 # dicts; StepLogger and _evaluate print one line each instead.
 orbit.controller._log = logging.debug  # pylint: disable=protected-access
-
-SUMMARY_FILE = 'run_summary.json'
-
 
 def prepare_model_dir(model_dir: str, clean: bool, restarts: int = 0) -> None:
   """Applies --clean and checks model_dir is a writable directory.
@@ -285,9 +283,10 @@ def _finish(basis: assembly.Basis, parts: assembly.Parts,
     _report_skipped(parts.skipped.count, outcome.eval_results,
                     basis.info.num_eval_examples)
   summary = _summary(basis, parts, logger, outcome, start, started)
-  write_dir = backend.worker_dir(cfg.model_dir)
+  write_dir = run_directory.worker_dir(cfg.model_dir, backend.worker_index)
   os.makedirs(write_dir, exist_ok=True)
-  files.write_json_atomically(os.path.join(write_dir, SUMMARY_FILE), summary)
+  files.write_json_atomically(
+      os.path.join(write_dir, run_directory.SUMMARY_FILE), summary)
   logging.info('run summary: %s', summary)
   backend.leave()
   return summary
@@ -321,7 +320,8 @@ class _Reporting:
     if cfg.profile_steps:
       plan = parts.plan
       self.profiler = _Profiler(
-          *cfg.profile_steps, logdir=os.path.join(cfg.model_dir, 'profile'),
+          *cfg.profile_steps, logdir=os.path.join(cfg.model_dir,
+                                                run_directory.PROFILE_DIR),
           global_step=parts.optimizer.iterations,
           # orbit's next loop: steps_per_loop, or fewer to the call's stop.
           next_loop_end=lambda step: min(step + plan.steps_per_loop,
@@ -329,11 +329,13 @@ class _Reporting:
       self.actions.append(self.profiler)
     self.summaries = self.eval_summary_dir = None
     if cfg.enable_tensorboard and backend.is_chief:
-      summary_dir = os.path.join(cfg.model_dir, 'train')
+      summary_dir = os.path.join(cfg.model_dir,
+                                 run_directory.TRAIN_SUMMARIES_DIR)
       self.summaries = trainer_lib.ScalarSummaries(
           summary_dir, tf.summary.scalar,
           global_step=parts.optimizer.iterations)
-      self.eval_summary_dir = os.path.join(cfg.model_dir, 'eval')
+      self.eval_summary_dir = os.path.join(cfg.model_dir,
+                                           run_directory.EVAL_SUMMARIES_DIR)
       metrics.write_hparams(summary_dir, _hparams(cfg, plan))
 
   def close(self) -> None:
@@ -538,13 +540,13 @@ def _evaluate(controller: orbit.Controller, plan: TrainingPlan, step: int,
 def _write_plots(model_dir: str) -> None:
   """Redraws model_dir/plots; never fails the run, metrics.jsonl is kept."""
   try:
-    paths = charts.write_plots(model_dir)
+    paths = curves.write_plots(model_dir)
   except Exception as e:  # pylint: disable=broad-except
     logging.warning('plots not written (%s); metrics.jsonl is complete: '
                     'python -m resnet_keras.plots %s', e, model_dir)
   else:
     logging.info('wrote %d plots to %s', len(paths),
-                 os.path.join(model_dir, charts.PLOTS_DIR))
+                 os.path.join(model_dir, run_directory.PLOTS_DIR))
 
 
 def _report_skipped(undecodable: int, eval_results: Dict,

@@ -47,6 +47,7 @@ from common.errors import UsageError
 from common.files import write_json_atomically
 from resnet_keras import checkpoints
 from resnet_keras import models
+from resnet_keras import run_directory
 from resnet_keras import world
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
@@ -56,7 +57,6 @@ from resnet_keras.plan import TrainingPlan
 FRESH, RESUMED, WARM = 'fresh', 'resumed', 'warm'
 RESTORE_FLAG = '--restore_from'
 PRETRAINED_FLAG = '--pretrained_checkpoint'
-START_FILE = 'warm_start.json'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,7 +194,7 @@ def _batches_read(model_dir: str, step: int, global_batch: int) -> int:
   examples = world.examples_read(world.read(model_dir), step)
   if examples is not None:
     return examples // global_batch
-  path = os.path.join(model_dir, START_FILE)
+  path = os.path.join(model_dir, run_directory.WARM_START_FILE)
   if not os.path.exists(path):
     return step
   with open(path) as f:
@@ -232,7 +232,8 @@ def restore(start: Start, weights: Weights, cfg: RunConfig,
       weights.model.variables + weights.optimizer.variables() +
       (averaged.averages if averaged else []))
   if start.kind == WARM and backend.is_chief:
-    write_json_atomically(os.path.join(cfg.model_dir, START_FILE),
+    write_json_atomically(os.path.join(cfg.model_dir,
+                                       run_directory.WARM_START_FILE),
                           {'flag': start.source.flag,
                            'checkpoint': start.source.checkpoint,
                            'step': start.step})

@@ -15,15 +15,14 @@ import os
 from typing import Dict, List, Optional
 
 from common.files import write_json_atomically
-
-WORLD_FILE = 'world_sizes.json'
+from resnet_keras import run_directory
 
 
 def read(model_dir: str) -> List[Dict]:
   """The recorded shapes, oldest first (none: a run from before this file,
   or one that has not started)."""
   try:
-    with open(os.path.join(model_dir, WORLD_FILE)) as f:
+    with open(os.path.join(model_dir, run_directory.WORLD_FILE)) as f:
       return json.load(f)
   except FileNotFoundError:
     return []
@@ -38,7 +37,8 @@ def record(model_dir: str, shape: Dict) -> List[Dict]:
              if entry['step'] < shape['step']]
   if not history or _without_step(history[-1]) != _without_step(shape):
     history.append(shape)
-  write_json_atomically(os.path.join(model_dir, WORLD_FILE), history)
+  write_json_atomically(os.path.join(model_dir, run_directory.WORLD_FILE),
+                        history)
   return history
 
 
