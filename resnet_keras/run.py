@@ -252,7 +252,7 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
   parts.guard.install()
   watchdog = data_service.InputWatchdog(
       cfg.tf_data_service_timeout if cfg.tf_data_service else 0,
-      parts.record.input_waiting_since,
+      parts.step_record.input_waiting_since,
       data_service.end_stalled_run(cfg.tf_data_service)).start()
   logging.info('training to step %d; SIGTERM or Ctrl-C: checkpoint after the '
                'current step, then stop', parts.plan.total_train_steps)

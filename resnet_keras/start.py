@@ -81,7 +81,7 @@ class Start:
   fit_stem: bool = False
   # The weight average goes on from the checkpoint's (RESUMED with one);
   # otherwise it starts as the weights the run starts from.
-  resumes_average: bool = False
+  resumes_ema: bool = False
 
   def batches_read_at(self, step: int) -> int:
     """Batches of this run's data read by the time training reaches
@@ -108,8 +108,8 @@ def decide(cfg: RunConfig, plan: TrainingPlan) -> Start:
                  batches_read=_batches_read(cfg.model_dir, own,
                                             plan.global_batch_size),
                  checkpoint=latest,
-                 resumes_average=(bool(cfg.ema_decay) and
-                                  checkpoints.has_ema(latest)))
+                 resumes_ema=(bool(cfg.ema_decay) and
+                              checkpoints.has_ema(latest)))
   if not path:
     return Start(FRESH, 0, fit_stem=cfg.stem_init == 'pca')
   source = resolve_source(cfg, flag, path)
@@ -221,16 +221,16 @@ def restore(start: Start, weights: Weights, cfg: RunConfig,
   if start.kind == RESUMED and weights.checkpoint is not None:
     _restore_own(start, weights.checkpoint, cfg, backend)
   elif start.kind == WARM:
-    apply(start.source, weights.network, weights.model, weights.optimizer,
-          cfg.restore_optimizer)
+    load_source(start.source, weights.network, weights.model,
+                weights.optimizer, cfg.restore_optimizer)
   elif start.fit_stem:
     init_stem_from_training_images(cfg, info, weights.network)
-  averaged = weights.ema
-  if averaged:
-    _start_ema(averaged, start)
+  ema = weights.ema
+  if ema:
+    _start_ema(ema, start)
   backend.sync_from_chief(
       weights.model.variables + weights.optimizer.variables() +
-      (averaged.averages if averaged else []))
+      (ema.averages if ema else []))
   if start.kind == WARM and backend.is_chief:
     write_json_atomically(os.path.join(cfg.model_dir,
                                        run_directory.WARM_START_FILE),
@@ -253,8 +253,8 @@ def _restore_own(start: Start, checkpoint: tf.train.Checkpoint,
         'or --clean to delete it and start over') from None
 
 
-def apply(source: Source, network, model, optimizer,
-          restore_optimizer: bool) -> None:
+def load_source(source: Source, network, model, optimizer,
+                restore_optimizer: bool) -> None:
   """Loads a warm start's `source` into this run's (network, training
   model, optimizer)."""
   if source.flag == PRETRAINED_FLAG:
@@ -302,15 +302,15 @@ def init_stem_from_training_images(cfg: RunConfig, info: datasets.DatasetInfo,
                kernel_size, int(pixels.shape[0]), 100 * held)
 
 
-def _start_ema(averaged, start: Start) -> None:
+def _start_ema(ema, start: Start) -> None:
   """The average goes on from the checkpoint's when the run resumes one
   that holds it; otherwise it starts from the weights the run starts
   from (initial, restored or warm-started)."""
-  if start.resumes_average:
+  if start.resumes_ema:
     logging.info('--ema_decay %g: evaluations score the weight average '
-                 '(resumed from %s)', averaged.decay, start.checkpoint)
+                 '(resumed from %s)', ema.decay, start.checkpoint)
     return
-  averaged.reset()
+  ema.reset()
   logging.info('--ema_decay %g: evaluations score the weight average, '
-               'which starts from the %s weights', averaged.decay,
+               'which starts from the %s weights', ema.decay,
                'initial' if start.kind == FRESH else 'restored')
