@@ -48,8 +48,9 @@ from resnet_keras.trainer import Trainer
 @dataclasses.dataclass(frozen=True)
 class Basis:
   """What a process decides before it builds anything of a run."""
-  cfg: RunConfig  # dtype decided for this machine
-  # cfg with num_classes of the data: what config.json records.
+  cfg: RunConfig  # as asked, dtype decided for this machine
+  # cfg with num_classes of the data: the config everything after set_up
+  # reads, and config.json records (a tool's cfg is one already).
   effective_cfg: RunConfig
   machine: hardware.Machine
   runtime_record: Dict  # config.json's and run_summary.json's 'runtime'
@@ -112,7 +113,8 @@ def set_up(cfg: RunConfig, distributed: bool = True) -> Basis:
 def plan_for(basis: Basis) -> TrainingPlan:
   """The run's steps and batch sizes on this job's layout."""
   return make_training_plan(
-      basis.cfg, basis.info.num_train_examples, basis.info.num_eval_examples,
+      basis.effective_cfg, basis.info.num_train_examples,
+      basis.info.num_eval_examples,
       num_programs=basis.backend.num_programs,
       replicas_per_program=basis.backend.strategy.num_replicas_in_sync)
 
@@ -154,7 +156,7 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
   in; model_dir must already be prepared, as the chief's checkpoint
   manager lives there.
   """
-  cfg, backend = basis.cfg, basis.backend
+  cfg, backend = basis.effective_cfg, basis.backend
   strategy = backend.strategy
   wd_path = optimizers.weight_decay_path(cfg)
   with strategy.scope():
@@ -235,7 +237,7 @@ def assemble_evaluation(basis: Basis, plan: TrainingPlan) -> Parts:
   The manager reads model_dir's checkpoints; the input reads the data as the
   run's evaluations did (with its --skip_corrupt_records).
   """
-  cfg = basis.cfg
+  cfg = basis.effective_cfg
   network, model = build_model(cfg, basis.info.num_classes, basis.machine)
   schedule, optimizer = build_optimizer(cfg, plan)
   ema = build_ema(cfg, model)
@@ -253,7 +255,7 @@ def _evaluator(basis: Basis, model: tf_keras.Model, replica_batch_size: int,
                ema, skipped, options=None) -> Evaluator:
   """The evaluator of the run's validation data, read as its evaluations
   read it, in batches of `replica_batch_size` per replica."""
-  cfg, backend = basis.cfg, basis.backend
+  cfg, backend = basis.effective_cfg, basis.backend
   _, eval_fn = datasets.make_input_fns(cfg, basis.info, replica_batch_size,
                                        skipped)
   return Evaluator(

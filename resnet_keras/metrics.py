@@ -1,14 +1,15 @@
-"""What a person sees: log lines, a progress bar, metrics.jsonl, run_summary.json.
+"""What a person sees as a run trains: log lines, a progress bar,
+metrics.jsonl (reporting.py puts them together).
 
 A training loop's output holds a `LoopRecord` (under LOOP_RECORD): the
 host's copy of its per-step losses and accuracies (step_record.py reads it
 off the device). `StepLogger` is an orbit train action; from that record it
 prints one line per `--log_steps` even when a loop covers many of them.
-Throughput is measured per loop; the run's average excludes the first loop, which includes tracing.
-When steps spend more than `INPUT_BOUND_FRACTION` of a loop waiting for their
-batches, it warns (once) that the input pipeline is the bottleneck.
-Each log line, and each evaluation (run.py), is also a record of
-model_dir/metrics.jsonl, which `resnet_keras.plots` draws.
+Throughput is measured per loop; the run's average excludes the first loop,
+which includes tracing. When steps spend more than `INPUT_BOUND_FRACTION` of
+a loop waiting for their batches, it warns (once) that the input pipeline
+is the bottleneck. Each log line, and each evaluation (reporting.py), is
+also a record of model_dir/metrics.jsonl, which `resnet_keras.plots` draws.
 
 TensorFlow is only imported where it is used, so the plots command starts
 without it.

@@ -30,7 +30,13 @@ model_dir/warm_start.json: once its own model_dir has a checkpoint, a rerun
 resumes from that, and a run that began at a restored step S has read
 (step - S) batches of its data at a later step, which is what its exact
 resume skips. When the job's shape changed on the way (world.py), the
-examples each shape read say where the data goes on.
+examples each shape read say where the data goes on. The chief writes
+what `decide` reads next time (config.json, world_sizes.json) with
+`write_run_files` as the run begins.
+
+`restore` is the run's one restore: its own checkpoint, a warm start's
+source (through checkpoints.restore, which restores one checkpoint
+strictly, for the tools too), or the PCA stem; then the weight average.
 """
 
 import dataclasses
@@ -178,12 +184,16 @@ def compared_identity(flag: str, cfg: RunConfig) -> dict:
   return identity
 
 
-def record_shape(start: Start, model_dir: str, shape: dict) -> None:
-  """The chief records the job's `shape` (world.py) from the step this
-  attempt starts at; a run's first record starts where its own data began
-  (a run resumed from before the record existed had one shape so far)."""
-  first = not world.read(model_dir)
-  world.record(model_dir, {**shape, 'step': (
+def write_run_files(start: Start, cfg: RunConfig, plan: TrainingPlan,
+                    runtime_record: dict, shape: dict) -> None:
+  """The chief writes in model_dir what `decide` reads at the next start:
+  config.json (`cfg`, the plan and the machine: what the checkpoints are
+  of) and the job's `shape` (world.py) from the step this attempt starts
+  at; a run's first shape starts where its own data began (a run resumed
+  from before world_sizes.json existed had one shape so far)."""
+  checkpoints.record_config(cfg.model_dir, cfg, plan, runtime_record)
+  first = not world.read(cfg.model_dir)
+  world.record(cfg.model_dir, {**shape, 'step': (
       start.step - start.batches_read if first else start.step)})
 
 
