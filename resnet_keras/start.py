@@ -164,7 +164,7 @@ def resolve_source(cfg: RunConfig, flag: str, path: str) -> Source:
 def checkpoint_prefix(flag: str, path: str) -> str:
   """`path` as a checkpoint prefix: itself, or a directory's latest."""
   if os.path.isdir(path):
-    latest = tf.train.latest_checkpoint(path)
+    latest, _ = checkpoints.latest(path)
     if not latest:
       raise UsageError(f'{flag}={path} is a directory without checkpoints; '
                        'name a run\'s model_dir or one of its checkpoints')
