@@ -8,11 +8,13 @@ as the run did:
   plan_for: the training plan on this job's layout
   assemble_training (from the run's decided start.Start) or
   assemble_evaluation: schedule -> model -> optimizer -> weight average ->
-      checkpoint manager -> input -> objective, record, trainer, evaluator
+      checkpoint manager -> input -> objective, step record, trainer,
+      evaluator
 
-`build_model` is the model alone (export). Nothing here restores weights or
-reads the checkpoint directory to decide anything: start.py decides where a
-run starts, and run.py restores it after assembling.
+All of them read the effective config (Basis.effective_cfg). `build_model`
+is the model alone (export). Nothing here restores weights or reads the
+checkpoint directory to decide anything: start.py decides where a run
+starts, and start.restore restores it after assembling.
 """
 
 import dataclasses
