@@ -11,7 +11,8 @@ run_summary.json), reporting.py's; what its files are called,
 run_directory.py's.
 
 One config lives in a run: the effective config (assembly.Basis's, classes
-resolved), which config.json records.
+resolved), which config.json records; only the TensorBoard hparams record
+the config as asked, as they always have (reporting.py).
 """
 
 import gc
