@@ -57,8 +57,8 @@ class Backend:
   @property
   def collective_saves(self) -> bool:
     """tf.distribute multi-worker: every worker must take part in saving
-    (reading some variables is a collective); non-chiefs save to their
-    worker_dir. Horovod workers hold plain variables: only the chief saves."""
+    (reading some variables is a collective); non-chiefs save to their own
+    folder of model_dir. Horovod workers hold plain variables: only the chief saves."""
     return not self.hvd and self.num_workers > 1
 
   @property
@@ -163,13 +163,6 @@ class Backend:
       sys.stdout.flush()
       sys.stderr.flush()
       os._exit(0)  # Nothing left to write; skips TensorFlow's teardown.
-
-  def worker_dir(self, model_dir: str) -> str:
-    """Where this worker writes: model_dir for the chief, a subdirectory
-    for the others, so workers never overwrite the chief's files."""
-    if self.is_chief:
-      return model_dir
-    return os.path.join(model_dir, f'worker_{self.worker_index}')
 
 
 def build_backend(name: str, num_gpus: int = -1,

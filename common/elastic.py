@@ -19,8 +19,6 @@ batch into micro-batches of m. On W' workers:
 """
 
 import dataclasses
-import os
-import re
 from typing import List, Optional, Sequence, Tuple
 
 from common.errors import UsageError
@@ -132,20 +130,3 @@ def resuming(step: Optional[int]) -> str:
   """Where an attempt starts, as the launcher's lines say it."""
   return (f'resuming at step {step}' if step is not None else
           'from step 0 (no checkpoint yet)')
-
-
-_CHECKPOINT = re.compile(r'^model_checkpoint_path:\s*"(?:.*/)?ckpt-(\d+)"',
-                         re.MULTILINE)
-
-
-def last_checkpoint(model_dir: str) -> Tuple[Optional[int], Optional[float]]:
-  """(step, time written) of model_dir's latest checkpoint, as its
-  'checkpoint' state file names it; (None, None) without one."""
-  path = os.path.join(model_dir, 'checkpoint')
-  try:
-    with open(path) as f:
-      found = _CHECKPOINT.search(f.read())
-    written = os.path.getmtime(path)
-  except OSError:
-    return None, None
-  return (int(found.group(1)), written) if found else (None, None)

@@ -8,11 +8,13 @@ as the run did:
   plan_for: the training plan on this job's layout
   assemble_training (from the run's decided start.Start) or
   assemble_evaluation: schedule -> model -> optimizer -> weight average ->
-      checkpoint manager -> input -> objective, record, trainer, evaluator
+      checkpoint manager -> input -> objective, step record, trainer,
+      evaluator
 
-`build_model` is the model alone (export). Nothing here restores weights or
-reads the checkpoint directory to decide anything: start.py decides where a
-run starts, and run.py restores it after assembling.
+All of them read the effective config (Basis.effective_cfg). `build_model`
+is the model alone (export). Nothing here restores weights or reads the
+checkpoint directory to decide anything: start.py decides where a run
+starts, and start.restore restores it after assembling.
 """
 
 import dataclasses
@@ -29,6 +31,7 @@ from resnet_keras import guards
 from resnet_keras import hardware
 from resnet_keras import models
 from resnet_keras import optimizers
+from resnet_keras import run_directory
 from resnet_keras import runtime
 from resnet_keras import schedules
 from resnet_keras import start as start_lib
@@ -47,8 +50,9 @@ from resnet_keras.trainer import Trainer
 @dataclasses.dataclass(frozen=True)
 class Basis:
   """What a process decides before it builds anything of a run."""
-  cfg: RunConfig  # dtype decided for this machine
-  # cfg with num_classes of the data: what config.json records.
+  cfg: RunConfig  # as asked, dtype decided for this machine
+  # cfg with num_classes of the data: the config everything after set_up
+  # reads, and config.json records (a tool's cfg is one already).
   effective_cfg: RunConfig
   machine: hardware.Machine
   runtime_record: Dict  # config.json's and run_summary.json's 'runtime'
@@ -68,7 +72,7 @@ class Parts:
   manager: Optional[tf.train.CheckpointManager]
   evaluator: Optional[Evaluator]  # None: --skip_eval
   trainer: Optional[Trainer] = None  # training only
-  record: Optional[StepRecord] = None  # the trainer's, training only
+  step_record: Optional[StepRecord] = None  # the trainer's, training only
   # --ema_decay's average of the model's weights; None: not averaging.
   ema: Optional[ema_lib.EMA] = None
   # Counts the records --skip_corrupt_records skipped; None: not counting.
@@ -111,7 +115,8 @@ def set_up(cfg: RunConfig, distributed: bool = True) -> Basis:
 def plan_for(basis: Basis) -> TrainingPlan:
   """The run's steps and batch sizes on this job's layout."""
   return make_training_plan(
-      basis.cfg, basis.info.num_train_examples, basis.info.num_eval_examples,
+      basis.effective_cfg, basis.info.num_train_examples,
+      basis.info.num_eval_examples,
       num_programs=basis.backend.num_programs,
       replicas_per_program=basis.backend.strategy.num_replicas_in_sync)
 
@@ -153,7 +158,7 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
   in; model_dir must already be prepared, as the chief's checkpoint
   manager lives there.
   """
-  cfg, backend = basis.cfg, basis.backend
+  cfg, backend = basis.effective_cfg, basis.backend
   strategy = backend.strategy
   wd_path = optimizers.weight_decay_path(cfg)
   with strategy.scope():
@@ -165,8 +170,8 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
                     if cfg.loss == 'bce' else None)
     schedule, optimizer = build_optimizer(cfg, plan)
     optimizers.create_slots(optimizer, model.trainable_variables)
-    averaged = build_ema(cfg, model)
-    manager = _training_manager(cfg, backend, model, optimizer, averaged)
+    ema = build_ema(cfg, model)
+    manager = _training_manager(cfg, backend, model, optimizer, ema)
 
   skipped = datasets.skipped_records_counter(cfg)
   options = distribution.input_options(cfg.experimental_preloading,
@@ -191,7 +196,7 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
   # The evaluation input before the training input, whose seeds
   # (--global_seed) follow TensorFlow's count of the ops made before it.
   evaluator = None if cfg.skip_eval else _evaluator(
-      basis, model, plan.replica_batch_size, averaged, skipped, options)
+      basis, model, plan.replica_batch_size, ema, skipped, options)
   objective = Objective(
       model=model, optimizer=optimizer, backend=backend,
       num_classes=basis.info.num_classes,
@@ -202,26 +207,26 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
       bce_target_threshold=cfg.bce_target_threshold,
       logits_model=logits_model,
       drop_path_seed=cfg.global_seed if cfg.drop_path_rate else None)
-  record = StepRecord(optimizer.iterations, plan.steps_per_loop,
-                      with_loss_scales=objective.uses_loss_scale)
+  step_record = StepRecord(optimizer.iterations, plan.steps_per_loop,
+                           with_loss_scales=objective.uses_loss_scale)
   guard = guards.LoopGuard(
       any_worker=backend.any_worker,
       last_checkpoint=lambda: manager and manager.latest_checkpoint,
-      dtype=cfg.dtype, stopped_early=record.stopped_early)
+      dtype=cfg.dtype, stopped_early=step_record.stopped_early)
   train_image_size = schedules.image_size_for_run(
       cfg, start.step // plan.steps_per_epoch)
   trainer = Trainer(
-      objective=objective, record=record,
+      objective=objective, step_record=step_record,
       train_dataset=train_input(train_image_size, start.batches_read),
       global_batch_size=plan.global_batch_size, backend=backend,
       weights_finite=guards.finite_check(model.variables),
-      ema=averaged,
+      ema=ema,
       stop_poll=guards.stop_poll(guard.stop_requested, backend),
       use_tf_function=cfg.use_tf_function,
       use_tf_while_loop=cfg.use_tf_while_loop)
   return Parts(plan=plan, schedule=schedule, network=network, model=model,
                optimizer=optimizer, manager=manager, evaluator=evaluator,
-               trainer=trainer, record=record, ema=averaged,
+               trainer=trainer, step_record=step_record, ema=ema,
                skipped=skipped, guard=guard, train_input=train_input,
                train_image_size=train_image_size)
 
@@ -234,52 +239,55 @@ def assemble_evaluation(basis: Basis, plan: TrainingPlan) -> Parts:
   The manager reads model_dir's checkpoints; the input reads the data as the
   run's evaluations did (with its --skip_corrupt_records).
   """
-  cfg = basis.cfg
+  cfg = basis.effective_cfg
   network, model = build_model(cfg, basis.info.num_classes, basis.machine)
   schedule, optimizer = build_optimizer(cfg, plan)
-  averaged = build_ema(cfg, model)
+  ema = build_ema(cfg, model)
   manager = checkpoints.make_manager(model, optimizer, cfg.model_dir,
-                                     ema=averaged)
+                                     ema=ema)
   skipped = datasets.skipped_records_counter(cfg)
   return Parts(plan=plan, schedule=schedule, network=network, model=model,
                optimizer=optimizer, manager=manager,
-               evaluator=_evaluator(basis, model, cfg.batch_size, averaged,
+               evaluator=_evaluator(basis, model, cfg.batch_size, ema,
                                     skipped),
-               ema=averaged, skipped=skipped)
+               ema=ema, skipped=skipped)
 
 
 def _evaluator(basis: Basis, model: tf_keras.Model, replica_batch_size: int,
-               averaged, skipped, options=None) -> Evaluator:
+               ema, skipped, options=None) -> Evaluator:
   """The evaluator of the run's validation data, read as its evaluations
   read it, in batches of `replica_batch_size` per replica."""
-  cfg, backend = basis.cfg, basis.backend
+  cfg, backend = basis.effective_cfg, basis.backend
   _, eval_fn = datasets.make_input_fns(cfg, basis.info, replica_batch_size,
                                        skipped)
   return Evaluator(
       model=model, num_classes=basis.info.num_classes, backend=backend,
       eval_dataset=backend.strategy.distribute_datasets_from_function(
           lambda ctx: eval_fn(backend.input_context(ctx)), options),
-      eval_flip=cfg.eval_flip, ema=averaged,
+      eval_flip=cfg.eval_flip, ema=ema,
       use_tf_function=cfg.use_tf_function)
 
 
 def _training_manager(cfg: RunConfig, backend: distribution.Backend,
-                      model, optimizer, averaged
+                      model, optimizer, ema
                       ) -> Optional[tf.train.CheckpointManager]:
   """The manager this worker saves with (None: it never saves).
 
   The chief's lives in model_dir. Other tf.distribute workers take part in
-  every save, into a scratch manager in their worker_dir (and restore
-  model_dir's checkpoint into it: model_dir must be shared). Other Horovod
-  workers take the chief's variables by broadcast instead.
+  every save, into a scratch manager in their own folder of model_dir
+  (run_directory.worker_dir), and restore model_dir's checkpoint into it:
+  model_dir must be shared. Other Horovod workers take the chief's
+  variables by broadcast instead.
   """
   if backend.is_chief:
     return checkpoints.make_manager(model, optimizer, cfg.model_dir,
                                     max_to_keep=cfg.max_checkpoints,
-                                    ema=averaged)
+                                    ema=ema)
   if not backend.collective_saves:
     return None
-  scratch = os.path.join(backend.worker_dir(cfg.model_dir), 'checkpoints')
+  scratch = os.path.join(
+      run_directory.worker_dir(cfg.model_dir, backend.worker_index),
+      run_directory.WORKER_CHECKPOINTS_DIR)
   shutil.rmtree(scratch, ignore_errors=True)
   return checkpoints.make_manager(model, optimizer, scratch, max_to_keep=1,
-                                  ema=averaged)
+                                  ema=ema)

@@ -24,12 +24,13 @@ from common import files
 from common.errors import UsageError
 from resnet_keras import checkpoints
 from resnet_keras import optimizers
+from resnet_keras import run_directory
 from resnet_keras import scoring
 from resnet_keras import ema as ema_lib
 from resnet_keras.serving import saved_model
 
-OUTPUT_DIR = 'averaged'
-RECORD_FILE = 'averaging.json'
+OUTPUT_DIR = run_directory.AVERAGED_DIR
+RECORD_FILE = run_directory.AVERAGING_FILE
 
 
 def check_ema_decay(decay: Optional[float]) -> None:

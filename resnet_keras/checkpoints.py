@@ -19,34 +19,31 @@ from typing import Dict, List, Optional, Tuple
 import tensorflow as tf
 
 from resnet_keras import config as config_lib
+from resnet_keras import run_directory
 from resnet_keras.config import RunConfig
 from resnet_keras.plan import TrainingPlan
 from common.errors import UsageError
 from common.files import write_json_atomically
 
 MAX_TO_KEEP = RunConfig.max_checkpoints
-# The run's effective config and training plan: what the checkpoints in a
-# model_dir are checkpoints of, and everything tools need to rebuild the model
-# and its data without repeating flags.
-CONFIG_FILE = 'config.json'
 
 
 def make_manager(model, optimizer, model_dir: str,
                  max_to_keep: int = MAX_TO_KEEP,
                  ema=None) -> tf.train.CheckpointManager:
-  """A manager of model_dir's checkpoints, named by step (ckpt-<step>)."""
+  """A manager of model_dir's checkpoints; the run names each by its step
+  (ckpt-<step>)."""
   checkpoint = checkpoint_of(model, optimizer, ema)
   return tf.train.CheckpointManager(
       checkpoint, directory=model_dir, max_to_keep=max_to_keep,
-      step_counter=optimizer.iterations)
+      step_counter=optimizer.iterations,
+      checkpoint_name=run_directory.CHECKPOINT_PREFIX)
 
 
 def latest(model_dir: str) -> Tuple[Optional[str], int]:
-  """model_dir's latest checkpoint and its step ((None, 0): none); run.py
-  names checkpoints by step (`ckpt-<step>`)."""
-  path = tf.train.latest_checkpoint(model_dir) if os.path.isdir(
-      model_dir) else None
-  return path, int(path.rsplit('-', 1)[1]) if path else 0
+  """model_dir's latest checkpoint and its step ((None, 0): none)."""
+  found = run_directory.latest_checkpoint(model_dir)
+  return (found.prefix, found.step) if found else (None, 0)
 
 
 def checkpoint_of(model, optimizer=None,
@@ -62,8 +59,15 @@ def checkpoint_of(model, optimizer=None,
 
 
 def step_of(path: str) -> int:
-  """The training step the checkpoint at `path` was written at (its
-  optimizer's iteration count), without building anything."""
+  """The optimizer's iteration count in the checkpoint at `path` (any
+  prefix, without building anything).
+
+  Not `latest`'s step, which is read from model_dir's state file and the
+  name the run's manager gave (ckpt-<step>): a checkpoint given as a path
+  (--restore_from, the export tool's --checkpoint) is any prefix, whose
+  name need not hold a step, and what --restore_optimizer goes on from is
+  the count the optimizer restores, so this reads the count itself.
+  """
   return int(tf.train.load_variable(
       path, 'optimizer/iter/.ATTRIBUTES/VARIABLE_VALUE'))
 
@@ -101,12 +105,13 @@ def record_config(model_dir: str, cfg: RunConfig, plan: TrainingPlan,
             'training_plan': dataclasses.asdict(plan)}
   if runtime:
     record['runtime'] = runtime
-  write_json_atomically(os.path.join(model_dir, CONFIG_FILE), record)
+  write_json_atomically(os.path.join(model_dir, run_directory.CONFIG_FILE),
+                        record)
 
 
 def read_config(model_dir: str) -> Tuple[RunConfig, TrainingPlan]:
   """The config and plan a run recorded; its model_dir is where it is now."""
-  path = os.path.join(model_dir, CONFIG_FILE)
+  path = os.path.join(model_dir, run_directory.CONFIG_FILE)
   if not os.path.isfile(path):
     raise UsageError(f'{path} does not exist; {model_dir} is not a '
                      'directory a training run wrote (resnet_ctl_imagenet_main'
@@ -128,8 +133,8 @@ def check_resumable(model_dir: str, cfg: RunConfig) -> None:
   Restoring them would fail on a shape mismatch halfway, or worse, succeed
   partially; and a later save would mix the two runs.
   """
-  if not (tf.train.latest_checkpoint(model_dir) and
-          os.path.exists(os.path.join(model_dir, CONFIG_FILE))):
+  if not (run_directory.latest_checkpoint(model_dir) and os.path.exists(
+      os.path.join(model_dir, run_directory.CONFIG_FILE))):
     return
   saved = model_identity(read_config(model_dir)[0])
   identity = model_identity(cfg)
@@ -158,7 +163,8 @@ def restore(checkpoint: tf.train.Checkpoint, path: str,
     what = describe_identity(model_identity(cfg))
     raise UsageError(
         f'{path} is not a checkpoint of this run\'s model ({what}, from '
-        f'{CONFIG_FILE}): {str(e).splitlines()[0][:200]}') from None
+        f'{run_directory.CONFIG_FILE}): {str(e).splitlines()[0][:200]}'
+    ) from None
 
 
 def checkpoint_paths(manager: tf.train.CheckpointManager, model_dir: str,

@@ -1,14 +1,15 @@
-"""What a person sees: log lines, a progress bar, metrics.jsonl, run_summary.json.
+"""What a person sees as a run trains: log lines, a progress bar,
+metrics.jsonl (reporting.py puts them together).
 
 A training loop's output holds a `LoopRecord` (under LOOP_RECORD): the
 host's copy of its per-step losses and accuracies (step_record.py reads it
 off the device). `StepLogger` is an orbit train action; from that record it
 prints one line per `--log_steps` even when a loop covers many of them.
-Throughput is measured per loop; the run's average excludes the first loop, which includes tracing.
-When steps spend more than `INPUT_BOUND_FRACTION` of a loop waiting for their
-batches, it warns (once) that the input pipeline is the bottleneck.
-Each log line, and each evaluation (run.py), is also a record of
-model_dir/metrics.jsonl, which `resnet_keras.plots` draws.
+Throughput is measured per loop; the run's average excludes the first loop,
+which includes tracing. When steps spend more than `INPUT_BOUND_FRACTION` of
+a loop waiting for their batches, it warns (once) that the input pipeline
+is the bottleneck. Each log line, and each evaluation (reporting.py), is
+also a record of model_dir/metrics.jsonl, which `resnet_keras.plots` draws.
 
 TensorFlow is only imported where it is used, so the plots command starts
 without it.
@@ -25,6 +26,7 @@ from absl import logging
 
 from common.errors import UsageError
 from common.files import write_text_atomically
+from resnet_keras import run_directory
 
 # The key of the LoopRecord in a training loop's orbit output, beside the
 # scalars orbit writes to TensorBoard.
@@ -46,7 +48,6 @@ class LoopRecord:
   loss_scales: Optional[np.ndarray] = None
 
 
-METRICS_LOG_FILE = 'metrics.jsonl'
 
 INPUT_BOUND_FRACTION = 0.2
 INPUT_BOUND_ADVICE = ('try --training_dataset_cache (if the data fits in RAM), '
@@ -190,7 +191,7 @@ class MetricsLog:
 
   def __init__(self, model_dir: str, mirror: Optional['Mirror'] = None):
     self.model_dir = model_dir
-    self.path = os.path.join(model_dir, METRICS_LOG_FILE)
+    self.path = os.path.join(model_dir, run_directory.METRICS_FILE)
     self._mirror = mirror
 
   def resume_at(self, step: int) -> None:
@@ -222,7 +223,7 @@ class Mirror(Protocol):
 
 def read_metrics_log(model_dir: str) -> List[Dict]:
   """The records of model_dir/metrics.jsonl in order; [] if there is none."""
-  path = os.path.join(model_dir, METRICS_LOG_FILE)
+  path = os.path.join(model_dir, run_directory.METRICS_FILE)
   if not os.path.exists(path):
     return []
   with open(path) as f:

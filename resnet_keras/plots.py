@@ -1,4 +1,4 @@
-"""Redraws a run's plots from its metrics.jsonl (charts.py), at any time.
+"""Redraws a run's plots from its metrics.jsonl (curves.py), at any time.
 
   python -m resnet_keras.plots MODEL_DIR
 """
@@ -8,7 +8,7 @@ from typing import List
 
 from common import cli
 from common.errors import UsageError
-from resnet_keras import charts
+from resnet_keras import curves
 
 
 def main(argv: List[str]) -> None:
@@ -18,7 +18,7 @@ def main(argv: List[str]) -> None:
   model_dir = argv[1]
   if not os.path.isdir(model_dir):
     raise UsageError(f'{model_dir} is not a directory')
-  for path in charts.write_plots(model_dir):
+  for path in curves.write_plots(model_dir):
     print(path)
 
 

@@ -23,13 +23,14 @@ _POLICIES = {'fp32': 'float32', 'bf16': 'mixed_bfloat16',
 
 def configure(cfg: RunConfig) -> Tuple[RunConfig, hardware.Machine, Dict]:
   """This machine, `cfg` fitted to it (fit_to_hardware) and the runtime
-  configured for it (configure_runtime), before any TensorFlow op runs.
+  configured for it (_set_tensorflow_options), before any TensorFlow op
+  runs.
 
   Returns cfg with its dtype decided, the machine and the runtime record.
   """
   machine = hardware.detect()
   cfg, record = fit_to_hardware(cfg, machine)
-  configure_runtime(cfg, machine)
+  _set_tensorflow_options(cfg, machine)
   return cfg, machine, record
 
 
@@ -50,7 +51,7 @@ def fit_to_hardware(cfg: RunConfig, machine: hardware.Machine
   return dataclasses.replace(cfg, dtype=dtype), runtime
 
 
-def configure_runtime(cfg: RunConfig, machine: hardware.Machine) -> None:
+def _set_tensorflow_options(cfg: RunConfig, machine: hardware.Machine) -> None:
   """Logical CPUs, threads, XLA, seeds and precision policy (cfg.dtype is
   decided). Before TensorFlow's runtime starts: it fixes all of these."""
   has_gpu = machine.has_gpu

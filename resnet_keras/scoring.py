@@ -26,14 +26,15 @@ from common.errors import UsageError
 from resnet_keras import assembly
 from resnet_keras import checkpoints
 from resnet_keras import evaluator
+from resnet_keras import run_directory
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.plan import TrainingPlan
 from resnet_keras.serving import readers
 
-RESULTS_FILE = 'validation.csv'
+RESULTS_FILE = run_directory.VALIDATION_FILE
 COLUMNS = ('checkpoint', 'step', 'epoch', 'top1', 'top5', 'loss', 'examples')
-EXPORTS_RESULTS_FILE = 'validation_exports.csv'
+EXPORTS_RESULTS_FILE = run_directory.VALIDATION_EXPORTS_FILE
 EXPORTS_COLUMNS = ('export', 'kind', 'step', 'top1', 'top5', 'loss',
                    'examples', 'max_prob_diff')
 

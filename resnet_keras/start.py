@@ -30,7 +30,13 @@ model_dir/warm_start.json: once its own model_dir has a checkpoint, a rerun
 resumes from that, and a run that began at a restored step S has read
 (step - S) batches of its data at a later step, which is what its exact
 resume skips. When the job's shape changed on the way (world.py), the
-examples each shape read say where the data goes on.
+examples each shape read say where the data goes on. The chief writes
+what `decide` reads next time (config.json, world_sizes.json) with
+`write_run_files` as the run begins.
+
+`restore` is the run's one restore: its own checkpoint, a warm start's
+source (through checkpoints.restore, which restores one checkpoint
+strictly, for the tools too), or the PCA stem; then the weight average.
 """
 
 import dataclasses
@@ -47,6 +53,7 @@ from common.errors import UsageError
 from common.files import write_json_atomically
 from resnet_keras import checkpoints
 from resnet_keras import models
+from resnet_keras import run_directory
 from resnet_keras import world
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
@@ -56,7 +63,6 @@ from resnet_keras.plan import TrainingPlan
 FRESH, RESUMED, WARM = 'fresh', 'resumed', 'warm'
 RESTORE_FLAG = '--restore_from'
 PRETRAINED_FLAG = '--pretrained_checkpoint'
-START_FILE = 'warm_start.json'
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,7 +87,7 @@ class Start:
   fit_stem: bool = False
   # The weight average goes on from the checkpoint's (RESUMED with one);
   # otherwise it starts as the weights the run starts from.
-  resumes_average: bool = False
+  resumes_ema: bool = False
 
   def batches_read_at(self, step: int) -> int:
     """Batches of this run's data read by the time training reaches
@@ -108,8 +114,8 @@ def decide(cfg: RunConfig, plan: TrainingPlan) -> Start:
                  batches_read=_batches_read(cfg.model_dir, own,
                                             plan.global_batch_size),
                  checkpoint=latest,
-                 resumes_average=(bool(cfg.ema_decay) and
-                                  checkpoints.has_ema(latest)))
+                 resumes_ema=(bool(cfg.ema_decay) and
+                              checkpoints.has_ema(latest)))
   if not path:
     return Start(FRESH, 0, fit_stem=cfg.stem_init == 'pca')
   source = resolve_source(cfg, flag, path)
@@ -158,7 +164,7 @@ def resolve_source(cfg: RunConfig, flag: str, path: str) -> Source:
 def checkpoint_prefix(flag: str, path: str) -> str:
   """`path` as a checkpoint prefix: itself, or a directory's latest."""
   if os.path.isdir(path):
-    latest = tf.train.latest_checkpoint(path)
+    latest, _ = checkpoints.latest(path)
     if not latest:
       raise UsageError(f'{flag}={path} is a directory without checkpoints; '
                        'name a run\'s model_dir or one of its checkpoints')
@@ -178,12 +184,16 @@ def compared_identity(flag: str, cfg: RunConfig) -> dict:
   return identity
 
 
-def record_shape(start: Start, model_dir: str, shape: dict) -> None:
-  """The chief records the job's `shape` (world.py) from the step this
-  attempt starts at; a run's first record starts where its own data began
-  (a run resumed from before the record existed had one shape so far)."""
-  first = not world.read(model_dir)
-  world.record(model_dir, {**shape, 'step': (
+def write_run_files(start: Start, cfg: RunConfig, plan: TrainingPlan,
+                    runtime_record: dict, shape: dict) -> None:
+  """The chief writes in model_dir what `decide` reads at the next start:
+  config.json (`cfg`, the plan and the machine: what the checkpoints are
+  of) and the job's `shape` (world.py) from the step this attempt starts
+  at; a run's first shape starts where its own data began (a run resumed
+  from before world_sizes.json existed had one shape so far)."""
+  checkpoints.record_config(cfg.model_dir, cfg, plan, runtime_record)
+  first = not world.read(cfg.model_dir)
+  world.record(cfg.model_dir, {**shape, 'step': (
       start.step - start.batches_read if first else start.step)})
 
 
@@ -194,7 +204,7 @@ def _batches_read(model_dir: str, step: int, global_batch: int) -> int:
   examples = world.examples_read(world.read(model_dir), step)
   if examples is not None:
     return examples // global_batch
-  path = os.path.join(model_dir, START_FILE)
+  path = os.path.join(model_dir, run_directory.WARM_START_FILE)
   if not os.path.exists(path):
     return step
   with open(path) as f:
@@ -221,18 +231,19 @@ def restore(start: Start, weights: Weights, cfg: RunConfig,
   if start.kind == RESUMED and weights.checkpoint is not None:
     _restore_own(start, weights.checkpoint, cfg, backend)
   elif start.kind == WARM:
-    apply(start.source, weights.network, weights.model, weights.optimizer,
-          cfg.restore_optimizer)
+    load_source(start.source, weights.network, weights.model,
+                weights.optimizer, cfg.restore_optimizer)
   elif start.fit_stem:
     init_stem_from_training_images(cfg, info, weights.network)
-  averaged = weights.ema
-  if averaged:
-    _start_ema(averaged, start)
+  ema = weights.ema
+  if ema:
+    _start_ema(ema, start)
   backend.sync_from_chief(
       weights.model.variables + weights.optimizer.variables() +
-      (averaged.averages if averaged else []))
+      (ema.averages if ema else []))
   if start.kind == WARM and backend.is_chief:
-    write_json_atomically(os.path.join(cfg.model_dir, START_FILE),
+    write_json_atomically(os.path.join(cfg.model_dir,
+                                       run_directory.WARM_START_FILE),
                           {'flag': start.source.flag,
                            'checkpoint': start.source.checkpoint,
                            'step': start.step})
@@ -252,8 +263,8 @@ def _restore_own(start: Start, checkpoint: tf.train.Checkpoint,
         'or --clean to delete it and start over') from None
 
 
-def apply(source: Source, network, model, optimizer,
-          restore_optimizer: bool) -> None:
+def load_source(source: Source, network, model, optimizer,
+                restore_optimizer: bool) -> None:
   """Loads a warm start's `source` into this run's (network, training
   model, optimizer)."""
   if source.flag == PRETRAINED_FLAG:
@@ -301,15 +312,15 @@ def init_stem_from_training_images(cfg: RunConfig, info: datasets.DatasetInfo,
                kernel_size, int(pixels.shape[0]), 100 * held)
 
 
-def _start_ema(averaged, start: Start) -> None:
+def _start_ema(ema, start: Start) -> None:
   """The average goes on from the checkpoint's when the run resumes one
   that holds it; otherwise it starts from the weights the run starts
   from (initial, restored or warm-started)."""
-  if start.resumes_average:
+  if start.resumes_ema:
     logging.info('--ema_decay %g: evaluations score the weight average '
-                 '(resumed from %s)', averaged.decay, start.checkpoint)
+                 '(resumed from %s)', ema.decay, start.checkpoint)
     return
-  averaged.reset()
+  ema.reset()
   logging.info('--ema_decay %g: evaluations score the weight average, '
-               'which starts from the %s weights', averaged.decay,
+               'which starts from the %s weights', ema.decay,
                'initial' if start.kind == FRESH else 'restored')

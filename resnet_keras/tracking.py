@@ -20,13 +20,12 @@ from typing import Callable, Dict, Mapping, Optional
 
 from absl import logging
 
+from resnet_keras import run_directory
 from resnet_keras.config import RunConfig
 from resnet_keras.plan import TrainingPlan
 from common.errors import UsageError
 
 DEFAULT_BASE_URL = 'https://api.wandb.ai'
-WANDB_DIR = 'wandb'
-RUN_ID_FILE = 'run_id'
 
 
 def import_wandb():
@@ -94,7 +93,7 @@ class WandbMirror:
 
 def _run_id(wandb, wandb_dir: str) -> str:
   """model_dir's W&B run id: read, or made and kept for later resumes."""
-  path = os.path.join(wandb_dir, RUN_ID_FILE)
+  path = os.path.join(wandb_dir, run_directory.WANDB_RUN_ID_FILE)
   if os.path.exists(path):
     with open(path) as f:
       return f.read().strip()
@@ -109,7 +108,7 @@ def start_wandb(cfg: RunConfig, plan: TrainingPlan) -> WandbMirror:
   wandb = import_wandb()
   reason = offline_reason(os.environ)
   offline = bool(reason) or os.environ.get('WANDB_MODE') == 'offline'
-  wandb_dir = os.path.join(cfg.model_dir, WANDB_DIR)
+  wandb_dir = os.path.join(cfg.model_dir, run_directory.WANDB_DIR)
   os.makedirs(wandb_dir, exist_ok=True)
   run = wandb.init(
       project=cfg.wandb_project, name=cfg.wandb_run_name,

@@ -29,7 +29,7 @@ from resnet_keras.step_record import StepRecord
 class Trainer(orbit.StandardTrainer):
   """Trains `objective`'s model, `steps_per_loop` steps per host call."""
 
-  def __init__(self, *, objective: Objective, record: StepRecord,
+  def __init__(self, *, objective: Objective, step_record: StepRecord,
                train_dataset, global_batch_size: int,
                backend: distribution.Backend,
                weights_finite: Callable[[], bool],
@@ -42,7 +42,7 @@ class Trainer(orbit.StandardTrainer):
     graph predicate, guards.stop_poll) is checked before each step; when it
     is true, the loop ends there on every worker."""
     self.objective = objective
-    self.record = record
+    self.step_record = step_record
     self.model = objective.model
     self.optimizer = objective.optimizer
     self.strategy = backend.strategy
@@ -82,7 +82,7 @@ class Trainer(orbit.StandardTrainer):
       def python_loop(iterator, num_steps):
         for _ in range(int(num_steps)):
           if self._stop_poll is not None and self._stop_poll():
-            self.record.mark_stopped()
+            self.step_record.mark_stopped()
             break
           step_fn(iterator)
 
@@ -97,7 +97,7 @@ class Trainer(orbit.StandardTrainer):
         return i + 1, stopped
 
       def stop(i, unused_stopped):
-        self.record.mark_stopped()
+        self.step_record.mark_stopped()
         return i, tf.constant(True)
 
       def poll_then_step(i, stopped):
@@ -115,7 +115,7 @@ class Trainer(orbit.StandardTrainer):
     return tf.function(loop_fn, autograph=False)
 
   def train_loop_begin(self):
-    self.record.begin()
+    self.step_record.begin()
 
   def train_step(self, iterator):
 
@@ -126,15 +126,15 @@ class Trainer(orbit.StandardTrainer):
           zip(grads, self.model.trainable_variables))
       return loss, correct
 
-    position = self.record.position()
-    inputs = self.record.next_input(iterator)
+    position = self.step_record.position()
+    inputs = self.step_record.next_input(iterator)
     loss, correct = self.strategy.run(step_fn, args=(inputs,))
     if self.ema is not None:
       self.ema.update(self.global_step)
     reduce = lambda t: self.strategy.reduce('SUM', t, axis=None)
-    self.record.write(position, reduce(loss), reduce(correct),
-                      self.optimizer.loss_scale
-                      if self.objective.uses_loss_scale else None)
+    self.step_record.write(position, reduce(loss), reduce(correct),
+                           self.optimizer.loss_scale
+                           if self.objective.uses_loss_scale else None)
 
   def train_loop_end(self) -> Dict:
     # Horovod: every loop ends with each worker holding the chief's
@@ -142,7 +142,7 @@ class Trainer(orbit.StandardTrainer):
     # score one model, and a run resumed from a checkpoint (which hands
     # every worker the chief's) goes on exactly as an uninterrupted one.
     self.backend.sync_from_chief(self._worker_local)
-    loop = self.record.read(
+    loop = self.step_record.read(
         self.backend.sum_over_workers, self.global_batch_size,
         self.objective.program_batch_size, self._weights_finite)
     output = {LOOP_RECORD: loop}

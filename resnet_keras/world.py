@@ -12,18 +12,31 @@ now: start.py) and run_summary.json lists every change with its step.
 
 import json
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Mapping, Optional
 
+from common import launch
 from common.files import write_json_atomically
+from resnet_keras import run_directory
+from resnet_keras.plan import TrainingPlan
 
-WORLD_FILE = 'world_sizes.json'
+
+def shape(num_workers: int, plan: TrainingPlan,
+          environ: Mapping[str, str]) -> Dict:
+  """The shape of a job of `num_workers` that trains `plan` (without the
+  step it starts at), on the hosts of `environ`'s MULTI_HLS_IPS."""
+  return {'workers': num_workers,
+          'hosts': launch.parse_hosts(environ.get('MULTI_HLS_IPS')),
+          'global_batch_size': plan.global_batch_size,
+          'worker_batch_size': plan.global_batch_size // num_workers,
+          'micro_batches': plan.num_micro_batches,
+          'lr_scale': plan.lr_scale}
 
 
 def read(model_dir: str) -> List[Dict]:
   """The recorded shapes, oldest first (none: a run from before this file,
   or one that has not started)."""
   try:
-    with open(os.path.join(model_dir, WORLD_FILE)) as f:
+    with open(os.path.join(model_dir, run_directory.WORLD_FILE)) as f:
       return json.load(f)
   except FileNotFoundError:
     return []
@@ -38,7 +51,8 @@ def record(model_dir: str, shape: Dict) -> List[Dict]:
              if entry['step'] < shape['step']]
   if not history or _without_step(history[-1]) != _without_step(shape):
     history.append(shape)
-  write_json_atomically(os.path.join(model_dir, WORLD_FILE), history)
+  write_json_atomically(os.path.join(model_dir, run_directory.WORLD_FILE),
+                        history)
   return history
 
 

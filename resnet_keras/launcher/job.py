@@ -19,6 +19,7 @@ from common import preflight
 from common import supervisor
 from common.errors import UsageError
 from resnet_keras import recipes
+from resnet_keras import run_directory
 from resnet_keras.config import RunConfig
 from resnet_keras.launcher import options
 from resnet_keras.launcher import ssh_hosts
@@ -204,9 +205,9 @@ class Job:
   def first_attempt(self) -> supervisor.Attempt:
     self._report, _ = self._preflight()
     # --clean applies to the first attempt only: it starts from step 0.
-    step = (None if self._cfg.clean else
-            elastic.last_checkpoint(self._cfg.model_dir or '')[0])
-    return self._attempt(step, lost=0.0)
+    latest = (None if self._cfg.clean else
+              run_directory.latest_checkpoint(self._cfg.model_dir or ''))
+    return self._attempt(latest and latest.step, lost=0.0)
 
   def replan(self, failure: supervisor.Failure) -> supervisor.Attempt:
     """The next attempt: on the hosts that pass a new check (an elastic job,
@@ -215,8 +216,9 @@ class Job:
     del failure  # Every host is checked again, whatever failed.
     if self.is_elastic or self._servers:
       self._check_again()
-    step, written = elastic.last_checkpoint(self._cfg.model_dir or '')
-    return self._attempt(step, time.time() - (written or self._started),
+    latest = run_directory.latest_checkpoint(self._cfg.model_dir or '')
+    since = latest.written if latest else self._started
+    return self._attempt(latest and latest.step, time.time() - since,
                          restart=True)
 
   def _check_again(self) -> None:

@@ -28,6 +28,7 @@ import importlib
 from typing import Dict, List
 
 from common.errors import UsageError
+from resnet_keras import run_directory
 
 FORMATS = ('saved_model', 'onnx', 'tflite')
 QUANTIZATIONS = ('none', 'float16', 'dynamic', 'int8')
@@ -42,9 +43,9 @@ FLOAT_SIGNATURE = 'serving_default'
 UINT8_SIGNATURE = 'serving_uint8'
 ENCODED_SIGNATURE = 'serving_encoded'
 # Directories: training's export in model_dir, and the export tool's.
-CLASSIFIER_DIR = 'saved_model'
+CLASSIFIER_DIR = run_directory.SAVED_MODEL_DIR
 FEATURE_VECTOR_DIR = 'feature_vector'
-EXPORTS_DIR = 'exports'
+EXPORTS_DIR = run_directory.EXPORTS_DIR
 ONNX_OPSET = 17
 # What the optional packages are called on PyPI (requirements-deploy.txt
 # pins them), by the module each format needs.

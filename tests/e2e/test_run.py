@@ -16,6 +16,7 @@ import tf_keras
 
 from common.errors import UsageError
 from resnet_keras import run as run_lib
+from resnet_keras import run_directory
 from tests.support import runner
 
 
@@ -46,7 +47,7 @@ def test_a_run_trains_evaluates_records_and_resumes(tmp_path):
   assert summary['eval_examples'] == 6  # the partial last batch counts
   assert np.isfinite(summary['train_loss'])
   assert np.isfinite(summary['eval_accuracy'])
-  with open(model_dir / run_lib.SUMMARY_FILE) as f:
+  with open(model_dir / run_directory.SUMMARY_FILE) as f:
     assert json.load(f) == summary
   with open(model_dir / 'config.json') as f:
     recorded = json.load(f)

@@ -57,7 +57,7 @@ def test_restore_from_weights_only_or_with_the_optimizer(synthetic_run,
     source = _source(cfg)
     assert source.checkpoint == latest and source.cfg.num_classes == 10
     network, model, optimizer = _run_objects(cfg)
-    start_lib.apply(source, network, model, optimizer, restore_optimizer)
+    start_lib.load_source(source, network, model, optimizer, restore_optimizer)
     assert int(optimizer.iterations.numpy()) == step
     restored = tf.train.Checkpoint(model=model)
     path = restored.write(str(tmp_path / 'restored'))
@@ -74,7 +74,7 @@ def test_pretrained_backbone_with_a_new_head(synthetic_run, tmp_path):
   source = _source(cfg)
   network, model, optimizer = _run_objects(cfg)
   head_before = network.get_layer('fc').get_weights()
-  start_lib.apply(source, network, model, optimizer, False)
+  start_lib.load_source(source, network, model, optimizer, False)
 
   source_network, source_model = models.build_models(
       source.cfg, 10, use_regularizers=False)

@@ -28,7 +28,7 @@ def trainer(model, optimizer, train_dataset, batch_size: int,
   record = StepRecord(optimizer.iterations, steps_per_loop,
                       with_loss_scales=objective.uses_loss_scale)
   return Trainer(
-      objective=objective, record=record, train_dataset=train_dataset,
+      objective=objective, step_record=record, train_dataset=train_dataset,
       global_batch_size=batch_size, backend=backend,
       weights_finite=guards.finite_check(model.variables),
       ema=ema,

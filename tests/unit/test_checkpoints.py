@@ -10,6 +10,7 @@ import tf_keras
 
 from common.errors import UsageError
 from resnet_keras import checkpoints
+from resnet_keras import run_directory
 from resnet_keras.config import RunConfig
 from resnet_keras.plan import make_training_plan
 
@@ -47,7 +48,7 @@ def test_config_json_gives_back_the_config_and_plan_where_the_run_is_now(
 def test_a_missing_or_broken_config_json_is_a_usage_error(tmp_path, text,
                                                           fragment):
   if text is not None:
-    (tmp_path / checkpoints.CONFIG_FILE).write_text(text)
+    (tmp_path / run_directory.CONFIG_FILE).write_text(text)
   with pytest.raises(UsageError, match=fragment):
     checkpoints.read_config(str(tmp_path))
 

@@ -8,6 +8,7 @@ import pytest
 
 from common import elastic
 from common.errors import UsageError
+from resnet_keras import run_directory
 from resnet_keras import world
 
 HOSTS = ('h1', 'h2', 'h3')
@@ -64,15 +65,6 @@ def test_a_change_is_one_line_with_what_a_user_needs():
       two, planned, step=None, lost_seconds=0)
 
 
-def test_last_checkpoint_reads_the_state_file(tmp_path):
-  assert elastic.last_checkpoint(str(tmp_path)) == (None, None)
-  (tmp_path / 'checkpoint').write_text(
-      'model_checkpoint_path: "ckpt-12"\nall_model_checkpoint_paths: '
-      '"ckpt-8"\nall_model_checkpoint_paths: "ckpt-12"\n')
-  step, written = elastic.last_checkpoint(str(tmp_path))
-  assert step == 12 and written > 0
-
-
 def test_the_world_record_counts_the_examples_each_shape_read(tmp_path):
   model_dir = str(tmp_path)
   three = {'workers': 3, 'global_batch_size': 24, 'worker_batch_size': 8,
@@ -92,4 +84,4 @@ def test_the_world_record_counts_the_examples_each_shape_read(tmp_path):
   world.record(model_dir, {**three, 'step': 8, 'workers': 1})
   assert [(e['step'], e['workers']) for e in world.read(model_dir)] == [
       (0, 3), (8, 1)]
-  assert json.loads((tmp_path / world.WORLD_FILE).read_text())[1]['step'] == 8
+  assert json.loads((tmp_path / run_directory.WORLD_FILE).read_text())[1]['step'] == 8

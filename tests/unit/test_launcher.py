@@ -89,10 +89,12 @@ def test_commands_by_placement(tmp_path):
 
 
 def _write_checkpoint_state(model_dir, step):
+  """The files of model_dir's latest checkpoint that say its step."""
   os.makedirs(model_dir, exist_ok=True)
   with open(os.path.join(model_dir, 'checkpoint'), 'w') as f:
     f.write(f'model_checkpoint_path: "ckpt-{step}"\n'
             f'all_model_checkpoint_paths: "ckpt-{step}"\n')
+  open(os.path.join(model_dir, f'ckpt-{step}.index'), 'w').close()
 
 
 def test_a_restart_resumes_at_the_last_checkpoint_and_says_so(tmp_path,

@@ -1,13 +1,14 @@
-"""--profile_steps's window against the loops it falls in (run._Profiler):
-orbit runs actions only between loops, so the profile must start at the
-boundary before the loop that runs the window, wherever the window lies."""
+"""--profile_steps's window against the loops it falls in
+(reporting._Profiler): orbit runs actions only between loops, so the
+profile must start at the boundary before the loop that runs the window,
+wherever the window lies."""
 
 import glob
 
 import pytest
 import tensorflow as tf
 
-from resnet_keras import run
+from resnet_keras import reporting
 
 
 def _profile(tmp_path, window, boundaries, steps_per_loop=117, stop_at=None):
@@ -15,7 +16,7 @@ def _profile(tmp_path, window, boundaries, steps_per_loop=117, stop_at=None):
   then each loop's end); returns the steps where it was running."""
   step = tf.Variable(boundaries[0], dtype=tf.int64)
   stop_at = stop_at or (lambda s: 10**9)
-  profiler = run._Profiler(  # pylint: disable=protected-access
+  profiler = reporting._Profiler(  # pylint: disable=protected-access
       *window, logdir=str(tmp_path / 'profile'), global_step=step,
       next_loop_end=lambda s: min(s + steps_per_loop, stop_at(s)))
   running = []

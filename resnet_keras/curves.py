@@ -1,20 +1,20 @@
-"""PNG plots of a run's metrics.jsonl: loss, accuracy, learning rate, img/s.
+"""The curves of a run's metrics.jsonl drawn as PNGs: loss, accuracy,
+learning rate, img/s.
 
 Writes MODEL_DIR/plots/{loss,accuracy,learning_rate,examples_per_second}.png
 against the global step. The trainer's chief redraws them at the end of every
-run; `python -m resnet_keras.plots MODEL_DIR` (plots.py) at any time, a
-running job included. matplotlib draws with its Agg renderer (no display)
+run (reporting.py); the plots tool (`python -m resnet_keras.plots MODEL_DIR`,
+plots.py) at any time, a running job included. matplotlib draws with its Agg renderer (no display)
 and is imported only here, so training works without it.
 """
 
 import os
 from typing import Dict, List
 
-
-from resnet_keras import metrics
 from common.errors import UsageError
+from resnet_keras import metrics
+from resnet_keras import run_directory
 
-PLOTS_DIR = 'plots'
 # File name -> (title, y label, [(record key, legend label)]).
 _FIGURES = {
     'loss': ('Loss (cross-entropy)', 'loss',
@@ -40,9 +40,9 @@ def write_plots(model_dir: str) -> List[str]:
                      'requirements.txt') from None
   records = metrics.read_metrics_log(model_dir)
   if not records:
-    raise UsageError(f'{model_dir} has no {metrics.METRICS_LOG_FILE} records '
+    raise UsageError(f'{model_dir} has no {run_directory.METRICS_FILE} records '
                      'yet; it is written while a run trains')
-  out_dir = os.path.join(model_dir, PLOTS_DIR)
+  out_dir = os.path.join(model_dir, run_directory.PLOTS_DIR)
   os.makedirs(out_dir, exist_ok=True)
   paths = []
   for name, (title, ylabel, series) in _FIGURES.items():
