@@ -33,7 +33,7 @@ over the workers left (--elastic_batch), and a host that passes again
 rejoins at the next restart (common/elastic.py).
 --data_service_hosts starts a tf.data service (a dispatcher on the first
 host, a data worker on each) over the same ssh before the job, points the
-trainer at it and stops it when the job ends (common/data_servers.py).
+trainer at it and stops it when the job ends (resnet_keras/launcher/input_servers.py).
 The exit code is the training job's (its last attempt's).
 """
 

@@ -39,7 +39,7 @@ from resnet_keras import ema as ema_lib
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data import imagenet
-from resnet_keras.data import data_service
+from resnet_keras.data import input_service
 from resnet_keras.evaluator import Evaluator
 from resnet_keras.objective import Objective
 from resnet_keras.plan import TrainingPlan, make_training_plan
@@ -177,14 +177,14 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
   options = distribution.input_options(cfg.experimental_preloading,
                                        basis.machine.has_gpu)
   if cfg.tf_data_service:  # Before anything waits on it.
-    data_service.check_reachable(cfg.tf_data_service,
-                                 cfg.tf_data_service_timeout)
+    input_service.check_reachable(cfg.tf_data_service,
+                                  cfg.tf_data_service_timeout)
 
   def train_input(image_size: int, data_start: int):
     sized = dataclasses.replace(cfg, image_size=image_size)
     if cfg.tf_data_service:
       return strategy.distribute_datasets_from_function(
-          data_service.training_input_fn(sized, basis.info,
+          input_service.training_input_fn(sized, basis.info,
                                          plan.replica_batch_size, data_start),
           options)
     train_fn, _ = datasets.make_input_fns(

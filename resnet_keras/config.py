@@ -281,7 +281,7 @@ class AugmentationConfig:
 
 @dataclasses.dataclass(frozen=True)
 class DataServiceConfig:
-  """Training input from a tf.data service (data/data_service.py)."""
+  """Training input from a tf.data service (data/input_service.py)."""
   tf_data_service: str = option(
       '',
       'grpc://HOST:PORT of a tf.data service dispatcher: the training '

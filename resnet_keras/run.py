@@ -38,7 +38,7 @@ from resnet_keras import tracking
 from resnet_keras import world
 from resnet_keras.config import RunConfig
 from resnet_keras.plan import TrainingPlan
-from resnet_keras.data import data_service
+from resnet_keras.data import input_service
 from resnet_keras.data import datasets
 from resnet_keras.serving import saved_model
 from common.errors import RunStopped, UsageError
@@ -143,10 +143,10 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
         world.shape(backend.num_workers, parts.plan, os.environ))
     reports.resume_at(start.step)
   parts.guard.install()
-  watchdog = data_service.InputWatchdog(
+  watchdog = input_service.InputWatchdog(
       cfg.tf_data_service_timeout if cfg.tf_data_service else 0,
       parts.step_record.input_waiting_since,
-      data_service.end_stalled_run(cfg.tf_data_service)).start()
+      input_service.end_stalled_run(cfg.tf_data_service)).start()
   logging.info('training to step %d; SIGTERM or Ctrl-C: checkpoint after the '
                'current step, then stop', parts.plan.total_train_steps)
   try:

@@ -1,4 +1,4 @@
-"""The tf.data service's servers (data_service.py), one per process.
+"""The tf.data service's servers (input_service.py), one per process.
 
   python -m resnet_keras.data.service dispatcher --port 5050 --work_dir /tmp/d
   python -m resnet_keras.data.service worker --dispatcher h2:5050 --port 5051
@@ -16,7 +16,7 @@ from absl import flags
 
 from common import cli
 from common.errors import UsageError
-from resnet_keras.data import data_service
+from resnet_keras.data import input_service
 # pylint: enable=g-import-not-at-top
 
 
@@ -41,14 +41,14 @@ def define_flags(values: flags.FlagValues) -> None:
 
 
 def main(argv):
-  if len(argv) != 2 or argv[1] not in data_service.ROLES:
+  if len(argv) != 2 or argv[1] not in input_service.ROLES:
     raise UsageError('say which server to start: dispatcher or worker')
   values = flags.FLAGS
-  server, ready = data_service.start_server(
+  server, ready = input_service.start_server(
       argv[1], values.port, values.work_dir, values.dispatcher,
       values.worker_address)
   print(ready, flush=True)
-  data_service.serve_until_signalled(server)
+  input_service.serve_until_signalled(server)
 
 
 def run() -> None:

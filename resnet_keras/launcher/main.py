@@ -17,13 +17,13 @@ from absl import flags
 from absl import logging
 
 from common import cli
-from common import data_servers
 from common import launch as launch_lib
 from common import supervisor
 from common.errors import UsageError
 from resnet_keras import flags as flags_lib
 from resnet_keras import recipes
 from resnet_keras.config import RunConfig
+from resnet_keras.launcher import input_servers
 from resnet_keras.launcher import job as job_lib
 from resnet_keras.launcher import kubeflow
 from resnet_keras.launcher import options
@@ -144,7 +144,7 @@ def run(job: job_lib.Job, cfg: LaunchConfig,
   """The job's attempts under the supervisor, with the tf.data service's
   servers running around them; the exit code of the last attempt."""
   attempt = job.first_attempt()
-  running = data_servers.DataServers(list(servers), logging.error)
+  running = input_servers.DataServers(list(servers), logging.error)
   try:
     running.start()
     job.data_servers = running if servers else None

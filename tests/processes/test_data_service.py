@@ -1,4 +1,4 @@
-"""Training input from a tf.data service (resnet_keras/data/data_service.py)
+"""Training input from a tf.data service (resnet_keras/data/input_service.py)
 read by trainers in processes of their own: the servers as the processes
 users start, killed while a trainer reads from them; 2-process jobs and
 mirrored replicas reading one job. (In this process: unit/ and e2e/.)"""
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from resnet_keras.data import data_service
+from resnet_keras.data import input_service
 from tests.support import runner
 from testbed.ports import free_ports
 
@@ -115,7 +115,7 @@ def test_faults_a_lost_worker_a_restarted_dispatcher_the_last_worker(
 
     servers[2].kill()  # The last data worker.
     killed = time.monotonic()
-    assert trainer.wait(timeout=timeout + 60) == data_service.STALLED_EXIT_CODE
+    assert trainer.wait(timeout=timeout + 60) == input_service.STALLED_EXIT_CODE
     assert time.monotonic() - killed < timeout + 30
     last = log.lines[-1].strip()
     assert last.startswith('error: no batch from the tf.data service at '

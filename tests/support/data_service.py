@@ -1,4 +1,4 @@
-"""What the tf.data service tests share (resnet_keras/data/data_service.py):
+"""What the tf.data service tests share (resnet_keras/data/input_service.py):
 a tiny run reading from a service (free ports: testbed/ports.py)."""
 
 from resnet_keras.config import RunConfig

@@ -1,4 +1,4 @@
-"""Training input from a tf.data service (resnet_keras/data/data_service.py),
+"""Training input from a tf.data service (resnet_keras/data/input_service.py),
 in this process: addresses and job names, what a config or pipeline a
 service cannot serve is told, the input watchdog, and in-process servers
 feeding the input fn. (A run through the service: e2e/; the servers as
@@ -13,21 +13,21 @@ import tensorflow as tf
 from common.errors import UsageError
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
-from resnet_keras.data import data_service
+from resnet_keras.data import input_service
 from testbed.ports import free_ports
 from tests.support.data_service import service_config
 
 
 def test_dispatcher_addresses_and_job_names():
-  assert data_service.parse_address('grpc://h2:5050') == ('h2', 5050)
-  assert data_service.parse_address('grpc://10.1.2.3:80/') == ('10.1.2.3', 80)
+  assert input_service.parse_address('grpc://h2:5050') == ('h2', 5050)
+  assert input_service.parse_address('grpc://10.1.2.3:80/') == ('10.1.2.3', 80)
   for bad in ('h2:5050', 'grpc://h2', 'http://h2:5050', 'grpc://:5050',
               'grpc://h2:5050/x', 'grpc://h2:port'):
     with pytest.raises(UsageError, match='give grpc://HOST:PORT'):
-      data_service.parse_address(bad)
+      input_service.parse_address(bad)
   # Every worker of a run agrees on its job; a resume or another image
   # size starts another; a name the user gives is the base.
-  job = lambda base, model_dir, step, size: data_service.job_name(
+  job = lambda base, model_dir, step, size: input_service.job_name(
       base, model_dir, step, size)
   assert job('', '/m/run', 0, 64) == job('', '/m/run/', 0, 64)
   assert job('', '/m/run', 0, 64) != job('', '/m/run', 40, 64)
@@ -50,22 +50,22 @@ def test_config_refuses_what_a_service_cannot_serve(overrides, fragment):
 
 def test_python_in_the_pipeline_is_refused():
   plain = tf.data.Dataset.range(4).map(lambda x: x * 2)
-  data_service.check_servable(plain)
+  input_service.check_servable(plain)
   python = plain.map(lambda x: tf.py_function(lambda v: v, [x], tf.int64))
   with pytest.raises(UsageError, match='calls Python'):
-    data_service.check_servable(python)
+    input_service.check_servable(python)
   nested = plain.interleave(
       lambda x: tf.data.Dataset.from_tensors(x).map(
           lambda y: tf.numpy_function(lambda v: v, [y], tf.int64)))
   with pytest.raises(UsageError, match='calls Python'):
-    data_service.check_servable(nested)
+    input_service.check_servable(nested)
 
 
 def test_no_dispatcher_is_one_line_and_quick():
   port = free_ports(1)[0]
   start = time.monotonic()
   with pytest.raises(UsageError) as raised:
-    data_service.check_reachable(f'grpc://127.0.0.1:{port}', timeout=5)
+    input_service.check_reachable(f'grpc://127.0.0.1:{port}', timeout=5)
   assert time.monotonic() - start < 5
   assert str(raised.value).startswith(
       f'no tf.data service dispatcher at grpc://127.0.0.1:{port} '
@@ -77,7 +77,7 @@ def test_watchdog_ends_only_a_long_wait_for_input():
   waits = {'none': lambda: 0.0, 'short': lambda: time.time() - 0.05,
            'long': lambda: now - 10}
   fired = collections.defaultdict(list)
-  dogs = [data_service.InputWatchdog(1.0, since, fired[name].append,
+  dogs = [input_service.InputWatchdog(1.0, since, fired[name].append,
                                 poll=0.02).start()
           for name, since in waits.items()]
   time.sleep(0.3)
@@ -86,7 +86,7 @@ def test_watchdog_ends_only_a_long_wait_for_input():
   assert not fired['none'] and not fired['short']
   assert len(fired['long']) == 1 and fired['long'][0] >= 10
   # timeout 0: never watches.
-  assert data_service.InputWatchdog(0, waits['long'], None).start()._thread is None
+  assert input_service.InputWatchdog(0, waits['long'], None).start()._thread is None
 
 
 def _colours(batches):
@@ -109,7 +109,7 @@ def test_two_data_workers_serve_different_images(service_records, tmp_path,
                        data_loader_image_type='uint8')
   tf.random.set_seed(7)
   info = datasets.describe(cfg)
-  read = data_service.training_input_fn(cfg, info, 4, start_step=0)
+  read = input_service.training_input_fn(cfg, info, 4, start_step=0)
   first = _colours(read(tf.distribute.InputContext()).take(16))
   assert len(set(first)) > 40, len(set(first))
 
@@ -122,7 +122,7 @@ def test_a_server_that_is_not_a_dispatcher_is_one_line(in_process_service):
   address = f'grpc://{workers[0]._address}'  # pylint: disable=protected-access
   with pytest.raises(UsageError, match='does not answer as a tf.data service '
                      'dispatcher of TensorFlow'):
-    data_service.register(tf.data.Dataset.range(3), address, 'job')
+    input_service.register(tf.data.Dataset.range(3), address, 'job')
 
 
 def test_every_augmentation_is_served_by_a_service_job(service_records,
@@ -141,7 +141,7 @@ def test_every_augmentation_is_served_by_a_service_job(service_records,
                        label_smoothing=0.1)
   tf.random.set_seed(7)
   info = datasets.describe(cfg)
-  read = data_service.training_input_fn(cfg, info, 4, start_step=0)
+  read = input_service.training_input_fn(cfg, info, 4, start_step=0)
   batches = list(read(tf.distribute.InputContext()).take(3))
   for images, targets in batches:
     assert images.dtype == tf.uint8 and images.shape[0] == 4
