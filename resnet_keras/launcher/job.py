@@ -1,36 +1,29 @@
 """A training job across its attempts: the hosts each attempt runs on (all
-of them, or with --min_hosts those that pass a new check), the global batch
-split on them (common/elastic.py), the trainer's command line, and where
-each restart resumes. The supervisor (common/supervisor.py) runs the
-attempts; the placement (placement.py) checks hosts and starts workers.
+of them, or with --min_hosts those that pass a new check: host_checks.py),
+the global batch split on them (common/elastic.py), the trainer's command
+line, and where each restart resumes. The supervisor (common/supervisor.py)
+runs the attempts; the placement (placement.py) checks hosts and starts
+workers.
 """
 
 import contextlib
 import os
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 from absl import logging
 
 from common import elastic
 from common import launch
-from common import preflight
 from common import supervisor
 from common.errors import UsageError
 from resnet_keras import recipes
 from resnet_keras import run_directory
 from resnet_keras.config import RunConfig
+from resnet_keras.launcher import host_checks
 from resnet_keras.launcher import options
-from resnet_keras.launcher import ssh_hosts
-from resnet_keras.launcher.placement import Placement
-
-TRAINER = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
-        __file__)))), 'resnet_ctl_imagenet_main.py')
-
-# (hosts, what they must have, ports that must be free on each).
-Check = Tuple[Sequence[str], preflight.Expected, Dict[str, List[int]]]
+from resnet_keras.launcher.placement import TRAINER, Placement
 
 
 def uses_several_workers(cfg: RunConfig) -> bool:
@@ -88,6 +81,8 @@ class Job:
     self._started = time.time()
     self.data_servers = None  # DataServers, once started.
     self._written = set()  # Files of the attempts (the hostfile).
+    self.host_checks = host_checks.HostChecks(placement, cfg, servers,
+                                              self.min_hosts)
     self._report = None  # The last pre-flight check's preflight.Report.
 
   @property
@@ -127,83 +122,8 @@ class Job:
       yield (f'elastic: on {layout.describe()}{lr}: '
              f'{" ".join(layout.trainer_flags(self._cfg.use_horovod))}')
 
-  def checks(self) -> Tuple[Optional[Check], Optional[Check]]:
-    """(training's check, the data service's check), or None where
-    nothing is checked."""
-    training = service = None
-    placement = self.placement
-    if placement.hosts:
-      ports = {}
-      if (placement.asks_hosts and
-          self._cfg.distribution_strategy == 'multi_worker_mirrored'):
-        tf_config = launch.tf_config_from_env(0, placement.total_workers,
-                                              placement.environ)
-        ports = preflight.ports_by_host(tf_config['cluster']['worker'])
-      training = (placement.hosts,
-                  preflight.expected(TRAINER, self._cfg.use_horovod), ports)
-    if self._servers:
-      ports = {}
-      for server in self._servers:
-        ports.setdefault(server.host, []).append(server.port)
-      service = (list(ports), preflight.expected(TRAINER, False), ports)
-    return training, service
-
-  def check_lines(self) -> List[str]:
-    """The checks, as --dry_run prints them."""
-    training, service = self.checks()
-    lines = []
-    if training:
-      lines += self.placement.check_lines(training[1], training[2])
-    if service:
-      lines += preflight.describe(service[0],
-                                  ssh_hosts.ssh(self.placement.environ)[0],
-                                  service[1], service[2])
-    return lines
-
-  def _preflight(self, restart: bool = False):
-    """Hosts (training's and the data service's) are checked before
-    anything starts on them. Fail-stop (min_hosts = all hosts): every
-    training host must be ready. Elastic: training hosts that fail are left
-    out, each named in one line, as long as `min_hosts` remain. Data service
-    hosts must all be ready at the start; at a `restart` those that fail
-    are named and DataServers.renew leaves them out. Returns the reports of
-    the training hosts and of the data service's (None without one)."""
-    training_check, service_check = checks = self.checks()
-    hosts = self.placement.hosts
-    training = (self.placement.check(*training_check) if training_check else
-                preflight.Report([], 1, tuple(hosts)))
-    service = None
-    if service_check:
-      ssh, port = ssh_hosts.ssh(self.placement.environ)
-      service_hosts, want, ports = service_check
-      service = preflight.check(service_hosts, ssh, want, ports, port)
-    fatal = []
-    if service and restart:
-      for line in service.problems:
-        logging.error('%s', line)
-    elif service:
-      fatal += service.problems
-    if self.min_hosts < len(hosts):
-      for line in training.problems:
-        logging.error('%s: left out of the job', line)
-      if len(training.ready) < self.min_hosts:
-        raise UsageError(
-            f'only {len(training.ready)} of {len(hosts)} hosts pass the '
-            f'pre-flight check ({", ".join(training.ready) or "none"}), '
-            f'fewer than --min_hosts={self.min_hosts}')
-    else:
-      fatal = training.problems + fatal
-    if fatal:
-      for problem in fatal:
-        print(f'error: {problem}', file=sys.stderr)
-      every = sorted({h for check in checks if check for h in check[0]})
-      raise UsageError(f'pre-flight check failed on {len(every)} host(s) '
-                       f'({", ".join(every)})' +
-                       ('' if restart else ': nothing was started'))
-    return training, service
-
   def first_attempt(self) -> supervisor.Attempt:
-    self._report, _ = self._preflight()
+    self._report, _ = self.host_checks.run()
     # --clean applies to the first attempt only: it starts from step 0.
     latest = (None if self._cfg.clean else
               run_directory.latest_checkpoint(self._cfg.model_dir or ''))
@@ -223,7 +143,7 @@ class Job:
 
   def _check_again(self) -> None:
     try:
-      self._report, service = self._preflight(restart=True)
+      self._report, service = self.host_checks.run(restart=True)
       if self.data_servers:
         for line in self.data_servers.renew(service.ready):
           logging.error(line)

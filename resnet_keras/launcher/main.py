@@ -101,7 +101,7 @@ def dry_run(job: job_lib.Job, cfg: RunConfig,
     print(f'data service {server.role} on {server.host}: '
           f'{shlex.join(server.argv)}')
     print(f'  stopped at the end with: {shlex.join(server.stop_argv)}')
-  for line in job.check_lines():
+  for line in job.host_checks.lines():
     print(line)
   if job.is_elastic:
     print('\n'.join(job.describe()))

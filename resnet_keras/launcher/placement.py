@@ -26,6 +26,12 @@ from common import launch
 from common import preflight
 from resnet_keras.launcher.options import LaunchConfig
 
+# The trainer, which every placement starts on each worker (at the same
+# path on every host).
+TRAINER = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
+        __file__)))), 'resnet_ctl_imagenet_main.py')
+
 
 class Placement(abc.ABC):
   """How and where the workers of one launch start."""
