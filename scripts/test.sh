@@ -38,6 +38,11 @@ if [ "$(id -u)" -eq 0 ]; then
   command -v ssh >/dev/null || missing+=(openssh-client)
   command -v iptables >/dev/null || [ -x /usr/sbin/iptables ] || missing+=(iptables)
   command -v nsenter >/dev/null || missing+=(util-linux)
+  # A real Slurm on the same hosts (testbed/slurm.py).
+  [ -x /usr/sbin/slurmctld ] || missing+=(slurmctld)
+  [ -x /usr/sbin/slurmd ] || missing+=(slurmd)
+  command -v srun >/dev/null || missing+=(slurm-client)
+  [ -x /usr/sbin/munged ] || missing+=(munge)
   if [ ${#missing[@]} -gt 0 ]; then
     echo "Installing ${missing[*]} for the multi-host tests"
     apt-get update -qq
