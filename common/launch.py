@@ -37,8 +37,10 @@ FORWARDED_ENV = ('PATH', 'PYTHONPATH', 'LD_LIBRARY_PATH', 'LD_PRELOAD',
 FORWARDED_ENV_PREFIXES = ('TF_', 'HOROVOD_', 'NCCL_', 'OMP_', 'KMP_', 'ONEDNN_',
                           'DNNL_', 'RESNET_KERAS_')
 # Rank and world size as the common MPI launchers publish them.
+# Last, Slurm's, of a task of an srun step (a batch script has no step).
 _RANK_VARS = (('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'),
-              ('PMI_RANK', 'PMI_SIZE'), ('PMIX_RANK', 'PMIX_SIZE'))
+              ('PMI_RANK', 'PMI_SIZE'), ('PMIX_RANK', 'PMIX_SIZE'),
+              ('SLURM_PROCID', 'SLURM_STEP_NUM_TASKS'))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,15 +28,23 @@ from resnet_keras.launcher import job as job_lib
 from resnet_keras.launcher import kubeflow
 from resnet_keras.launcher import options
 from resnet_keras.launcher import presets
+from resnet_keras.launcher import slurm
 from resnet_keras.launcher import ssh_hosts
 from resnet_keras.launcher import this_host
 from resnet_keras.launcher.options import LaunchConfig
 from resnet_keras.launcher.placement import Placement
 
 
-def placement_for(cfg: LaunchConfig, environ: Mapping[str, str]) -> Placement:
+def placement_for(cfg: LaunchConfig, environ: Mapping[str, str],
+                  use_horovod: bool = False) -> Placement:
   """How this launch's workers start, from its options and environment."""
   hosts = launch_lib.parse_hosts(environ.get('MULTI_HLS_IPS'))
+  if cfg.launcher == 'slurm' and not slurm.in_allocation(environ):
+    raise UsageError('--launcher=slurm runs inside a Slurm allocation: '
+                     'submit the launch with sbatch (or run it in salloc)')
+  if cfg.launcher == 'slurm' or (cfg.launcher == 'auto' and
+                                 slurm.in_allocation(environ)):
+    return slurm.Slurm(cfg, environ, hosts, use_horovod)
   if cfg.kubernetes_run:
     return kubeflow.Kubeflow(cfg, environ, hosts)
   if hosts:
@@ -130,8 +138,10 @@ def launch(argv: Sequence[str], values: flags.FlagValues,
   if values.print_config:
     print(recipes.dump(cfg, options.recipe_values(launch_cfg)), end='')
     return 0
-  job = job_lib.Job(placement_for(launch_cfg, environ), cfg, argv, filled,
-                    servers)
+  job = job_lib.Job(placement_for(launch_cfg, environ, cfg.use_horovod), cfg,
+                    argv, filled, servers)
+  if job.placement.headline():
+    logging.info('%s', job.placement.headline())
   if launch_cfg.dry_run:
     dry_run(job, cfg, servers)
     return 0

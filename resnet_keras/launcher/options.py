@@ -41,6 +41,14 @@ class LaunchConfig:
       False,
       'Each rank is already started by an external launcher (e.g. a '
       'Kubeflow MPIJob): run this rank in-process, without mpirun.')
+  launcher: str = option(
+      'auto',
+      'How workers start: slurm: as the tasks of an srun step inside a Slurm '
+      'allocation (sbatch, salloc), on its nodes; ssh: mpirun over ssh on '
+      'the hosts of MULTI_HLS_IPS (or on this host); auto: slurm inside an '
+      'allocation (SLURM_JOB_ID set), ssh otherwise.',
+      choices=('auto', 'ssh', 'slurm'), checked_by_flag=True,
+      in_recipe=False)
   dry_run: bool = option(
       False,
       'Print the command(s), environment, per-worker TF_CONFIG and '

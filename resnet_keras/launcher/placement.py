@@ -45,6 +45,10 @@ class Placement(abc.ABC):
     self.cfg, self.environ = cfg, dict(environ)
     self.hosts = tuple(hosts)  # The planned hosts; empty: this host.
 
+  def headline(self) -> str:
+    """The launcher's first line about where the job runs ('': none)."""
+    return ''
+
   @property
   def total_workers(self) -> int:
     return self.cfg.num_workers_per_hls * max(1, len(self.hosts))

@@ -16,6 +16,7 @@ from resnet_keras.launcher import job as job_lib
 from resnet_keras.launcher import main as launcher
 from resnet_keras.launcher import options
 from resnet_keras.launcher import presets
+from resnet_keras.launcher import slurm
 from resnet_keras.launcher import ssh_hosts
 from resnet_keras.launcher.kubeflow import Kubeflow
 from resnet_keras.launcher.options import LaunchConfig
@@ -147,3 +148,55 @@ def test_an_elastic_restart_shrinks_on_the_hosts_that_pass(tmp_path, caplog,
 def test_ssh_is_as_mpirun_runs_it():
   argv, port = ssh_hosts.ssh({'DOCKER_SSHD_PORT': '4022'})
   assert port == '4022' and argv[:3] == ['ssh', '-p', '4022']
+
+
+@pytest.mark.parametrize('nodelist,nodes', [
+    ('s[1-3,7]', ['s1', 's2', 's3', 's7']),
+    ('a1,b[01-02]', ['a1', 'b01', 'b02']),
+    ('r[1-2]-n[8-10]', ['r1-n8', 'r1-n9', 'r1-n10', 'r2-n8', 'r2-n9',
+                        'r2-n10']),
+    ('node7', ['node7']),
+])
+def test_slurm_node_lists_expand_as_slurm_writes_them(nodelist, nodes):
+  assert slurm.expand_nodelist(nodelist) == nodes
+
+
+def test_slurm_tasks_per_node_and_bad_lists():
+  assert slurm.tasks_per_node('2(x3),1') == [2, 2, 2, 1]
+  assert slurm.tasks_per_node('4') == [4]
+  for bad in ('s[a-b]', 's[1-x]'):
+    with pytest.raises(Exception, match='cannot read the Slurm node list'):
+      slurm.expand_nodelist(bad)
+
+
+ALLOCATION = {'SLURM_JOB_ID': '42', 'SLURM_JOB_NODELIST': 'n[1-3]',
+              'MULTI_HLS_IPS': '192.0.2.9'}
+
+
+def test_inside_an_allocation_workers_start_with_srun(tmp_path):
+  cfg = RunConfig(model_dir=str(tmp_path), use_horovod=True, batch_size=4)
+  placement = slurm.Slurm(LaunchConfig(num_workers_per_hls=2), ALLOCATION,
+                          [], use_horovod=True,
+                          addresses=['10.0.0.1', '10.0.0.2', '10.0.0.3'])
+  assert placement.headline() == 'slurm job 42: 3 nodes x 2 workers'
+  job = job_lib.Job(placement, cfg, ['demo', '--use_horovod'], {}, [])
+  plan = job.command()
+  assert plan.argv[:7] == ['srun', '--nodes=3', '--nodelist=n1,n2,n3',
+                           '--ntasks-per-node=2', '--ntasks=6',
+                           '--kill-on-bad-exit=1',
+                           '--job-name=resnet_keras_train']
+  assert '--mpi=pmix' in plan.argv
+  assert plan.argv[plan.argv.index(job_lib.TRAINER) + 1:] == ['--use_horovod']
+  # The tasks' TF_CONFIG (multi_worker_mirrored) name the nodes' addresses,
+  # not MULTI_HLS_IPS.
+  assert plan.env['MULTI_HLS_IPS'] == '10.0.0.1,10.0.0.2,10.0.0.3'
+  assert not placement.parses_output(plan)
+
+
+def test_the_launcher_option_picks_slurm_or_refuses_outside_it():
+  auto = launcher.placement_for(LaunchConfig(), {**ALLOCATION})
+  assert type(auto) is slurm.Slurm and auto.hosts == ('n1', 'n2', 'n3')
+  assert type(launcher.placement_for(LaunchConfig(launcher='ssh'),
+                                     ALLOCATION)) is SshHosts
+  with pytest.raises(Exception, match='runs inside a Slurm allocation'):
+    launcher.placement_for(LaunchConfig(launcher='slurm'), {})
