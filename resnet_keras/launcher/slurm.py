@@ -106,12 +106,13 @@ class Slurm(placement.Placement):
     self._use_horovod = use_horovod
     self.addresses = list(addresses) if addresses else node_addresses(nodes)
     self.environ['MULTI_HLS_IPS'] = ','.join(self.addresses)
-    allocated = environ.get('SLURM_NTASKS_PER_NODE')
-    if allocated and int(allocated) != cfg.num_workers_per_hls:
-      logging.error('--num_workers_per_hls=%d: %d worker(s) per node, where '
-                    'the allocation asked for --ntasks-per-node=%s',
-                    cfg.num_workers_per_hls, cfg.num_workers_per_hls,
-                    allocated)
+    allocated = environ.get('SLURM_TASKS_PER_NODE')
+    if allocated and set(tasks_per_node(allocated)) != {
+        cfg.num_workers_per_hls}:
+      logging.error('--num_workers_per_hls=%d: %d worker(s) on each node, '
+                    'where the allocation has %s task(s) per node '
+                    '(SLURM_TASKS_PER_NODE)', cfg.num_workers_per_hls,
+                    cfg.num_workers_per_hls, allocated)
 
   def headline(self) -> str:
     return (f'slurm job {self.job_id}: {len(self.hosts)} nodes x '

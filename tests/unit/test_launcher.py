@@ -173,11 +173,14 @@ ALLOCATION = {'SLURM_JOB_ID': '42', 'SLURM_JOB_NODELIST': 'n[1-3]',
               'MULTI_HLS_IPS': '192.0.2.9'}
 
 
-def test_inside_an_allocation_workers_start_with_srun(tmp_path):
+def test_inside_an_allocation_workers_start_with_srun(tmp_path, caplog):
   cfg = RunConfig(model_dir=str(tmp_path), use_horovod=True, batch_size=4)
-  placement = slurm.Slurm(LaunchConfig(num_workers_per_hls=2), ALLOCATION,
+  placement = slurm.Slurm(LaunchConfig(num_workers_per_hls=2),
+                          {**ALLOCATION, 'SLURM_TASKS_PER_NODE': '1(x3)'},
                           [], use_horovod=True,
                           addresses=['10.0.0.1', '10.0.0.2', '10.0.0.3'])
+  assert ('--num_workers_per_hls=2: 2 worker(s) on each node, where the '
+          'allocation has 1(x3) task(s) per node') in caplog.text
   assert placement.headline() == 'slurm job 42: 3 nodes x 2 workers'
   job = job_lib.Job(placement, cfg, ['demo', '--use_horovod'], {}, [])
   plan = job.command()
