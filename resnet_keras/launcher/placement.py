@@ -6,6 +6,7 @@ per way, each in a module of its own.
                  before anything starts (common/preflight.py)
   kubeflow.py    an external launcher (a Kubeflow MPIJob) started this rank:
                  run it in-process
+  slurm.py       the tasks of an srun step, inside a Slurm allocation
 
 A Placement says which hosts a job may use, which of them are ready now,
 and the command (argv, environment, files) that starts an attempt's
