@@ -32,6 +32,7 @@ from common.errors import NON_FINITE_EXIT_CODE, UsageError
 RESTARTS_VAR = 'RESNET_KERAS_RESTARTS'
 RESUME_STEP_VAR = 'RESNET_KERAS_RESUME_STEP'
 ATTEMPT_VARS = (RESTARTS_VAR, RESUME_STEP_VAR)
+SLURM_RESTART_COUNT_VAR = 'SLURM_RESTART_COUNT'
 # Exit codes of failures a rerun cannot fix: bad input and a non-finite loss.
 NOT_RETRIED_EXIT_CODES = (UsageError.exit_code, NON_FINITE_EXIT_CODE)
 _TAIL_LINES = 400
@@ -312,6 +313,18 @@ def _signal_session(session_id: int, sig: int) -> None:
 def restart_count(environ: Mapping[str, str]) -> int:
   """How many times the launcher restarted this job before this attempt."""
   return int(environ.get(RESTARTS_VAR, '0') or 0)
+
+
+def requeues(environ: Mapping[str, str]) -> int:
+  """How many times Slurm requeued this job before (SLURM_RESTART_COUNT):
+  the batch script, and the launcher in it, run again from the start."""
+  return int(environ.get(SLURM_RESTART_COUNT_VAR, '0') or 0)
+
+
+def earlier_attempts(environ: Mapping[str, str]) -> int:
+  """Attempts of this job before this one: the launcher's restarts and
+  the scheduler's requeues. --clean applies only where there were none."""
+  return restart_count(environ) + requeues(environ)
 
 
 def resume_step(environ: Mapping[str, str]) -> Optional[int]:

@@ -51,8 +51,9 @@ orbit.controller._log = logging.debug  # pylint: disable=protected-access
 def prepare_model_dir(model_dir: str, clean: bool, restarts: int = 0) -> None:
   """Applies --clean and checks model_dir is a writable directory.
 
-  --clean applies to a launch's first attempt only: a restarted one
-  (`restarts` > 0) resumes from the checkpoints the first one wrote.
+  --clean applies to a job's first attempt only: a restarted or requeued
+  one (`restarts` > 0 earlier attempts) resumes from the checkpoints the
+  first one wrote.
   """
   if clean and restarts:
     logging.info('--clean: not applied to restart %d of this job, which '
@@ -115,7 +116,7 @@ def _set_up(cfg: RunConfig) -> assembly.Basis:
   backend = basis.backend
   if backend.is_chief:
     prepare_model_dir(cfg.model_dir, cfg.clean,
-                      supervisor.restart_count(os.environ))
+                      supervisor.earlier_attempts(os.environ))
   else:
     logging.info('worker %d: logging warnings only; the chief (worker 0) '
                  'logs the run', backend.worker_index)

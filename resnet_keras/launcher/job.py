@@ -124,9 +124,14 @@ class Job:
 
   def first_attempt(self) -> supervisor.Attempt:
     self._report, _ = self.host_checks.run()
-    # --clean applies to the first attempt only: it starts from step 0.
-    latest = (None if self._cfg.clean else
+    # --clean applies to the job's first attempt only: it starts from step
+    # 0. A job the scheduler requeued resumes, whatever its script says.
+    requeues = supervisor.requeues(self.placement.environ)
+    latest = (None if self._cfg.clean and not requeues else
               run_directory.latest_checkpoint(self._cfg.model_dir or ''))
+    if requeues:
+      logging.error('requeued %d time(s) by the scheduler: %s', requeues,
+                    elastic.resuming(latest and latest.step))
     return self._attempt(latest and latest.step, lost=0.0)
 
   def replan(self, failure: supervisor.Failure) -> supervisor.Attempt:

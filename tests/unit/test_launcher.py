@@ -203,3 +203,15 @@ def test_the_launcher_option_picks_slurm_or_refuses_outside_it():
                                      ALLOCATION)) is SshHosts
   with pytest.raises(Exception, match='runs inside a Slurm allocation'):
     launcher.placement_for(LaunchConfig(launcher='slurm'), {})
+
+
+def test_a_requeued_job_resumes_whatever_its_script_says(tmp_path, caplog):
+  """Slurm runs a requeued job's batch script again, --clean and all:
+  the launcher resumes at the last checkpoint (and the trainer keeps
+  model_dir: supervisor.earlier_attempts)."""
+  job = _job(tmp_path, LaunchConfig(),
+             {'SLURM_RESTART_COUNT': '1'}, clean=True)
+  _write_checkpoint_state(tmp_path / 'model', 8)
+  job.first_attempt()
+  assert 'requeued 1 time(s) by the scheduler: resuming at step 8' in \
+      caplog.text

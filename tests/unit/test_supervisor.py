@@ -199,6 +199,10 @@ def test_negative_max_restarts_is_a_usage_error():
 def test_restart_count_comes_from_the_environment():
   assert supervisor.restart_count({}) == 0
   assert supervisor.restart_count({supervisor.RESTARTS_VAR: '2'}) == 2
+  assert supervisor.earlier_attempts({}) == 0
+  # A job Slurm requeued runs its script again: those attempts count too.
+  assert supervisor.earlier_attempts({supervisor.RESTARTS_VAR: '1',
+                                      'SLURM_RESTART_COUNT': '2'}) == 3
   assert supervisor.resume_step({}) is None
   assert supervisor.resume_step({supervisor.RESUME_STEP_VAR: ''}) is None
   assert supervisor.resume_step({supervisor.RESUME_STEP_VAR: '0'}) == 0
