@@ -101,8 +101,7 @@ class Job:
     if layout:
       hosts = list(layout.hosts)
       extra_env['MULTI_HLS_IPS'] = ','.join(hosts)
-    workers = launch_cfg.num_workers_per_hls * max(1, len(hosts))
-    if workers > 1:
+    if self.placement.workers_on(hosts) > 1:
       extra_env.update(launch.failure_env(launch_cfg.failure_timeout,
                                           self._cfg.use_horovod))
     if launch_cfg.horovod_hierarchical_allreduce:

@@ -52,16 +52,12 @@ def placement_for(cfg: LaunchConfig, environ: Mapping[str, str],
   return this_host.ThisHost(cfg, environ, hosts)
 
 
-def fill_in_settings(values: flags.FlagValues,
-                     environ: Mapping[str, str]) -> Dict[str, object]:
-  """Applies --config's recipe, then the optimizer preset, to `values`;
-  returns the trainer settings they filled in (the command line gave the
-  rest; neither replaces a value given there, in any spelling, and a preset
-  never replaces a recipe's value)."""
-  recipe = flags_lib.apply_config(
-      values, allowed=flags_lib.RUN_CONFIG_KEYS | set(options.RECIPE_KEYS))
-  hosts = launch_lib.parse_hosts(environ.get('MULTI_HLS_IPS'))
-  total_workers = values.num_workers_per_hls * max(1, len(hosts))
+def apply_preset(values: flags.FlagValues, recipe: Dict[str, object],
+                 total_workers: int) -> Dict[str, object]:
+  """Applies the optimizer preset for a job of `total_workers` to `values`
+  where neither the command line nor `recipe` (what --config filled in)
+  gave a value, in any spelling; returns the trainer settings the two
+  filled in."""
   preset = recipes.apply(
       values, presets.preset(values.optimizer, total_workers),
       f'--optimizer={values.optimizer} preset', flags_lib.RUN_CONFIG_KEYS,
@@ -129,8 +125,13 @@ def launch(argv: Sequence[str], values: flags.FlagValues,
   """Launches the job `argv` (the launcher's command line, parsed into
   `values`) describes; its exit code (its last attempt's)."""
   environ = dict(environ)
-  filled = fill_in_settings(values, environ)
+  recipe = flags_lib.apply_config(  # The launcher's recipe keys too.
+      values, allowed=flags_lib.RUN_CONFIG_KEYS | set(options.RECIPE_KEYS))
   launch_cfg = options.from_flags(values)
+  # The preset's learning rate depends on the workers the placement gives
+  # (a Slurm allocation's nodes, MULTI_HLS_IPS's hosts, this host).
+  placement = placement_for(launch_cfg, environ, values.use_horovod)
+  filled = apply_preset(values, recipe, placement.total_workers)
   if launch_cfg.data_service_hosts:
     _point_at_data_service(values, launch_cfg, filled)
   servers = data_service_servers(launch_cfg, environ)
@@ -138,21 +139,22 @@ def launch(argv: Sequence[str], values: flags.FlagValues,
   if values.print_config:
     print(recipes.dump(cfg, options.recipe_values(launch_cfg)), end='')
     return 0
-  job = job_lib.Job(placement_for(launch_cfg, environ, cfg.use_horovod), cfg,
-                    argv, filled, servers)
-  if job.placement.headline():
-    logging.info('%s', job.placement.headline())
+  job = job_lib.Job(placement, cfg, argv, filled, servers)
+  if placement.headline():
+    logging.info('%s', placement.headline())
   if launch_cfg.dry_run:
     dry_run(job, cfg, servers)
     return 0
-  _check_tools(job.command(), cfg)
-  return run(job, launch_cfg, servers)
+  plan = job.command()
+  _check_tools(plan, cfg)
+  return run(job, launch_cfg, servers, placement.parses_output(plan))
 
 
 def run(job: job_lib.Job, cfg: LaunchConfig,
-        servers: Sequence[launch_lib.DataServer]) -> int:
-  """The job's attempts under the supervisor, with the tf.data service's
-  servers running around them; the exit code of the last attempt."""
+        servers: Sequence[launch_lib.DataServer], parse_output: bool) -> int:
+  """The job's attempts under the supervisor (`parse_output`: it reads
+  their output to name a failure), with the tf.data service's servers
+  running around them; the exit code of the last attempt."""
   attempt = job.first_attempt()
   running = input_servers.DataServers(list(servers), logging.error)
   try:
@@ -161,7 +163,7 @@ def run(job: job_lib.Job, cfg: LaunchConfig,
     exit_code = supervisor.Supervisor(
         attempt, max_restarts=cfg.max_restarts,
         workers_per_host=cfg.num_workers_per_hls,
-        parse_output=job.placement.parses_output(job.command()),
+        parse_output=parse_output,
         log=logging.error, replan=job.replan,
         abort_grace=cfg.failure_timeout).run()
   finally:

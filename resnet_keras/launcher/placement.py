@@ -52,7 +52,11 @@ class Placement(abc.ABC):
 
   @property
   def total_workers(self) -> int:
-    return self.cfg.num_workers_per_hls * max(1, len(self.hosts))
+    return self.workers_on(self.hosts)
+
+  def workers_on(self, hosts: Sequence[str]) -> int:
+    """The workers of an attempt on `hosts` (empty: this host)."""
+    return self.cfg.num_workers_per_hls * max(1, len(hosts))
 
   def check(self, hosts: Sequence[str], want: preflight.Expected,
             ports: Mapping[str, Sequence[int]]) -> preflight.Report:
@@ -90,8 +94,7 @@ class Placement(abc.ABC):
                              hosts: Sequence[str], extra_env: Dict[str, str],
                              hosts_per_machine: int) -> launch.Launch:
     """One worker in all: the program itself; more: mpirun on `hosts`."""
-    workers = self.cfg.num_workers_per_hls * max(1, len(hosts))
-    if workers == 1:
+    if self.workers_on(hosts) == 1:
       return launch.Launch(argv=list(trainer_argv), env=extra_env, files={},
                            notes=[])
     hostfile = os.path.join(tempfile.gettempdir(),

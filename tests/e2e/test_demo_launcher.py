@@ -92,6 +92,16 @@ def test_multi_worker_horovod_uses_mpirun_and_the_large_batch_lr():
       forwarded) or platform.machine().lower() not in ('x86_64', 'amd64')
 
 
+def test_in_a_slurm_allocation_the_preset_counts_its_nodes():
+  # 3 nodes x 1 worker: the several-workers LARS rate, and srun, not mpirun.
+  out = dry_run(['--optimizer', 'LARS', '-ds', 'multi_worker_mirrored',
+                 '-bs', '12'], env={'SLURM_JOB_ID': '5',
+                                    'SLURM_JOB_NODELIST': 'n[1-3]'})
+  argv = command_of(out)
+  assert argv[:3] == ['srun', '--nodes=3', '--nodelist=n1,n2,n3']
+  assert values_of(trainer_args(argv), 'base_learning_rate') == ['9.5']
+
+
 def test_multi_host_dry_run_contacts_nobody_and_prints_tf_configs():
   env = {'MULTI_HLS_IPS': '192.0.2.1,192.0.2.2', 'TF_BASE_PORT': '7000'}
   out = dry_run(['-ds', 'multi_worker_mirrored', '--num_workers_per_hls', '2',
