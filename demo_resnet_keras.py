@@ -10,6 +10,8 @@
       --num_workers_per_hls 8 --optimizer LARS
   python demo_resnet_keras.py ... --data_service_hosts h2,h3  # remote input
   python demo_resnet_keras.py ... --dry_run   # print the command, run nothing
+  python demo_resnet_keras.py ... --dry_run --launcher=slurm --slurm_nodes 4 \\
+      > job.sh                                # an sbatch script for the launch
 
 Every flag of resnet_ctl_imagenet_main.py is accepted and forwarded as typed.
 --config NAME (resnet_keras/configs/NAME.yaml) fills in a recipe's values,

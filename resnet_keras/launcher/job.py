@@ -30,12 +30,8 @@ def uses_several_workers(cfg: RunConfig) -> bool:
   return cfg.use_horovod or cfg.distribution_strategy == 'multi_worker_mirrored'
 
 
-def trainer_command(argv: Sequence[str], cfg: RunConfig,
-                    filled: Dict[str, object], total_workers: int,
-                    layout: Optional[elastic.Layout] = None) -> List[str]:
-  """The trainer's argv: the launcher's command line less its own flags,
-  then the settings a recipe or preset filled in; `layout`: an elastic
-  job's batch split, when it is not the command line's."""
+def check_workers(cfg: RunConfig, total_workers: int) -> None:
+  """That the trainer's settings can run on `total_workers` workers."""
   if total_workers > 1 and not uses_several_workers(cfg):
     raise UsageError(
         f'{total_workers} workers need a multi-worker backend: add '
@@ -45,6 +41,15 @@ def trainer_command(argv: Sequence[str], cfg: RunConfig,
         f'--batch_size={cfg.batch_size} is the global batch under '
         f'tf.distribute and must be a multiple of the {total_workers} '
         f'workers; use e.g. --batch_size={total_workers * max(1, cfg.batch_size // total_workers)}')
+
+
+def trainer_command(argv: Sequence[str], cfg: RunConfig,
+                    filled: Dict[str, object], total_workers: int,
+                    layout: Optional[elastic.Layout] = None) -> List[str]:
+  """The trainer's argv: the launcher's command line less its own flags,
+  then the settings a recipe or preset filled in; `layout`: an elastic
+  job's batch split, when it is not the command line's."""
+  check_workers(cfg, total_workers)
   forwarded = options.strip(argv[1:])
   if layout:
     forwarded = launch.strip_flags(forwarded, (), elastic.BATCH_FLAGS)

@@ -4,6 +4,8 @@ Parsed flags -> the trainer's settings a recipe (--config) and the
 optimizer preset fill in -> LaunchConfig and RunConfig -> the placement
 (how workers start) -> the Job -> --print_config, --dry_run, or the
 supervised attempts with the tf.data service's servers around them.
+--dry_run --launcher=slurm outside an allocation prints a batch script
+instead, once the flags are checked for the workers it asks for.
 """
 
 import importlib.util
@@ -41,7 +43,8 @@ def placement_for(cfg: LaunchConfig, environ: Mapping[str, str],
   hosts = launch_lib.parse_hosts(environ.get('MULTI_HLS_IPS'))
   if cfg.launcher == 'slurm' and not slurm.in_allocation(environ):
     raise UsageError('--launcher=slurm runs inside a Slurm allocation: '
-                     'submit the launch with sbatch (or run it in salloc)')
+                     'submit the launch with sbatch (--dry_run prints a '
+                     'batch script for it) or run it in salloc')
   if cfg.launcher == 'slurm' or (cfg.launcher == 'auto' and
                                  slurm.in_allocation(environ)):
     return slurm.Slurm(cfg, environ, hosts, use_horovod)
@@ -111,6 +114,24 @@ def dry_run(job: job_lib.Job, cfg: RunConfig,
     print('\n'.join(job.describe()))
 
 
+def print_batch_script(argv: Sequence[str], values: flags.FlagValues,
+                       recipe: Dict[str, object], cfg: LaunchConfig,
+                       environ: Mapping[str, str]) -> None:
+  """Prints the sbatch script that makes the launch `argv` describes. Its
+  flags are checked here as the launch inside the allocation will check
+  them, so that a bad one fails now rather than once the job is scheduled."""
+  slurm.refuse_data_service(cfg)
+  nodes = (cfg.slurm_nodes or
+           len(launch_lib.parse_hosts(environ.get('MULTI_HLS_IPS'))) or 1)
+  total_workers = nodes * cfg.num_workers_per_hls
+  apply_preset(values, recipe, total_workers)
+  job_lib.check_workers(flags_lib.config_from_flags(values), total_workers)
+  cores = launch_lib.cores_per_worker(launch_lib.physical_core_count(),
+                                      cfg.num_workers_per_hls)
+  print(slurm.batch_script(argv, cfg, nodes, max(1, cores), sys.executable,
+                           os.path.dirname(job_lib.TRAINER)), end='')
+
+
 def _check_tools(plan: launch_lib.Launch, cfg: RunConfig) -> None:
   if plan.argv[0] == 'mpirun' and not shutil.which('mpirun'):
     cli.fail('mpirun not found; install OpenMPI (apt-get install openmpi-bin '
@@ -128,6 +149,9 @@ def launch(argv: Sequence[str], values: flags.FlagValues,
   recipe = flags_lib.apply_config(  # The launcher's recipe keys too.
       values, allowed=flags_lib.RUN_CONFIG_KEYS | set(options.RECIPE_KEYS))
   launch_cfg = options.from_flags(values)
+  if slurm.prints_batch_script(launch_cfg, environ):
+    print_batch_script(argv, values, recipe, launch_cfg, environ)
+    return 0
   # The preset's learning rate depends on the workers the placement gives
   # (a Slurm allocation's nodes, MULTI_HLS_IPS's hosts, this host).
   placement = placement_for(launch_cfg, environ, values.use_horovod)

@@ -49,6 +49,11 @@ class LaunchConfig:
       'allocation (SLURM_JOB_ID set), ssh otherwise.',
       choices=('auto', 'ssh', 'slurm'), checked_by_flag=True,
       in_recipe=False)
+  slurm_nodes: int = option(
+      0,
+      'The nodes the batch script that --dry_run --launcher=slurm prints '
+      'outside an allocation asks for (0: the hosts of MULTI_HLS_IPS, or 1).',
+      within='>= 0', in_recipe=False)
   dry_run: bool = option(
       False,
       'Print the command(s), environment, per-worker TF_CONFIG and '

@@ -8,9 +8,15 @@ rank (SLURM_PROCID of SLURM_STEP_NUM_TASKS, common/launch.py) and the
 nodes' addresses, which the launcher passes as MULTI_HLS_IPS (Slurm's
 NodeAddr: a node's name need not resolve). Horovod's ranks are started by
 `srun --mpi=pmix` (OpenMPI takes its rank from PMIx).
+
+Outside an allocation, --dry_run --launcher=slurm prints the batch script
+(`batch_script`) that submits the launch with sbatch. The tf.data service's
+servers start over ssh, which an allocation does not give between its
+nodes: under Slurm --data_service_hosts is refused, with what to do instead.
 """
 
 import re
+import shlex
 import subprocess
 from typing import Dict, List, Mapping, Optional, Sequence
 
@@ -27,6 +33,60 @@ _BRACKETS = re.compile(r'^([^\[]*)\[([^\]]*)\](.*)$')
 
 def in_allocation(environ: Mapping[str, str]) -> bool:
   return bool(environ.get(JOB_ID_VAR))
+
+
+def prints_batch_script(cfg: LaunchConfig, environ: Mapping[str, str]) -> bool:
+  """Whether the launch prints a batch script (--dry_run --launcher=slurm
+  outside an allocation) instead of planning or running its workers."""
+  prints = (cfg.dry_run and cfg.launcher == 'slurm' and
+            not in_allocation(environ))
+  if cfg.slurm_nodes and in_allocation(environ):
+    raise UsageError(f'--slurm_nodes={cfg.slurm_nodes}: inside a Slurm '
+                     f'allocation ({JOB_ID_VAR}={environ[JOB_ID_VAR]}) the '
+                     'nodes are the allocation\'s; drop --slurm_nodes')
+  if cfg.slurm_nodes and not prints:
+    raise UsageError(f'--slurm_nodes={cfg.slurm_nodes} sets the nodes of the '
+                     'batch script that --dry_run --launcher=slurm prints: '
+                     'add both, or drop --slurm_nodes')
+  return prints
+
+
+def refuse_data_service(cfg: LaunchConfig) -> None:
+  if cfg.data_service_hosts:
+    raise UsageError(
+        '--data_service_hosts starts the tf.data service over ssh, which a '
+        'Slurm allocation does not give between its nodes: start the service '
+        'outside the job (python -m resnet_keras.data.service dispatcher, and '
+        'worker on each data host; docs/multi_host.md) and pass its address '
+        'with --tf_data_service grpc://HOST:PORT, or run with --launcher=ssh '
+        'on hosts that allow ssh')
+
+
+def batch_script(argv: Sequence[str], cfg: LaunchConfig, nodes: int,
+                 cpus_per_task: int, python: str, repo_dir: str) -> str:
+  """The sbatch script that makes the launch `argv` (the launcher's command
+  line, --dry_run and all) on `nodes` nodes: the launcher again, inside the
+  allocation, with `python` from `repo_dir`."""
+  launcher_argv = launch.strip_flags(argv[1:], ('dry_run',),
+                                     ('slurm_nodes', 'launcher'))
+  command = [python, 'demo_resnet_keras.py', *launcher_argv,
+             '--launcher=slurm']
+  return '\n'.join([
+      '#!/bin/bash',
+      '#SBATCH --job-name=resnet_keras',
+      f'#SBATCH --nodes={nodes}',
+      f'#SBATCH --ntasks-per-node={cfg.num_workers_per_hls}',
+      '# This host\'s physical cores per worker: set it to the compute '
+      'nodes\'.',
+      f'#SBATCH --cpus-per-task={cpus_per_task}',
+      '#SBATCH --signal=USR1@120',
+      '#SBATCH --requeue',
+      '# A requeued job appends to its output instead of truncating it.',
+      '#SBATCH --open-mode=append',
+      '#SBATCH --output=resnet_keras-%j.out',
+      f'cd {shlex.quote(repo_dir)}',
+      f'exec {shlex.join(command)}',
+  ]) + '\n'
 
 
 def expand_nodelist(nodelist: str) -> List[str]:
@@ -96,6 +156,7 @@ class Slurm(placement.Placement):
   def __init__(self, cfg: LaunchConfig, environ: Mapping[str, str],
                hosts: Sequence[str], use_horovod: bool,
                addresses: Optional[Sequence[str]] = None):
+    refuse_data_service(cfg)
     nodes = expand_nodelist(environ.get('SLURM_JOB_NODELIST', ''))
     if not nodes:
       raise UsageError(f'{JOB_ID_VAR} is set but SLURM_JOB_NODELIST names no '

@@ -7,9 +7,13 @@ import json
 import os
 import platform
 import shlex
+import subprocess
+import sys
 
 import pytest
 
+from common import launch as launch_lib
+from resnet_keras.launcher import slurm
 from tests.support import runner
 
 
@@ -100,6 +104,72 @@ def test_in_a_slurm_allocation_the_preset_counts_its_nodes():
   argv = command_of(out)
   assert argv[:3] == ['srun', '--nodes=3', '--nodelist=n1,n2,n3']
   assert values_of(trainer_args(argv), 'base_learning_rate') == ['9.5']
+
+
+# Outside any allocation, whatever the environment the tests run in.
+NO_ALLOCATION = {'SLURM_JOB_ID': '', 'MULTI_HLS_IPS': ''}
+
+
+def test_outside_an_allocation_a_slurm_dry_run_prints_a_batch_script():
+  args = ['--dry_run', '--launcher=slurm', '--slurm_nodes=3',
+          '--num_workers_per_hls=2', '-ds', 'multi_worker_mirrored',
+          '-bs', '12', '--optimizer', 'LARS', '-md', '/shared/my runs']
+  result = launch(args, env=NO_ALLOCATION)
+  assert result.returncode == 0, result.stderr
+  script = result.stdout
+  directives = [l for l in script.splitlines() if l.startswith('#SBATCH')]
+  cpus = max(1, launch_lib.physical_core_count() // 2)
+  assert directives == [
+      '#SBATCH --job-name=resnet_keras', '#SBATCH --nodes=3',
+      '#SBATCH --ntasks-per-node=2', f'#SBATCH --cpus-per-task={cpus}',
+      '#SBATCH --signal=USR1@120', '#SBATCH --requeue',
+      '#SBATCH --open-mode=append', '#SBATCH --output=resnet_keras-%j.out']
+  assert script.splitlines()[0] == '#!/bin/bash'
+  assert f'cd {shlex.quote(runner.REPO_ROOT)}' in script.splitlines()
+  assert shlex.split(script.splitlines()[-1]) == [
+      'exec', sys.executable, 'demo_resnet_keras.py',
+      '--num_workers_per_hls=2', '-ds', 'multi_worker_mirrored', '-bs', '12',
+      '--optimizer', 'LARS', '-md', '/shared/my runs', '--launcher=slurm']
+  syntax = subprocess.run(['bash', '-n'], input=script, text=True,
+                          capture_output=True, check=False)
+  assert syntax.returncode == 0, syntax.stderr
+  # MULTI_HLS_IPS's hosts are the nodes by default; the script leaves the
+  # variable out (Slurm gives the nodes).
+  hosts = {**NO_ALLOCATION, 'MULTI_HLS_IPS': '192.0.2.1,192.0.2.2'}
+  script = launch(['--dry_run', '--launcher', 'slurm', '-ds',
+                   'multi_worker_mirrored'], env=hosts).stdout
+  assert '#SBATCH --nodes=2' in script and '192.0.2.1' not in script
+  # The flags are checked for the workers the script asks for.
+  runner.assert_one_line_error(launch(args[:6] + ['-bs', '8'],
+                                      env=NO_ALLOCATION),
+                               'must be a multiple of the 6 workers')
+  runner.assert_one_line_error(
+      launch(args[1:], env=NO_ALLOCATION),
+      '--slurm_nodes=3 sets the nodes of the batch script')
+  runner.assert_one_line_error(
+      launch(['--launcher=slurm', '-md', '/shared/r'], env=NO_ALLOCATION),
+      '--launcher=slurm runs inside a Slurm allocation', 'sbatch')
+
+
+def _no_scontrol(nodes):
+  raise AssertionError(f'scontrol asked about {nodes}')
+
+
+@pytest.mark.parametrize('args,env', [
+    (['--launcher=slurm'], NO_ALLOCATION),  # The batch script.
+    ([], {'SLURM_JOB_ID': '7', 'SLURM_JOB_NODELIST': 's[1-2]'}),
+    (['--launcher=slurm'], {'SLURM_JOB_ID': '7',
+                            'SLURM_JOB_NODELIST': 's[1-2]'}),
+])
+def test_under_slurm_the_data_service_hosts_are_refused_in_one_line(
+    args, env, monkeypatch):
+  # Refused before the nodes' addresses are asked of scontrol.
+  monkeypatch.setattr(slurm, 'node_addresses', _no_scontrol)
+  result = launch(['--dry_run', '--data_service_hosts', 'h2'] + args, env=env)
+  runner.assert_one_line_error(
+      result, '--data_service_hosts starts the tf.data service over ssh',
+      'python -m resnet_keras.data.service', '--tf_data_service',
+      '--launcher=ssh')
 
 
 def test_multi_host_dry_run_contacts_nobody_and_prints_tf_configs():

@@ -4,6 +4,7 @@ gets, the commands a job builds and where its restarts resume, called in
 this process without starting anything."""
 
 import os
+import re
 import sys
 
 import pytest
@@ -203,6 +204,55 @@ def test_the_launcher_option_picks_slurm_or_refuses_outside_it():
                                      ALLOCATION)) is SshHosts
   with pytest.raises(Exception, match='runs inside a Slurm allocation'):
     launcher.placement_for(LaunchConfig(launcher='slurm'), {})
+
+
+def test_the_batch_script_runs_the_launch_again_inside_the_allocation():
+  argv = ['demo_resnet_keras.py', '--dry_run', '--launcher', 'slurm',
+          '--slurm_nodes=3', '-ds', 'multi_worker_mirrored',
+          '--num_workers_per_hls=2', '-md', '/shared/my runs']
+  script = slurm.batch_script(argv, LaunchConfig(num_workers_per_hls=2), 3,
+                              4, '/usr/bin/python3', '/opt/resnet keras')
+  assert script == """\
+#!/bin/bash
+#SBATCH --job-name=resnet_keras
+#SBATCH --nodes=3
+#SBATCH --ntasks-per-node=2
+# This host's physical cores per worker: set it to the compute nodes'.
+#SBATCH --cpus-per-task=4
+#SBATCH --signal=USR1@120
+#SBATCH --requeue
+# A requeued job appends to its output instead of truncating it.
+#SBATCH --open-mode=append
+#SBATCH --output=resnet_keras-%j.out
+cd '/opt/resnet keras'
+exec /usr/bin/python3 demo_resnet_keras.py -ds multi_worker_mirrored \
+--num_workers_per_hls=2 -md '/shared/my runs' --launcher=slurm
+"""
+
+
+@pytest.mark.parametrize('launch_cfg,environ,error', [
+    (LaunchConfig(slurm_nodes=2, launcher='slurm'), {},
+     '--slurm_nodes=2 sets the nodes of the batch script that --dry_run '
+     '--launcher=slurm prints: add both'),
+    (LaunchConfig(slurm_nodes=2, dry_run=True), {},
+     '--slurm_nodes=2 sets the nodes'),
+    (LaunchConfig(slurm_nodes=2, dry_run=True, launcher='slurm'), ALLOCATION,
+     '--slurm_nodes=2: inside a Slurm allocation (SLURM_JOB_ID=42) the nodes '
+     'are the allocation\'s'),
+])
+def test_slurm_nodes_only_where_a_batch_script_is_printed(launch_cfg, environ,
+                                                          error):
+  with pytest.raises(Exception, match=re.escape(error)):
+    slurm.prints_batch_script(launch_cfg, environ)
+
+
+def test_which_launches_print_a_batch_script():
+  script = LaunchConfig(dry_run=True, launcher='slurm', slurm_nodes=2)
+  assert slurm.prints_batch_script(script, {})
+  assert not slurm.prints_batch_script(LaunchConfig(dry_run=True), {})
+  assert not slurm.prints_batch_script(
+      LaunchConfig(dry_run=True, launcher='slurm'), ALLOCATION)
+  assert not slurm.prints_batch_script(LaunchConfig(launcher='slurm'), {})
 
 
 def test_a_requeued_job_resumes_whatever_its_script_says(tmp_path, caplog):
