@@ -120,6 +120,11 @@ class Backend:
     counts = self._count_flags(tf.constant(flags)).numpy()
     return tuple(bool(count > 0) for count in counts)
 
+  def wait_for_all(self) -> None:
+    """Returns once every worker has called it (a collective)."""
+    if self.num_workers > 1:
+      self.any_worker(False)
+
   @functools.cached_property
   def _count_flags(self):
     # Called eagerly (after every loop), strategy.run under

@@ -5,6 +5,8 @@ and exit with the exception's status. Messages name what to fix (the flag,
 the file, the allowed values), not what went wrong inside the program.
 """
 
+import signal
+
 
 class UsageError(Exception):
   """A problem with the user's input (flags, files, directories); exit 2."""
@@ -14,6 +16,13 @@ class UsageError(Exception):
 # A run stopped by a non-finite loss or weight (guards.py); the launcher
 # never retries it.
 NON_FINITE_EXIT_CODE = 3
+
+# A scheduler's warning before it takes the nodes (Slurm's --signal, sent
+# ahead of a time limit or a preemption): the workers save at the next
+# step and exit with the shell's code for it, which tells the launcher the
+# job is to be resumed elsewhere, not restarted where it is.
+WARNING_SIGNAL = signal.SIGUSR1
+STOPPED_AT_WARNING_EXIT_CODE = 128 + WARNING_SIGNAL
 
 
 class RunStopped(Exception):

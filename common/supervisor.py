@@ -22,7 +22,8 @@ import threading
 import time
 from typing import Callable, Deque, List, Mapping, Optional, Sequence
 
-from common.errors import NON_FINITE_EXIT_CODE, UsageError
+from common.errors import (NON_FINITE_EXIT_CODE, STOPPED_AT_WARNING_EXIT_CODE,
+                           WARNING_SIGNAL, UsageError)
 
 # What the supervisor tells each attempt's workers (mpirun forwards both):
 # how many times the job was restarted before it, and the step of the
@@ -37,12 +38,17 @@ SLURM_RESTART_COUNT_VAR = 'SLURM_RESTART_COUNT'
 NOT_RETRIED_EXIT_CODES = (UsageError.exit_code, NON_FINITE_EXIT_CODE)
 _TAIL_LINES = 400
 
+# srun's word when Slurm found a node of the step down.
+_NODE_FAILURE = re.compile(r'Node failure on (\S+)')
 _RANK_SIGNAL = re.compile(
     r'process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)')
 _RANK_EXIT = re.compile(r'Process name:\s+\[\[\d+,\d+\],(\d+)\]')
 _EXIT_CODE = re.compile(r'Exit code:\s+(\d+)')
 _LOST_DAEMON = re.compile(r'Remote daemon:\s+\[\[\d+,\d+\],\d+\] on node (\S+)')
 _HOST_OF_RANK = re.compile(r'on node (\S+)')
+# srun's line for each task that exits with an error, the first one first.
+_TASK_EXIT = re.compile(r'srun: error: (\S+): task (\d+): Exited with exit '
+                        r'code (\d+)')
 # ssh's word when a host's processes (its sshd session among them) die.
 _SSH_CLOSED = re.compile(r'Connection to (\S+) closed by remote host')
 # An MPI rank whose peer vanished (OpenMPI's TCP transport).
@@ -60,6 +66,9 @@ class Failure:
   exit_code: int
   cause: str  # One phrase: what was lost.
   retry: bool  # Whether starting the job again can help.
+  # The exit code of the rank that ended first, where the output names it:
+  # mpirun and srun end the others, which then exit otherwise.
+  first_exit_code: Optional[int] = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +91,11 @@ def describe_failure(exit_code: int, output: Sequence[str],
   this host only), to name the ranks on a lost host.
   """
   text = '\n'.join(output)
+  node = _NODE_FAILURE.search(text)
+  if node:
+    return Failure(exit_code, f'Slurm lost node {node.group(1)}'
+                   f'{_ranks_on(node.group(1), hosts, workers_per_host)}: it '
+                   'went down or its network failed', retry=True)
   lost = _LOST_DAEMON.search(text) or _SSH_CLOSED.search(text)
   if lost:
     host = lost.group(1)
@@ -102,13 +116,19 @@ def describe_failure(exit_code: int, output: Sequence[str],
                    'there died or its network failed', retry=True)
   first = _RANK_EXIT.search(text)
   code = _EXIT_CODE.search(text)
-  if first and code:
-    rank, rank_code = int(first.group(1)), int(code.group(1))
-    host = _HOST_OF_RANK.search(text[first.end():])
-    where = f' on host {host.group(1)}' if host else ''
+  task = _TASK_EXIT.search(text)
+  if (first and code) or task:
+    if task:
+      host, rank, rank_code = task.group(1), *map(int, task.groups()[1:])
+    else:
+      rank, rank_code = int(first.group(1)), int(code.group(1))
+      host = _HOST_OF_RANK.search(text[first.end():])
+      host = host and host.group(1)
+    where = f' on host {host}' if host else ''
     return Failure(exit_code, f'rank {rank}{where} exited with code '
                    f'{rank_code}{_meaning(rank_code)}',
-                   retry=rank_code not in NOT_RETRIED_EXIT_CODES)
+                   retry=rank_code not in NOT_RETRIED_EXIT_CODES,
+                   first_exit_code=rank_code)
   return Failure(exit_code, f'the job exited with code {exit_code}'
                  f'{_meaning(exit_code)}',
                  retry=exit_code not in NOT_RETRIED_EXIT_CODES)
@@ -138,6 +158,17 @@ def _meaning(exit_code: int) -> str:
   if 128 < exit_code <= 128 + 64:
     return f' ({_signal_name(exit_code - 128)})'
   return ''
+
+
+def _lost_node(output: Sequence[str], failure: Failure) -> str:
+  """Slurm ends a job that lost a node with a signal to its batch script
+  (the launcher): the node srun named, if that is why."""
+  if not _NODE_FAILURE.search('\n'.join(output)):
+    return ''
+  return (f': {failure.cause}; Slurm ends the job (and requeues it where it '
+          'may: it resumes at the last checkpoint); sbatch --no-kill keeps a '
+          'job that loses a node, and --max_restarts restarts it on the '
+          'nodes left')
 
 
 def advice(failure: Failure, restarts_left: int) -> str:
@@ -182,7 +213,7 @@ class Supervisor:
   def run(self) -> int:
     """The job's exit code (that of its last attempt)."""
     previous = {sig: signal.signal(sig, self._forward)
-                for sig in (signal.SIGTERM, signal.SIGINT)}
+                for sig in (signal.SIGTERM, signal.SIGINT, WARNING_SIGNAL)}
     try:
       return self._attempts()
     finally:
@@ -196,12 +227,16 @@ class Supervisor:
       exit_code, tail = self._run_once(restarts)
       if exit_code == 0:
         return 0
-      if self._stopped_by is not None:  # The user stopped us: never retried.
-        self._log(f'job stopped by {_signal_name(self._stopped_by)} to the '
-                  f'launcher (exit {exit_code})')
-        return exit_code
       failure = describe_failure(exit_code, tail, self._attempt.hosts,
                                  self._workers_per_host)
+      # A scheduler's warning: the workers saved; the caller has the job
+      # resumed where the scheduler says, it is not restarted here.
+      if STOPPED_AT_WARNING_EXIT_CODE in (exit_code, failure.first_exit_code):
+        return STOPPED_AT_WARNING_EXIT_CODE
+      if self._stopped_by is not None:  # The user stopped us: never retried.
+        self._log(f'job stopped by {_signal_name(self._stopped_by)} to the '
+                  f'launcher (exit {exit_code})' + _lost_node(tail, failure))
+        return exit_code
       left = self._max_restarts - restarts if failure.retry else 0
       self._log(f'job failed after {time.monotonic() - started:.0f} s (exit '
                 f'{exit_code}): {failure.cause}; {advice(failure, left)}')
@@ -268,7 +303,8 @@ class Supervisor:
         return
 
   def _forward(self, signum, frame):  # pylint: disable=unused-argument
-    self._stopped_by = signum
+    if signum != WARNING_SIGNAL:  # The workers stop at it and save.
+      self._stopped_by = signum
     if self._job is not None and self._job.poll() is None:
       self._job.send_signal(signum)
 

@@ -25,10 +25,12 @@ import tensorflow as tf
 from absl import logging
 
 from common import distribution
-from common.errors import NON_FINITE_EXIT_CODE, RunStopped
+from common.errors import NON_FINITE_EXIT_CODE, WARNING_SIGNAL, RunStopped
 from resnet_keras.metrics import LOOP_RECORD
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGTERM and Ctrl-C: save and stop; the scheduler's warning: the same, and
+# the launcher then has the job resumed elsewhere (common/errors.py).
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, WARNING_SIGNAL)
 
 
 class SignalReceived(Exception):
@@ -40,7 +42,8 @@ class SignalReceived(Exception):
 
   @property
   def exit_code(self) -> int:
-    return 128 + self.signum  # The shell's convention: 143 TERM, 130 INT.
+    # The shell's convention: 143 TERM, 130 INT, 138 the warning (USR1).
+    return 128 + self.signum
 
 
 def non_finite_step(losses: np.ndarray, first_step: int) -> Optional[int]:
@@ -103,9 +106,8 @@ class LoopGuard:
     self._any_worker = any_worker
     self._last_checkpoint = last_checkpoint
     self._dtype = dtype
-    self._signum = None
+    self._received = set()  # The stop signals that arrived.
     self._previous = {}
-    self._stop_pending = False
     self._wakeup = None  # (read end, write end, the wakeup fd it replaced)
     self._orbit_filter = _ShortLoopWarning(stopped_early)
 
@@ -134,22 +136,24 @@ class LoopGuard:
   def stop_requested(self) -> bool:
     """Whether a stop signal arrived; safe to call from any thread (the
     train loop polls it through tf.py_function before each step)."""
-    if self._wakeup and not self._stop_pending:
+    if self._wakeup:
       try:
         received = os.read(self._wakeup[0], 64)
       except BlockingIOError:
         received = b''
-      self._stop_pending = any(signum in _SIGNALS for signum in received)
-    return self._stop_pending
+      self._received.update(s for s in received if s in _SIGNALS)
+    return bool(self._received)
 
   def _on_signal(self, signum, frame):
     del frame
     logging.warning('received %s: stopping after the current step',
                     signal.Signals(signum).name)
-    self._signum = signum
-    self._stop_pending = True
-    # A second signal acts as it would without us (e.g. a hard Ctrl-C).
-    signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+    self._received.add(signum)
+    # A second signal acts as it would without us (e.g. a hard Ctrl-C); a
+    # warning may come twice (to the step and through the launcher) and
+    # must not end the save it asked for.
+    if signum != WARNING_SIGNAL:
+      signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
 
   def __call__(self, output) -> None:
     loop = output[LOOP_RECORD]
@@ -163,14 +167,22 @@ class LoopGuard:
       # their own batch-norm statistics, and a signal reaches one worker:
       # both verdicts are combined in one collective, so no worker stops
       # alone while the others wait in the next one.
-      weights_bad, signalled = self._any_worker(not loop.weights_finite,
-                                                self.stop_requested())
+      # Which signal, too: each worker's arrives at its own time, and all
+      # must stop for the same one (their exit codes tell the launcher
+      # whether to resume the job elsewhere).
+      self.stop_requested()
+      terminate = self._received - {WARNING_SIGNAL}
+      weights_bad, terminated, warned = self._any_worker(
+          not loop.weights_finite, bool(terminate),
+          WARNING_SIGNAL in self._received)
       if weights_bad:
         last_step = loop.first_step + len(loop.losses) - 1
         problem = (f'a weight or batch-norm statistic is non-finite after '
                    f'step {last_step} (the losses were finite)')
-      elif signalled or loop.stopped_early:
-        raise SignalReceived(self._signum or signal.SIGTERM)
+      elif terminated or warned or loop.stopped_early:
+        raise SignalReceived(
+            min(terminate) if terminate else
+            WARNING_SIGNAL if warned and not terminated else signal.SIGTERM)
     if problem:
       raise RunStopped(non_finite_message(problem, self._last_checkpoint(),
                                           self._dtype),

@@ -26,12 +26,14 @@ import orbit
 import tensorflow as tf
 from absl import logging
 
+from common import distribution
 from common import supervisor
 from resnet_keras import assembly
 from resnet_keras import ema as ema_lib
 from resnet_keras import guards
 from resnet_keras import metrics
 from resnet_keras import reporting
+from resnet_keras import scheduler
 from resnet_keras import schedules
 from resnet_keras import start as start_lib
 from resnet_keras import tracking
@@ -142,6 +144,7 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
     start_lib.write_run_files(
         start, cfg, parts.plan, basis.runtime_record,
         world.shape(backend.num_workers, parts.plan, os.environ))
+    scheduler.record_start(cfg.model_dir, os.environ, start.step)
     reports.resume_at(start.step)
   parts.guard.install()
   watchdog = input_service.InputWatchdog(
@@ -153,8 +156,8 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
   try:
     if reports.profiler:
       reports.profiler()  # the first loop may be the window's
-    outcome = _train_and_evaluate(cfg, parts, controller, reports, start,
-                                  started)
+    outcome = _train_and_evaluate(cfg, backend, parts, controller, reports,
+                                  start, started)
   except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
     error = _data_error(cfg, basis.info, e)
     if error is None:
@@ -167,7 +170,8 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
   return outcome, reports.logger
 
 
-def _train_and_evaluate(cfg: RunConfig, parts: assembly.Parts,
+def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
+                        parts: assembly.Parts,
                         controller: orbit.Controller,
                         reports: reporting.Reporting, start: start_lib.Start,
                         started: float) -> reporting.Outcome:
@@ -191,6 +195,12 @@ def _train_and_evaluate(cfg: RunConfig, parts: assembly.Parts,
         path = manager.save(checkpoint_number=step)
         logging.info('saved checkpoint at step %d after signal (%s)', step,
                      path)
+      if backend.is_chief:
+        scheduler.record_stop(cfg.model_dir, os.environ, str(stop), step)
+      # No worker exits before the chief's checkpoint is written: a
+      # scheduler (srun --kill-on-bad-exit, mpirun) ends the job's other
+      # processes when one exits with an error.
+      backend.wait_for_all()
       raise RunStopped(f'stopped by {stop} at step {step}; rerun the same '
                        'command to resume', stop.exit_code) from None
     step = outcome.step = int(optimizer.iterations.numpy())

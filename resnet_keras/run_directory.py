@@ -8,6 +8,8 @@ serving/contract.py.
                          machine: what the checkpoints are checkpoints of
                          (checkpoints.py; every tool rebuilds the run from it)
   world_sizes.json       the job's shape from each start (world.py)
+  scheduler.json         each start of a Slurm job, and the signal that
+                         stopped it (scheduler.py)
   warm_start.json        where a warm start began (start.py)
   metrics.jsonl          one record per log line and evaluation (metrics.py)
   run_summary.json       what the run did (reporting.py); other workers'
@@ -39,6 +41,7 @@ from typing import Optional
 
 CONFIG_FILE = 'config.json'
 WORLD_FILE = 'world_sizes.json'
+SCHEDULER_FILE = 'scheduler.json'
 WARM_START_FILE = 'warm_start.json'
 METRICS_FILE = 'metrics.jsonl'
 SUMMARY_FILE = 'run_summary.json'

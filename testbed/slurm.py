@@ -63,7 +63,7 @@ class SlurmCluster:
     for host in self.cluster.hosts:
       self._processes.append(self._daemon(
           host, ['slurmd', '-D', '-N', host.name], f'{host.name}.out', env))
-    self._wait_until_idle(timeout)
+    self.wait_until_idle(timeout)
     return self
 
   def _daemon(self, host, argv, log, env) -> subprocess.Popen:
@@ -106,7 +106,7 @@ class SlurmCluster:
         env={**os.environ, **self.env}, capture_output=True, text=True,
         timeout=timeout)
 
-  def _wait_until_idle(self, timeout: float) -> None:
+  def wait_until_idle(self, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     want = f'idle {len(self.cluster.hosts)}'
     while True:

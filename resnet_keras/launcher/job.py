@@ -73,7 +73,7 @@ class Job:
       raise UsageError('--min_hosts needs several hosts in MULTI_HLS_IPS')
     if self.min_hosts > len(hosts):
       raise UsageError(f'--min_hosts={self.min_hosts} is more than the '
-                       f'{len(hosts)} hosts of MULTI_HLS_IPS')
+                       f'{len(hosts)} hosts of {placement.hosts_source}')
     self.planned = elastic.planned_layout(
         hosts, launch_cfg.num_workers_per_hls, cfg.batch_size,
         cfg.num_accumulation_steps, cfg.use_horovod)
@@ -138,12 +138,17 @@ class Job:
                     elastic.resuming(latest and latest.step))
     return self._attempt(latest and latest.step, lost=0.0)
 
+  def saved_step(self) -> Optional[int]:
+    """The step of model_dir's last checkpoint (None: none)."""
+    latest = run_directory.latest_checkpoint(self._cfg.model_dir or '')
+    return latest and latest.step
+
   def replan(self, failure: supervisor.Failure) -> supervisor.Attempt:
     """The next attempt: on the hosts that pass a new check (an elastic job,
     or one with a tf.data service; the same hosts otherwise), resuming at
     model_dir's last checkpoint, which the trainer is told to expect."""
     del failure  # Every host is checked again, whatever failed.
-    if self.is_elastic or self._servers:
+    if self.is_elastic or self._servers or self.placement.checks_at_restart:
       self._check_again()
     latest = run_directory.latest_checkpoint(self._cfg.model_dir or '')
     since = latest.written if latest else self._started

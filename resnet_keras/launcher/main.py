@@ -20,8 +20,9 @@ from absl import logging
 
 from common import cli
 from common import launch as launch_lib
+from common import slurm as slurm_env
 from common import supervisor
-from common.errors import UsageError
+from common.errors import STOPPED_AT_WARNING_EXIT_CODE, UsageError
 from resnet_keras import flags as flags_lib
 from resnet_keras import recipes
 from resnet_keras.config import RunConfig
@@ -41,12 +42,12 @@ def placement_for(cfg: LaunchConfig, environ: Mapping[str, str],
                   use_horovod: bool = False) -> Placement:
   """How this launch's workers start, from its options and environment."""
   hosts = launch_lib.parse_hosts(environ.get('MULTI_HLS_IPS'))
-  if cfg.launcher == 'slurm' and not slurm.in_allocation(environ):
+  if cfg.launcher == 'slurm' and not slurm_env.in_allocation(environ):
     raise UsageError('--launcher=slurm runs inside a Slurm allocation: '
                      'submit the launch with sbatch (--dry_run prints a '
                      'batch script for it) or run it in salloc')
   if cfg.launcher == 'slurm' or (cfg.launcher == 'auto' and
-                                 slurm.in_allocation(environ)):
+                                 slurm_env.in_allocation(environ)):
     return slurm.Slurm(cfg, environ, hosts, use_horovod)
   if cfg.kubernetes_run:
     return kubeflow.Kubeflow(cfg, environ, hosts)
@@ -193,6 +194,8 @@ def run(job: job_lib.Job, cfg: LaunchConfig,
   finally:
     running.stop()
     job.remove_files()
+  if exit_code == STOPPED_AT_WARNING_EXIT_CODE:
+    return job.placement.stopped_at_warning(job.saved_step())
   if exit_code and running.lost_hosts():
     logging.error('the tf.data service lost its servers on %s during the '
                   'job: restart them there (or drop them from '

@@ -69,7 +69,8 @@ class LaunchConfig:
       within='>= 0', in_recipe=False)
   min_hosts: int = option(
       0,
-      'Elastic job: the fewest MULTI_HLS_IPS hosts it may go on with (0: '
+      'Elastic job: the fewest hosts (of MULTI_HLS_IPS, or a Slurm '
+      'allocation\'s nodes) it may go on with (0: '
       'all of them, fail-stop). At start a host that fails the pre-flight '
       'check is left out, named; after a failure a rerun can fix (up to '
       '--max_restarts times) every host is checked again and the job '

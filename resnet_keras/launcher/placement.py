@@ -21,10 +21,13 @@ import abc
 import json
 import os
 import tempfile
-from typing import Dict, List, Mapping, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from absl import logging
 
 from common import launch
 from common import preflight
+from common.errors import STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL
 from resnet_keras.launcher.options import LaunchConfig
 
 # The trainer, which every placement starts on each worker (at the same
@@ -40,6 +43,10 @@ class Placement(abc.ABC):
   # Whether `check` asks the hosts over the network: the job then also
   # names the ports the workers will listen on, for them to be checked free.
   asks_hosts = False
+  hosts_source = 'MULTI_HLS_IPS'  # Where the hosts come from, for messages.
+  # Whether a fail-stop job checks its hosts again before a restart (an
+  # elastic job always does).
+  checks_at_restart = False
 
   def __init__(self, cfg: LaunchConfig, environ: Mapping[str, str],
                hosts: Sequence[str]):
@@ -80,8 +87,16 @@ class Placement(abc.ABC):
 
   def parses_output(self, plan: launch.Launch) -> bool:
     """Whether the supervisor reads `plan`'s output to name a failure
-    (mpirun's account of a lost rank or host)."""
-    return plan.argv[0] == 'mpirun'
+    (mpirun's account of a lost rank or host, srun's of a lost node)."""
+    return plan.argv[0] in ('mpirun', 'srun')
+
+  def stopped_at_warning(self, step: Optional[int]) -> int:
+    """The workers saved at `step` and stopped at a scheduler's warning
+    signal (common/errors.py): what follows, and the launch's exit code."""
+    logging.error('the workers stopped at %s (a scheduler\'s warning) and '
+                  'saved at step %s: rerun the same command to resume there',
+                  WARNING_SIGNAL.name, step)
+    return STOPPED_AT_WARNING_EXIT_CODE
 
   def tf_configs(self, total_workers: int) -> List[str]:
     """multi_worker_mirrored: each rank's TF_CONFIG, as --dry_run shows

@@ -9,40 +9,42 @@ nodes' addresses, which the launcher passes as MULTI_HLS_IPS (Slurm's
 NodeAddr: a node's name need not resolve). Horovod's ranks are started by
 `srun --mpi=pmix` (OpenMPI takes its rank from PMIx).
 
+What Slurm does it keeps doing: it notices a lost node (srun's "Node
+failure on X", which the supervisor names), and sends the warning signal
+(--signal) to the workers, which save and stop; the launcher then requeues
+the job (`stopped_at_warning`). A job submitted with --no-kill keeps its
+other nodes: each restart runs on those it still holds (`check`), as an
+elastic job with --min_hosts.
+
 Outside an allocation, --dry_run --launcher=slurm prints the batch script
 (`batch_script`) that submits the launch with sbatch. The tf.data service's
 servers start over ssh, which an allocation does not give between its
 nodes: under Slurm --data_service_hosts is refused, with what to do instead.
 """
 
-import re
 import shlex
-import subprocess
-from typing import Dict, List, Mapping, Optional, Sequence
+import signal
+from typing import Dict, Mapping, Optional, Sequence
 
 from absl import logging
 
 from common import launch
-from common.errors import UsageError
+from common import preflight
+from common import slurm
+from common.errors import (STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL,
+                           UsageError)
 from resnet_keras.launcher import placement
 from resnet_keras.launcher.options import LaunchConfig
-
-JOB_ID_VAR = 'SLURM_JOB_ID'
-_BRACKETS = re.compile(r'^([^\[]*)\[([^\]]*)\](.*)$')
-
-
-def in_allocation(environ: Mapping[str, str]) -> bool:
-  return bool(environ.get(JOB_ID_VAR))
-
 
 def prints_batch_script(cfg: LaunchConfig, environ: Mapping[str, str]) -> bool:
   """Whether the launch prints a batch script (--dry_run --launcher=slurm
   outside an allocation) instead of planning or running its workers."""
   prints = (cfg.dry_run and cfg.launcher == 'slurm' and
-            not in_allocation(environ))
-  if cfg.slurm_nodes and in_allocation(environ):
+            not slurm.in_allocation(environ))
+  if cfg.slurm_nodes and slurm.in_allocation(environ):
     raise UsageError(f'--slurm_nodes={cfg.slurm_nodes}: inside a Slurm '
-                     f'allocation ({JOB_ID_VAR}={environ[JOB_ID_VAR]}) the '
+                     f'allocation ({slurm.JOB_ID_VAR}='
+                     f'{environ[slurm.JOB_ID_VAR]}) the '
                      'nodes are the allocation\'s; drop --slurm_nodes')
   if cfg.slurm_nodes and not prints:
     raise UsageError(f'--slurm_nodes={cfg.slurm_nodes} sets the nodes of the '
@@ -89,86 +91,31 @@ def batch_script(argv: Sequence[str], cfg: LaunchConfig, nodes: int,
   ]) + '\n'
 
 
-def expand_nodelist(nodelist: str) -> List[str]:
-  """Slurm's compressed host list ('s[1-3,7]', 'a1,b[01-02]',
-  'r[1-2]-n[1-2]') as the node names, in order."""
-  nodes = []
-  for item in _top_level_items(nodelist):
-    match = _BRACKETS.match(item)
-    if not match:
-      nodes.append(item)
-      continue
-    prefix, ranges, rest = match.groups()
-    for number in _numbers(ranges, nodelist):
-      nodes += expand_nodelist(prefix + number + rest)
-  return nodes
-
-
-def _top_level_items(nodelist: str) -> List[str]:
-  items, depth, start = [], 0, 0
-  for i, char in enumerate(nodelist):
-    depth += {'[': 1, ']': -1}.get(char, 0)
-    if char == ',' and depth == 0:
-      items.append(nodelist[start:i])
-      start = i + 1
-  items.append(nodelist[start:])
-  return [item for item in items if item]
-
-
-def _numbers(ranges: str, nodelist: str) -> List[str]:
-  numbers = []
-  for part in ranges.split(','):
-    first, _, last = part.partition('-')
-    if not first.isdigit() or (last and not last.isdigit()):
-      raise UsageError(f'cannot read the Slurm node list {nodelist!r}')
-    # Slurm pads each number to the width of the range's first.
-    numbers += [str(n).zfill(len(first))
-                for n in range(int(first), int(last or first) + 1)]
-  return numbers
-
-
-def tasks_per_node(value: str) -> List[int]:
-  """SLURM_TASKS_PER_NODE ('2(x3),1') as one count per node."""
-  counts = []
-  for part in value.split(','):
-    match = re.fullmatch(r'(\d+)(?:\(x(\d+)\))?', part.strip())
-    if not match:
-      raise UsageError(f'cannot read SLURM_TASKS_PER_NODE={value!r}')
-    counts += [int(match.group(1))] * int(match.group(2) or 1)
-  return counts
-
-
-def node_addresses(nodes: Sequence[str]) -> List[str]:
-  """Each node's address as Slurm knows it (its NodeAddr)."""
-  try:
-    answer = subprocess.run(['scontrol', 'show', 'node', ','.join(nodes)],
-                            capture_output=True, text=True, timeout=60)
-  except (OSError, subprocess.TimeoutExpired):
-    return list(nodes)  # Their names, then, as a dry run away from Slurm.
-  found = dict(re.findall(r'NodeName=(\S+).*?NodeAddr=(\S+)', answer.stdout,
-                          re.S))
-  return [found.get(node, node) for node in nodes]
-
-
 class Slurm(placement.Placement):
   """The allocation's nodes; `cfg.num_workers_per_hls` tasks on each."""
+
+  # Each restart asks Slurm which nodes the job still holds (one scontrol).
+  checks_at_restart = True
 
   def __init__(self, cfg: LaunchConfig, environ: Mapping[str, str],
                hosts: Sequence[str], use_horovod: bool,
                addresses: Optional[Sequence[str]] = None):
     refuse_data_service(cfg)
-    nodes = expand_nodelist(environ.get('SLURM_JOB_NODELIST', ''))
+    nodes = slurm.expand_nodelist(environ.get('SLURM_JOB_NODELIST', ''))
     if not nodes:
-      raise UsageError(f'{JOB_ID_VAR} is set but SLURM_JOB_NODELIST names no '
-                       'node: run inside an sbatch or salloc allocation')
+      raise UsageError(f'{slurm.JOB_ID_VAR} is set but SLURM_JOB_NODELIST '
+                       'names no node: run inside an sbatch or salloc '
+                       'allocation')
     del hosts  # The allocation's nodes, not MULTI_HLS_IPS.
     super().__init__(cfg, environ, nodes)
-    self.job_id = environ[JOB_ID_VAR]
+    self.job_id = environ[slurm.JOB_ID_VAR]
+    self.hosts_source = f'slurm job {self.job_id}'
     self._use_horovod = use_horovod
-    self.addresses = list(addresses) if addresses else node_addresses(nodes)
+    self.addresses = (list(addresses) if addresses else
+                      slurm.node_addresses(nodes))
     self.environ['MULTI_HLS_IPS'] = ','.join(self.addresses)
     allocated = environ.get('SLURM_TASKS_PER_NODE')
-    if allocated and set(tasks_per_node(allocated)) != {
+    if allocated and set(slurm.tasks_per_node(allocated)) != {
         cfg.num_workers_per_hls}:
       logging.error('--num_workers_per_hls=%d: %d worker(s) on each node, '
                     'where the allocation has %s task(s) per node '
@@ -196,5 +143,29 @@ class Slurm(placement.Placement):
     return launch.Launch(argv=argv + list(trainer_argv), env=env, files={},
                          notes=[])
 
-  def parses_output(self, plan: launch.Launch) -> bool:
-    return False
+  def check(self, hosts: Sequence[str], want: preflight.Expected,
+            ports: Mapping[str, Sequence[int]]) -> preflight.Report:
+    """The nodes of `hosts` the job still holds: a job submitted with
+    --no-kill runs on without a node that failed."""
+    del want, ports
+    held = slurm.job_nodes(self.job_id)
+    if held is None:  # Slurm cannot tell: srun will.
+      return preflight.Report([], 1, tuple(hosts))
+    return preflight.Report(
+        [f'node {node}: no longer in slurm job {self.job_id} (Slurm took '
+         'it out: it failed)' for node in hosts if node not in held],
+        1, tuple(node for node in hosts if node in held))
+
+  def stopped_at_warning(self, step: Optional[int]) -> int:
+    """Slurm's warning (#SBATCH --signal, scancel --signal): the job goes
+    back in the queue, and resumes at `step` when Slurm starts it again."""
+    # Requeueing ends this batch script with SIGTERM: the line comes first.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    refused = slurm.requeue(self.job_id)
+    logging.error(
+        'slurm job %s signalled (%s): the workers saved at step %s and '
+        'stopped; %s', self.job_id, WARNING_SIGNAL.name, step,
+        f'not requeued ({refused}): resubmit the batch script to resume there'
+        if refused else 'requeued (scontrol requeue): it resumes there when '
+        'Slurm starts it again')
+    return STOPPED_AT_WARNING_EXIT_CODE

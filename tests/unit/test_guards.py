@@ -95,3 +95,31 @@ def test_a_signal_while_a_function_traces_logs_and_stops(caplog):
     assert 'received SIGTERM: stopping after the current step' in caplog.text
   finally:
     guard.uninstall()
+
+
+@pytest.mark.parametrize('others,code', [
+    ((False, False, True), 138),  # Another worker had the warning first.
+    ((False, True, True), 143),  # SIGTERM anywhere: a stop, not a requeue.
+])
+def test_every_worker_stops_for_the_signal_the_job_received(others, code):
+  """A signal reaches each worker at its own time; the verdict is combined
+  over them (here: what the other workers add), so all exit alike."""
+  guard = guards.LoopGuard(
+      any_worker=lambda *flags: tuple(a or b for a, b in zip(flags, others)),
+      last_checkpoint=lambda: None, dtype='fp32', stopped_early=lambda: True)
+  with pytest.raises(guards.SignalReceived) as stop:
+    guard(_loop([1.0], stopped_early=True))
+  assert stop.value.exit_code == code
+
+
+def test_a_repeated_warning_does_not_end_the_save_it_asked_for():
+  guard = _guard()
+  guard.install()
+  try:
+    signal.raise_signal(signal.SIGUSR1)
+    signal.raise_signal(signal.SIGUSR1)  # Also through the launcher.
+    with pytest.raises(guards.SignalReceived) as stop:
+      guard(_loop([1.0]))
+    assert stop.value.exit_code == 138
+  finally:
+    guard.uninstall()

@@ -73,6 +73,58 @@ def test_without_mpirun_output_the_exit_code_is_the_cause():
   assert supervisor.describe_failure(137, [], [], 1).retry
 
 
+# srun's account of a step whose node failed, and of one whose task 1
+# exited first (the others ended by --kill-on-bad-exit), as Slurm 22.05
+# prints them.
+SRUN_NODE_FAILURE = '''\
+srun: error: Node failure on s3
+srun: error: s1: task 0: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=2.0
+srun: error: s2: task 1: Killed'''
+SRUN_TASK_EXIT = '''\
+error: stopped by SIGUSR1 at step 7; rerun the same command to resume
+srun: error: s2: task 1: Exited with exit code 138
+srun: launch/slurm: _step_signal: Terminating StepId=2.0
+srun: error: s1: task 0: Terminated'''
+
+
+def test_srun_names_the_lost_node_and_the_first_task_to_exit():
+  nodes = ['s1', 's2', 's3']
+  lost = supervisor.describe_failure(137, SRUN_NODE_FAILURE.splitlines(),
+                                     nodes, 1)
+  assert lost.cause.startswith('Slurm lost node s3 (rank 2): it went down')
+  assert lost.retry
+  first = supervisor.describe_failure(143, SRUN_TASK_EXIT.splitlines(),
+                                      nodes, 1)
+  assert first.cause == 'rank 1 on host s2 exited with code 138 (SIGUSR1 (10))'
+  assert first.first_exit_code == 138
+
+
+def test_workers_stopped_at_the_warning_are_neither_failed_nor_restarted(
+    tmp_path):
+  """srun's exit code is that of the tasks it ended (143); its first task
+  stopped at the scheduler's warning: the caller has the job resumed."""
+  script = (f'print({SRUN_TASK_EXIT!r}, flush=True)\n'
+            'import sys; sys.exit(143)')
+  code, lines = _supervise(tmp_path, script, max_restarts=2)
+  assert code == supervisor.STOPPED_AT_WARNING_EXIT_CODE == 138
+  assert lines == []
+
+
+def test_a_node_failure_that_ends_the_job_is_named_in_the_stop_line(
+    tmp_path):
+  """Slurm ends a job that lost a node (without --no-kill) with SIGTERM to
+  its batch script, the launcher: its last line names the node."""
+  script = (f'import os, signal, time\nprint({SRUN_NODE_FAILURE!r}, '
+            'flush=True)\nos.kill(os.getppid(), signal.SIGTERM)\n'
+            'time.sleep(60)')
+  code, lines = _supervise(tmp_path, script, max_restarts=2)
+  assert code == 143
+  assert lines[-1].startswith('job stopped by SIGTERM (15) to the launcher '
+                              '(exit 143): Slurm lost node s3')
+  assert 'sbatch --no-kill' in lines[-1]
+
+
 def _supervise(tmp_path, script, max_restarts, replan=None,
                parse_output=True, abort_grace=0):
   lines = []

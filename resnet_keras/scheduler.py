@@ -1,0 +1,72 @@
+"""A scheduled run's account: under Slurm the chief records, in
+model_dir/scheduler.json, each start of the job (its job id, the nodes,
+how many times Slurm had requeued it, the step it starts at) and the
+signal that stopped an attempt and the step it saved at, so that
+run_summary.json names the scheduler, the job, its nodes and every
+requeue. Outside a Slurm job nothing is written.
+"""
+
+import json
+import os
+import time
+from typing import Dict, List, Mapping, Optional
+
+from common import slurm
+from common import supervisor
+from common.files import write_json_atomically
+from resnet_keras import run_directory
+
+
+def read(model_dir: str) -> List[Dict]:
+  """The recorded starts, oldest first."""
+  try:
+    with open(os.path.join(model_dir, run_directory.SCHEDULER_FILE)) as f:
+      return json.load(f)
+  except FileNotFoundError:
+    return []
+
+
+def _write(model_dir: str, starts: List[Dict]) -> None:
+  write_json_atomically(os.path.join(model_dir, run_directory.SCHEDULER_FILE),
+                        starts)
+
+
+def record_start(model_dir: str, environ: Mapping[str, str],
+                 step: int) -> None:
+  """Appends this start of a Slurm job (nothing outside one)."""
+  if not slurm.in_allocation(environ):
+    return
+  _write(model_dir, read(model_dir) + [{
+      'scheduler': 'slurm',
+      'job_id': environ[slurm.JOB_ID_VAR],
+      'requeues': supervisor.requeues(environ),
+      'restarts': supervisor.restart_count(environ),
+      'nodes': slurm.step_nodes(environ),
+      'step': step,
+      'started': time.strftime('%Y-%m-%dT%H:%M:%S%z'),
+  }])
+
+
+def record_stop(model_dir: str, environ: Mapping[str, str], signal_name: str,
+                step: int) -> None:
+  """Adds to this start's record the signal that stopped it and the step
+  it saved at."""
+  starts = read(model_dir)
+  if not slurm.in_allocation(environ) or not starts:
+    return
+  starts[-1].update(stopped_by=signal_name, saved_at_step=step)
+  _write(model_dir, starts)
+
+
+def summary(model_dir: str, environ: Mapping[str, str]) -> Optional[Dict]:
+  """run_summary.json's 'scheduler': this job and its nodes, and each start
+  Slurm requeued it for (with where the start before it stopped)."""
+  if not slurm.in_allocation(environ):
+    return None
+  starts = [s for s in read(model_dir)
+            if s['job_id'] == environ[slurm.JOB_ID_VAR]]
+  return {'name': 'slurm',
+          'job_id': environ[slurm.JOB_ID_VAR],
+          'nodes': slurm.step_nodes(environ),
+          'requeues': supervisor.requeues(environ),
+          'starts': starts}

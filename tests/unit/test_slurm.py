@@ -1,0 +1,79 @@
+"""What a Slurm job tells its processes (common/slurm.py), read without a
+Slurm, and the trainer's record of a scheduled run (scheduler.py). The
+real Slurm: multihost/test_slurm.py."""
+
+import pytest
+
+from common import slurm
+from resnet_keras import scheduler
+
+
+@pytest.mark.parametrize('nodelist,nodes', [
+    ('s[1-3,7]', ['s1', 's2', 's3', 's7']),
+    ('a1,b[01-02]', ['a1', 'b01', 'b02']),
+    ('r[1-2]-n[8-10]', ['r1-n8', 'r1-n9', 'r1-n10', 'r2-n8', 'r2-n9',
+                        'r2-n10']),
+    ('node7', ['node7']),
+])
+def test_node_lists_expand_as_slurm_writes_them(nodelist, nodes):
+  assert slurm.expand_nodelist(nodelist) == nodes
+
+
+def test_tasks_per_node_and_bad_lists():
+  assert slurm.tasks_per_node('2(x3),1') == [2, 2, 2, 1]
+  assert slurm.tasks_per_node('4') == [4]
+  for bad in ('s[a-b]', 's[1-x]'):
+    with pytest.raises(Exception, match='cannot read the Slurm node list'):
+      slurm.expand_nodelist(bad)
+
+
+def test_a_task_reads_its_step_nodes_and_a_batch_script_the_jobs():
+  job = {'SLURM_JOB_NODELIST': 'n[1-3]'}
+  assert slurm.step_nodes(job) == ['n1', 'n2', 'n3']
+  # After a node failure (--no-kill) the next step runs on fewer nodes.
+  assert slurm.step_nodes({**job, 'SLURM_STEP_NODELIST': 'n[1-2]'}) == [
+      'n1', 'n2']
+
+
+def test_the_nodes_a_job_holds_now_and_a_refused_requeue(monkeypatch):
+  answers = {
+      ('show', 'job', '--oneliner', '9'): (
+          True, 'JobId=9 JobName=x ReqNodeList=(null) ExcNodeList=(null) '
+          'NodeList=n[1-2] BatchHost=n1 NumNodes=2\n'),
+      ('requeue', '9'): (False, 'scontrol: error: Requested operation is '
+                         'presently disabled for job 9'),
+  }
+  monkeypatch.setattr(slurm, '_scontrol', lambda *args: answers.get(
+      args, (False, 'no Slurm')))
+  assert slurm.job_nodes('9') == ['n1', 'n2']
+  assert slurm.job_nodes('10') is None
+  assert 'presently disabled' in slurm.requeue('9')
+
+
+SLURM_JOB = {'SLURM_JOB_ID': '31', 'SLURM_JOB_NODELIST': 'n[1-3]',
+             'SLURM_STEP_NODELIST': 'n[1-3]'}
+
+
+def test_a_scheduled_run_records_each_start_and_the_signal_that_stopped_it(
+    tmp_path):
+  model_dir = str(tmp_path)
+  scheduler.record_start(model_dir, SLURM_JOB, step=0)
+  scheduler.record_stop(model_dir, SLURM_JOB, 'SIGUSR1', step=12)
+  requeued = {**SLURM_JOB, 'SLURM_RESTART_COUNT': '1'}
+  scheduler.record_start(model_dir, requeued, step=12)
+  summary = scheduler.summary(model_dir, requeued)
+  assert (summary['name'], summary['job_id'], summary['requeues']) == (
+      'slurm', '31', 1)
+  assert summary['nodes'] == ['n1', 'n2', 'n3']
+  first, second = summary['starts']
+  assert (first['requeues'], first['step'], first['stopped_by'],
+          first['saved_at_step']) == (0, 0, 'SIGUSR1', 12)
+  assert (second['requeues'], second['step']) == (1, 12)
+  assert 'stopped_by' not in second
+
+
+def test_outside_slurm_nothing_is_recorded(tmp_path):
+  scheduler.record_start(str(tmp_path), {}, step=0)
+  scheduler.record_stop(str(tmp_path), {}, 'SIGTERM', step=3)
+  assert scheduler.summary(str(tmp_path), {}) is None
+  assert not list(tmp_path.iterdir())
