@@ -5,6 +5,7 @@ this process without starting anything."""
 
 import os
 import re
+import signal
 import sys
 
 import pytest
@@ -176,6 +177,43 @@ def test_inside_an_allocation_workers_start_with_srun(tmp_path, caplog):
   # not MULTI_HLS_IPS.
   assert plan.env['MULTI_HLS_IPS'] == '10.0.0.1,10.0.0.2,10.0.0.3'
   assert placement.parses_output(plan)  # srun names a lost node.
+
+
+@pytest.mark.parametrize('refused', [None, 'Requested operation is '
+                                     'presently disabled for job 42'])
+def test_the_warning_requeues_the_job_in_one_line(monkeypatch, caplog,
+                                                  refused):
+  asked = []
+  monkeypatch.setattr(slurm.slurm, 'requeue',
+                      lambda job_id: asked.append(job_id) or refused)
+  placement = slurm.Slurm(LaunchConfig(), ALLOCATION, [], use_horovod=False,
+                          addresses=['a1', 'a2', 'a3'])
+  handler = signal.getsignal(signal.SIGTERM)
+  try:
+    assert placement.stopped_at_warning(12) == 138
+    # Slurm ends the batch script of a job it requeues with SIGTERM.
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+  finally:
+    signal.signal(signal.SIGTERM, handler)
+  assert asked == ['42']
+  line, = [r.getMessage() for r in caplog.records]
+  assert line.startswith('slurm job 42 signalled (SIGUSR1): the workers saved '
+                         'at step 12 and stopped; ')
+  assert line.endswith('resubmit the batch script to resume there' if refused
+                       else 'it resumes there when Slurm starts it again')
+
+
+def test_a_restart_runs_on_the_nodes_the_job_still_holds(monkeypatch):
+  monkeypatch.setattr(slurm.slurm, 'job_nodes', lambda job_id: ['n1', 'n3'])
+  placement = slurm.Slurm(LaunchConfig(), ALLOCATION, [], use_horovod=False,
+                          addresses=['a1', 'a2', 'a3'])
+  report = placement.check(placement.hosts, None, {})
+  assert report.ready == ('n1', 'n3')
+  assert report.problems == ['node n2: no longer in slurm job 42 (Slurm took '
+                             'it out: it failed)']
+  plan = placement.command(['train'], report.ready, {}, 1)
+  assert '--nodelist=n1,n3' in plan.argv and '--ntasks=2' in plan.argv
+  assert plan.env['MULTI_HLS_IPS'] == 'a1,a3'
 
 
 def test_the_launcher_option_picks_slurm_or_refuses_outside_it():
