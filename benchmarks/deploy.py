@@ -23,6 +23,7 @@ import numpy as np
 
 
 from benchmarks import hardware
+from common import cli
 from resnet_keras.serving import contract
 from resnet_keras.serving import deployment
 from resnet_keras.serving import readers
@@ -95,11 +96,18 @@ def main():
   parser.add_argument('--work_dir', default='/tmp/deploy_benchmark_r50')
   parser.add_argument('--calls', type=int, default=30)
   args = parser.parse_args()
+  if not (args.resnet50 or args.exports_dir):
+    cli.fail('give --exports_dir MODEL_DIR/exports/ckpt-N (a run\'s exports, '
+             'written by python -m resnet_keras.export) or --resnet50')
   print(hardware.machine_line())
   exports_dir = (resnet50_exports(args.work_dir) if args.resnet50
                  else args.exports_dir)
   paths = [os.path.join(exports_dir, name) for name in FILES]
   models = [(p, readers.load(p)) for p in paths if os.path.exists(p)]
+  if not models:
+    cli.fail(f'no exported model in --exports_dir={exports_dir} (looked for '
+             f'{", ".join(FILES)}): export a run with python -m '
+             'resnet_keras.export')
   onnx_file = os.path.join(exports_dir, 'model.onnx')
   try:
     models += [(onnx_file, OpenVino(onnx_file, f32)) for f32 in (True, False)]

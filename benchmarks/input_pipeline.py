@@ -24,6 +24,7 @@ import tempfile
 import time
 
 
+from common import cli  # pylint: disable=g-import-not-at-top
 from common import env  # pylint: disable=g-import-not-at-top
 
 env.prepare_tensorflow_environment()
@@ -102,6 +103,11 @@ def per_image_ms(files, repeats, num_records=400):
   """Median ms per image of each side's training preprocessing, one thread."""
   records = list(tf.data.TFRecordDataset(files).take(num_records)
                  .as_numpy_iterator())
+  # Warm-up calls, then the timed ones: a small data set still times some.
+  warmup = min(10, len(records) // 2)
+  if len(records) < 2:
+    cli.fail(f'{len(records)} training record(s) in --data_dir: the '
+             'per-image timing needs 2 or more')
   cached = tf.data.Dataset.from_tensor_slices(records).enumerate()
 
   def ours_fn(dtype):
@@ -123,7 +129,7 @@ def per_image_ms(files, repeats, num_records=400):
   for _ in range(repeats):
     for name, fn in fns.items():
       it = iter(cached.map(fn).with_options(one_thread))
-      for _ in range(10):
+      for _ in range(warmup):
         next(it)
       start = time.perf_counter()
       count = sum(1 for _ in it)

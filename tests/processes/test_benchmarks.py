@@ -145,7 +145,8 @@ def test_tiny_run_prints_its_figures(name):
 
 
 def test_input_pipeline_on_records_of_its_own(tmp_path):
-  records.write_dataset(str(tmp_path))
+  # Fewer records than its 10 warm-up calls (it divided by zero there).
+  records.write_dataset(str(tmp_path), train_per_shard=(3, 2))
   output = _run('input_pipeline', [f'--data_dir={tmp_path}', '--batch_size=2',
                                    '--batches=2', '--repeats=1'])
   for side in ('ours', 'model_garden', 'ours_seeded', 'ours_private_threads',
@@ -195,6 +196,15 @@ def test_suite_cpu_records_a_run_as_plugin_and_reports_it(tmp_path):
   # One worker's log ('main', or the xdist worker's name this test ran in).
   assert re.search(r'^\| \S+ \| 1 \| ', output, re.MULTILINE), output
   assert '| `test_tiny.py::test_one` |' in output
+
+
+def test_deploy_without_exports_says_what_to_give(tmp_path):
+  runner.assert_one_line_error(runner.spawn_tool('benchmarks.deploy', []),
+                               'give --exports_dir', '--resnet50')
+  runner.assert_one_line_error(
+      runner.spawn_tool('benchmarks.deploy', [f'--exports_dir={tmp_path}']),
+      f'no exported model in --exports_dir={tmp_path}',
+      'python -m resnet_keras.export')
 
 
 @pytest.mark.skipif(importlib.util.find_spec('torch') is not None,
