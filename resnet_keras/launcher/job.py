@@ -131,12 +131,11 @@ class Job:
     # --clean applies to the job's first attempt only: it starts from step
     # 0. A job the scheduler requeued resumes, whatever its script says.
     requeues = supervisor.requeues(self.placement.environ)
-    latest = (None if self._cfg.clean and not requeues else
-              run_directory.latest_checkpoint(self._cfg.model_dir or ''))
+    step = None if self._cfg.clean and not requeues else self.saved_step()
     if requeues:
       logging.error('requeued %d time(s) by the scheduler: %s', requeues,
-                    elastic.resuming(latest and latest.step))
-    return self._attempt(latest and latest.step, lost=0.0)
+                    elastic.resuming(step))
+    return self._attempt(step, lost=0.0)
 
   def saved_step(self) -> Optional[int]:
     """The step of model_dir's last checkpoint (None: none)."""

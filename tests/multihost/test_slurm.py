@@ -8,7 +8,6 @@ uninterrupted run the requeued one is compared with. They need root and
 skip without it, saying so."""
 
 import importlib
-import os
 import re
 import shlex
 import sys
@@ -100,41 +99,6 @@ def _wait_for_end(slurm, job_id, log):
   return _wait_for_state(slurm, job_id, _ENDED, log)
 
 
-def _wait_for_line(log, text, timeout=300):
-  deadline = time.monotonic() + timeout
-  while not (os.path.exists(log) and text in open(log).read()):
-    assert time.monotonic() < deadline, (
-        f'no "{text}" in the log', open(log).read()[-4000:]
-        if os.path.exists(log) else '')
-    time.sleep(0.5)  # Polls the job's output for a line; not a guessed wait.
-  return time.monotonic()
-
-
-def _wait_for_step(log, step, timeout=300):
-  deadline = time.monotonic() + timeout
-  while not os.path.exists(log) or launcher.last_step(log) < step:
-    assert time.monotonic() < deadline, f'no step {step} in {log}'
-    time.sleep(0.5)  # Polls the job's output for a step; not a guessed wait.
-
-
-def _wait_until_no_processes(cluster, until):
-  """The job's processes (the launcher, its workers) left at `until`."""
-  def left():
-    return {h.name: pids for h in cluster.hosts
-            for pids in [cluster.processes(h, launcher.TRAINER) +
-                         cluster.processes(h, launcher.DEMO)] if pids}
-  while left() and time.monotonic() < until:
-    time.sleep(0.5)  # Processes being reaped; polled, not a guessed wait.
-  return left()
-
-
-def _wait_until_no_steps(cluster, timeout=60):
-  deadline = time.monotonic() + timeout
-  while any(cluster.processes(h, 'slurmstepd') for h in cluster.hosts):
-    assert time.monotonic() < deadline, 'slurmstepd outlived the job'
-    time.sleep(0.5)  # Processes being reaped; polled, not a guessed wait.
-
-
 def _one_line(output, pattern):
   found = [line for line in output.splitlines() if re.search(pattern, line)]
   assert len(found) == 1, (pattern, output[-4000:])
@@ -215,13 +179,15 @@ def test_the_warning_signal_saves_requeues_and_resumes_exactly(
   model_dir, log = tmp_path / 'model', str(tmp_path / 'job.out')
   job_id = _submit(slurm, _script(tmp_path, MIRRORED + SEEDED + [
       f'--model_dir={model_dir}']), log, '--requeue', '--open-mode=append')
-  _wait_for_step(log, 4)
+  launcher.wait_for_step(None, log, 4)
   signalled = time.monotonic()
   answer = slurm.run(['scancel', '--signal=USR1', job_id])
   assert answer.returncode == 0, answer.stderr
-  requeued = _wait_for_line(log, 'requeued (scontrol requeue)')
-  assert not _wait_until_no_processes(slurm.cluster,
-                                     until=signalled + KILL_WAIT)
+  launcher.wait_for_line(None, log, 'requeued (scontrol requeue)')
+  requeued = time.monotonic()
+  assert not launcher.wait_until_no_job_processes(
+      slurm.cluster, timeout=signalled + KILL_WAIT - requeued,
+      patterns=(launcher.TRAINER, launcher.DEMO))
   print(f'USR1: requeued {requeued - signalled:.1f} s after the signal, '
         f'every process gone {time.monotonic() - signalled:.1f} s after it')
   line = _one_line(open(log).read(), r'signalled \(SIGUSR1\)')
@@ -232,7 +198,8 @@ def test_the_warning_signal_saves_requeues_and_resumes_exactly(
   # are done with the last start; the test's cluster starts it once they
   # are (a new step of the same id fails while the old one's slurmstepd
   # lives).
-  _wait_until_no_steps(slurm.cluster)
+  assert not launcher.wait_until_no_job_processes(
+      slurm.cluster, timeout=60, patterns=('slurmstepd',))
   slurm.run(['scontrol', 'update', f'JobId={job_id}', 'StartTime=now'])
   assert _wait_for_end(slurm, job_id, log) == 'COMPLETED'
   output = open(log).read()
@@ -265,11 +232,12 @@ def test_a_lost_node_is_named_and_the_job_goes_on_without_it(slurm,
       f'--model_dir={model_dir}', '--min_hosts=2', '--max_restarts=1',
       '--checkpoint_interval_steps=4']), log, '--no-kill')
   try:
-    _wait_for_line(log, 'ckpt-4')
+    launcher.wait_for_line(None, log, 'ckpt-4')
     cut = time.monotonic()
     cluster.cut_link(lost)
-    named = _wait_for_line(log, f'Slurm lost node {lost.name} (rank 2)',
+    launcher.wait_for_line(None, log, f'Slurm lost node {lost.name} (rank 2)',
                            timeout=120)
+    named = time.monotonic()
     print(f'lost node named {named - cut:.1f} s after the cut')
     assert named - cut <= 60
     assert _wait_for_end(slurm, job_id, log) == 'COMPLETED'

@@ -39,43 +39,58 @@ def run(cluster, args, log_path, timeout=400, env=None):
   return returncode, open(log_path).read()
 
 
+def _log(log_path):
+  """The log so far ('' before its job has written it: a Slurm job's
+  output file appears once the job starts)."""
+  return open(log_path).read() if os.path.exists(log_path) else ''
+
+
 def wait_for_line(job, log_path, text, timeout=300):
+  """Once `text` is in the log (`job`: the launcher's process, which must
+  not end first; None: a Slurm job, with no process here to watch)."""
   deadline = time.monotonic() + timeout
-  while text not in open(log_path).read():
-    assert job.poll() is None, open(log_path).read()[-3000:]
+  while text not in _log(log_path):
+    assert job is None or job.poll() is None, _log(log_path)[-3000:]
     assert time.monotonic() < deadline, f'no "{text}" in the log'
     time.sleep(0.5)  # Polls a log file for a line; not a guessed wait.
 
 
 def last_step(log_path):
-  steps = re.findall(r' I step (\d+)/', open(log_path).read())
+  steps = re.findall(r' I step (\d+)/', _log(log_path))
   return int(steps[-1]) if steps else 0
 
 
 def wait_for_step(job, log_path, step, timeout=300):
   deadline = time.monotonic() + timeout
   while last_step(log_path) < step:
-    assert job.poll() is None, open(log_path).read()[-3000:]
-    assert time.monotonic() < deadline, open(log_path).read()[-3000:]
+    assert job is None or job.poll() is None, _log(log_path)[-3000:]
+    assert time.monotonic() < deadline, _log(log_path)[-3000:]
     time.sleep(0.5)  # Polls a log file for a step; not a guessed wait.
   return last_step(log_path)
 
 
-def job_processes(cluster):
-  """host name -> PIDs of the job's processes (ranks, MPI daemons)."""
+# A job's processes on the hosts: its ranks and MPI daemons (the launcher,
+# too, where it runs on a host the test watches: a Slurm batch script).
+RANKS = (TRAINER, 'orted')
+
+
+def job_processes(cluster, patterns=RANKS):
+  """host name -> PIDs of the job's processes (`patterns` in their
+  command lines)."""
   found = {}
   for host in cluster.hosts:
-    pids = cluster.processes(host, TRAINER) + cluster.processes(host, 'orted')
+    pids = [pid for pattern in patterns
+            for pid in cluster.processes(host, pattern)]
     if pids:
       found[host.name] = pids
   return found
 
 
-def wait_until_no_job_processes(cluster, timeout=10):
+def wait_until_no_job_processes(cluster, timeout=10, patterns=RANKS):
   deadline = time.monotonic() + timeout
-  while job_processes(cluster) and time.monotonic() < deadline:
+  while job_processes(cluster, patterns) and time.monotonic() < deadline:
     time.sleep(0.5)  # Processes being reaped; polled, not a guessed wait.
-  return job_processes(cluster)
+  return job_processes(cluster, patterns)
 
 
 def summaries(model_dir, num_workers):
