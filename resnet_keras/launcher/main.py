@@ -98,17 +98,19 @@ def _point_at_data_service(values: flags.FlagValues, cfg: LaunchConfig,
 
 
 def guard_for(job: job_lib.Job, cfg: RunConfig,
-              servers: Sequence[launch_lib.DataServer]):
-  """The job's port guard (port_guard.py; None: none) and, without one,
-  the launcher's line saying why ('': nothing of the job listens). Where
-  it guards mpirun's daemons, they are pinned to the ports it closes."""
+              servers: Sequence[launch_lib.DataServer],
+              plan: launch_lib.Launch):
+  """The port guard (port_guard.py; None: none) of the job that `plan`
+  starts and, without one, the launcher's line saying why ('': nothing of
+  the job listens). Where it guards mpirun's daemons, they are pinned to
+  the ports it closes."""
   placement = job.placement
   workers = placement.total_workers
   by_host = preflight.ports_by_host(launch_lib.tf_config_from_env(
       0, workers, placement.environ)['cluster']['worker'])
   tf_ports = next(iter(by_host.values()))
   mpi = (port_guard.mpi_range(min(tf_ports))
-         if job.command().argv[0] == 'mpirun' else None)
+         if plan.argv[0] == 'mpirun' else None)
   if cfg.distribution_strategy != 'multi_worker_mirrored' or workers == 1:
     tf_ports = []
   guard, line = port_guard.for_job(
@@ -193,16 +195,17 @@ def launch(argv: Sequence[str], values: flags.FlagValues,
     print(recipes.dump(cfg, options.recipe_values(launch_cfg)), end='')
     return 0
   job = job_lib.Job(placement, cfg, argv, filled, servers)
+  plan = job.command()
+  if not launch_cfg.dry_run:
+    _check_tools(plan, cfg)
+  guard, unguarded = guard_for(job, cfg, servers, plan)
   if placement.headline():
     logging.info('%s', placement.headline())
-  guard, unguarded = guard_for(job, cfg, servers)
   if unguarded:
     logging.warning('%s', unguarded)
   if launch_cfg.dry_run:
     dry_run(job, cfg, servers, guard)
     return 0
-  plan = job.command()
-  _check_tools(plan, cfg)
   return run(job, launch_cfg, servers, placement.parses_output(plan), guard)
 
 

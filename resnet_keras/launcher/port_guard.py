@@ -325,8 +325,8 @@ def for_job(mode: str, placement: str, hosts: Sequence[str],
   why = cannot(mode, placement, is_root, has_iptables)
   every = [p for ports in ports_by_host.values() for p in ports]
   if why and mode == 'on':
-    raise UsageError(f'--port_guard=on: {why}; run as root with iptables, '
-                     'or use --port_guard=auto')
+    raise UsageError(f'--port_guard=on: {why}: run where it can '
+                     f'({_DOCS}), or use --port_guard=auto')
   if why:
     return None, not_applied(why, every)
   named = [h for h in ports_by_host if h != THIS_HOST] + list(hosts)

@@ -136,8 +136,8 @@ def test_for_job_says_why_not_and_on_fails_in_one_line():
                   'listen on every interface without authentication; run on '
                   'a private network (docs/security.md)')
   with pytest.raises(UsageError, match=r'^--port_guard=on: not applied under '
-                     r'Slurm .*; run as root with iptables, or use '
-                     r'--port_guard=auto$'):
+                     r'Slurm .*: run where it can \(docs/security.md\), '
+                     r'or use --port_guard=auto$'):
     _for_job('on', placement='slurm')
   assert _for_job('on', tf_ports=()) == (None, '')  # Nothing listens.
 
