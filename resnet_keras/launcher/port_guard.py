@@ -37,9 +37,11 @@ from common.errors import UsageError
 
 MODES = ('auto', 'on', 'off')
 IPV4, IPV6 = 'iptables', 'ip6tables'
-# While the guard is on, OpenMPI's daemons listen on the free ports of the
-# MPI_PORTS from TF_BASE_PORT + MPI_OFFSET.
-MPI_OFFSET, MPI_PORTS = 100, 8
+# While the guard is on, OpenMPI listens on the MPI_PORTS from
+# TF_BASE_PORT + MPI_OFFSET: its daemons on the first _OOB_PORTS (mpirun
+# takes every free one of them), each rank's TCP transport on one of the
+# rest.
+MPI_OFFSET, MPI_PORTS, _OOB_PORTS = 100, 68, 4
 THIS_HOST = ''  # The host the launcher runs on, reached without ssh.
 _TIMEOUT = 30  # Seconds for one host's rules, ssh included.
 _CANNOT = 3  # The script's exit code where the host cannot take rules.
@@ -162,11 +164,12 @@ def mpi_range(base_port: int) -> Tuple[int, int]:
 def mpi_env(ports: Tuple[int, int]) -> Dict[str, str]:
   """OpenMPI's daemons (IPv4 and IPv6) and TCP transport within `ports`
   (mpirun passes its MCA variables on to the remote daemons)."""
-  span = f'{ports[0]}-{ports[1]}'
-  return {'OMPI_MCA_oob_tcp_dynamic_ipv4_ports': span,
-          'OMPI_MCA_oob_tcp_dynamic_ipv6_ports': span,
-          'OMPI_MCA_btl_tcp_port_min_v4': str(ports[0]),
-          'OMPI_MCA_btl_tcp_port_range_v4': str(ports[1] - ports[0] + 1)}
+  low, high = ports
+  daemons = f'{low}-{low + _OOB_PORTS - 1}'
+  return {'OMPI_MCA_oob_tcp_dynamic_ipv4_ports': daemons,
+          'OMPI_MCA_oob_tcp_dynamic_ipv6_ports': daemons,
+          'OMPI_MCA_btl_tcp_port_min_v4': str(low + _OOB_PORTS),
+          'OMPI_MCA_btl_tcp_port_range_v4': str(high - low + 1 - _OOB_PORTS)}
 
 
 def resolve(hosts: Sequence[str]) -> Tuple[str, ...]:

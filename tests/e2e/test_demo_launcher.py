@@ -273,7 +273,7 @@ def test_dry_run_shows_the_port_guard_and_on_fails_in_one_line(tmp_path):
           '--batch_size=8', f'--model_dir={tmp_path}']
   result = launch(['--dry_run', '--port_guard=off'] + args)
   assert result.returncode == 0, result.stderr
-  assert ('port guard: off (--port_guard=off): ports 2410-2411, 2510-2517 '
+  assert ('port guard: off (--port_guard=off): ports 2410-2411, 2510-2577 '
           'listen on every interface without authentication') in result.stderr
   assert 'port guard on' not in result.stdout
   # Inside a Slurm allocation the guard cannot remove its rules reliably.

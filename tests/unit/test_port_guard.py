@@ -81,11 +81,11 @@ def _server(host, port):
 
 def test_job_ports_by_host():
   mpi = port_guard.mpi_range(2410)
-  assert mpi == (2510, 2517)
+  assert mpi == (2510, 2577)
   assert port_guard.job_ports(['h1', 'h2'], [2410, 2411], mpi,
                               [_server('h2', 5050), _server('h3', 5051)]) == {
-      'h1': [2410, 2411] + list(range(2510, 2518)),
-      'h2': [2410, 2411] + list(range(2510, 2518)) + [5050],
+      'h1': [2410, 2411] + list(range(2510, 2578)),
+      'h2': [2410, 2411] + list(range(2510, 2578)) + [5050],
       'h3': [5051]}
   # This host's workers, one process: nothing of the job listens.
   assert port_guard.job_ports([], [], None, []) == {}
@@ -94,11 +94,12 @@ def test_job_ports_by_host():
 
 
 def test_mpi_env_pins_openmpis_daemons_and_transport():
-  assert port_guard.mpi_env((2510, 2517)) == {
-      'OMPI_MCA_oob_tcp_dynamic_ipv4_ports': '2510-2517',
-      'OMPI_MCA_oob_tcp_dynamic_ipv6_ports': '2510-2517',
-      'OMPI_MCA_btl_tcp_port_min_v4': '2510',
-      'OMPI_MCA_btl_tcp_port_range_v4': '8'}
+  # mpirun takes every free port of its range: the ranks get others.
+  assert port_guard.mpi_env((2510, 2577)) == {
+      'OMPI_MCA_oob_tcp_dynamic_ipv4_ports': '2510-2513',
+      'OMPI_MCA_oob_tcp_dynamic_ipv6_ports': '2510-2513',
+      'OMPI_MCA_btl_tcp_port_min_v4': '2514',
+      'OMPI_MCA_btl_tcp_port_range_v4': '64'}
 
 
 @pytest.mark.parametrize('mode,placement,root,iptables,why', [
