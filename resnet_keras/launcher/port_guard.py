@@ -44,6 +44,9 @@ IPV4, IPV6 = 'iptables', 'ip6tables'
 MPI_OFFSET, MPI_PORTS, _OOB_PORTS = 100, 68, 4
 THIS_HOST = ''  # The host the launcher runs on, reached without ssh.
 _TIMEOUT = 30  # Seconds for one host's rules, ssh included.
+# Seconds to remove them: a host the job lost would hold its end up for
+# ssh's whole ConnectTimeout.
+_REMOVE_TIMEOUT = 6
 _CANNOT = 3  # The script's exit code where the host cannot take rules.
 _DOCS = 'docs/security.md'
 
@@ -204,26 +207,29 @@ class Guard:
     return ['sh', '-c', script] if host == THIS_HOST else (
         self._ssh + [host, script])
 
-  def _run(self, host: str, script: str) -> Optional[str]:
+  def _run(self, host: str, script: str,
+           timeout: float = _TIMEOUT) -> Optional[str]:
     """None once `script` ran on `host`; otherwise why not, in a few words."""
     try:
       done = subprocess.run(self.argv(host, script), capture_output=True,
                             text=True, stdin=subprocess.DEVNULL,
-                            timeout=_TIMEOUT)
+                            timeout=timeout)
     except subprocess.TimeoutExpired:
-      return f'no answer within {_TIMEOUT} s'
+      return f'no answer within {timeout:.0f} s'
     except OSError as e:
       return e.strerror
     said = ' '.join((done.stdout + done.stderr).split())
     return None if done.returncode == 0 else (said[-160:] or
                                               f'exit {done.returncode}')
 
-  def _each(self, hosts: Sequence[str], script_of) -> Dict[str, Optional[str]]:
+  def _each(self, hosts: Sequence[str], script_of,
+            timeout: float = _TIMEOUT) -> Dict[str, Optional[str]]:
     if not hosts:
       return {}
     with futures.ThreadPoolExecutor(len(hosts)) as pool:
       return dict(zip(hosts, pool.map(
-          lambda host: self._run(host, script_of(self.rules[host])), hosts)))
+          lambda host: self._run(host, script_of(self.rules[host]), timeout),
+          hosts)))
 
   def add(self) -> Dict[str, str]:
     """Adds every host's rules; returns the hosts where it could not, and
@@ -235,7 +241,7 @@ class Guard:
   def remove(self) -> List[str]:
     """Removes the rules from every host they were added on; a line for
     each host where that failed."""
-    failed = self._each(self.applied, remove_script)
+    failed = self._each(self.applied, remove_script, _REMOVE_TIMEOUT)
     self.applied = []
     return [f'port guard: could not remove iptables chain {self.chain} on '
             f'{host or "this host"} ({why}): remove it there ({_DOCS})'

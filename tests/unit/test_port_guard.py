@@ -192,7 +192,7 @@ class _Recorded(port_guard.Guard):
     super().__init__({'h1': [2410]}, (), ['ssh'], chain='RESNET_KERAS_1_x')
     self.ran, self._fail_add = [], fail_add
 
-  def _run(self, host, script):
+  def _run(self, host, script, timeout=None):
     self.ran.append('add' if script.startswith('[') else 'remove')
     return 'no iptables' if self._fail_add else None
 
