@@ -203,14 +203,19 @@ def this_host(environ: Mapping[str, str]) -> Dict[str, str]:
   hosts = parse_hosts(environ.get('MULTI_HLS_IPS'))
   address = ''
   if hosts:
-    # Connecting a UDP socket only picks the route; it sends nothing.
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-      try:
-        probe.connect((hosts[0], 9))
-        address = probe.getsockname()[0]
-      except OSError:
-        pass
+    try:
+      address = address_toward(hosts[0])
+    except OSError:
+      pass
   return {'hostname': socket.gethostname(), 'address': address}
+
+
+def address_toward(host: str, port: int = 9) -> str:
+  """This host's address on the route to `host` (OSError: no route)."""
+  # Connecting a UDP socket only picks the route; it sends nothing.
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+    probe.connect((host, port))
+    return probe.getsockname()[0]
 
 
 def strip_flags(args: Sequence[str], boolean: Sequence[str],

@@ -105,6 +105,17 @@ class LaunchConfig:
       'The dispatcher\'s journal on its host: a dispatcher restarted with '
       'it resumes its jobs.',
       in_recipe=False)
+  port_guard: str = option(
+      'auto',
+      'Close the job\'s servers (multi_worker_mirrored\'s and the tf.data '
+      'service\'s gRPC ports, OpenMPI\'s daemons), which listen on every '
+      'interface without authentication, to every address but the job\'s '
+      'hosts and loopback: iptables rules on each host (this one, ssh hosts; '
+      'not under Slurm or Kubernetes), removed when the job ends. auto: '
+      'where it can (root, iptables), saying in one line what it did or why '
+      'not; on: fail where it cannot; off: leave them open '
+      '(docs/security.md).',
+      choices=('auto', 'on', 'off'), checked_by_flag=True, in_recipe=False)
   failure_timeout: int = option(
       launch.DEFAULT_FAILURE_TIMEOUT,
       'Seconds within which a lost host or rank ends a multi-worker job '

@@ -47,6 +47,9 @@ class Placement(abc.ABC):
   # Whether a fail-stop job checks its hosts again before a restart (an
   # elastic job always does).
   checks_at_restart = False
+  # How port_guard.py reaches its hosts (this_host, ssh_hosts), or why it
+  # cannot (slurm, kubernetes).
+  guard_kind = 'this_host'
 
   def __init__(self, cfg: LaunchConfig, environ: Mapping[str, str],
                hosts: Sequence[str]):

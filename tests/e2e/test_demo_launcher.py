@@ -266,3 +266,19 @@ def test_missing_mpirun_says_how_to_install_it(tmp_path):
   result = launch(['--use_horovod', '--num_workers_per_hls=2',
                    f'--model_dir={tmp_path}'], env={'PATH': str(tmp_path)})
   runner.assert_one_line_error(result, 'mpirun not found', 'install_horovod.sh')
+
+
+def test_dry_run_shows_the_port_guard_and_on_fails_in_one_line(tmp_path):
+  args = ['-ds', 'multi_worker_mirrored', '--num_workers_per_hls=2',
+          '--batch_size=8', f'--model_dir={tmp_path}']
+  result = launch(['--dry_run', '--port_guard=off'] + args)
+  assert result.returncode == 0, result.stderr
+  assert ('port guard: off (--port_guard=off): ports 2410-2411, 2510-2577 '
+          'listen on every interface without authentication') in result.stderr
+  assert 'port guard on' not in result.stdout
+  # Inside a Slurm allocation the guard cannot remove its rules reliably.
+  slurm_env = {'SLURM_JOB_ID': '7', 'SLURM_JOB_NODELIST': 'n1'}
+  result = launch(['--dry_run', '--port_guard=on', '--launcher=slurm']
+                  + args, env=slurm_env)
+  runner.assert_one_line_error(result, '--port_guard=on: not applied under '
+                               'Slurm', '--port_guard=auto')
