@@ -831,7 +831,10 @@ class OutputConfig:
       'Checkpoints, summaries, exports and run_summary.json.', alias='md')
   clean: bool = option(
       False,
-      'Remove model_dir before training. Under the launcher it applies to '
+      'Remove what runs wrote in model_dir before training: the files and '
+      'folders of docs/run_directory.md, never anything else; a model_dir '
+      'that holds anything else is refused before any work, nothing '
+      'removed (the directory itself stays). Under the launcher it applies to '
       'the first attempt only: a restarted one (--max_restarts, an elastic '
       'job) resumes from the checkpoints the first wrote.')
   enable_checkpoint_and_export: bool = option(

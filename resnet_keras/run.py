@@ -17,7 +17,6 @@ the config as asked, as they always have (reporting.py).
 
 import gc
 import os
-import shutil
 import tempfile
 import time
 from typing import Dict, Optional, Tuple
@@ -33,6 +32,7 @@ from resnet_keras import ema as ema_lib
 from resnet_keras import guards
 from resnet_keras import metrics
 from resnet_keras import reporting
+from resnet_keras import run_directory
 from resnet_keras import scheduler
 from resnet_keras import schedules
 from resnet_keras import start as start_lib
@@ -51,7 +51,8 @@ orbit.controller._log = logging.debug  # pylint: disable=protected-access
 
 
 def prepare_model_dir(model_dir: str, clean: bool, restarts: int = 0) -> None:
-  """Applies --clean and checks model_dir is a writable directory.
+  """Applies --clean (run_directory.clean: a run's entries only) and checks
+  model_dir is a writable directory.
 
   --clean applies to a job's first attempt only: a restarted or requeued
   one (`restarts` > 0 earlier attempts) resumes from the checkpoints the
@@ -61,9 +62,10 @@ def prepare_model_dir(model_dir: str, clean: bool, restarts: int = 0) -> None:
     logging.info('--clean: not applied to restart %d of this job, which '
                  'resumes from the last checkpoint in %s', restarts,
                  model_dir)
-  elif clean and os.path.exists(model_dir):
-    logging.info('--clean: removing %s', model_dir)
-    shutil.rmtree(model_dir)
+  elif clean:
+    removed = run_directory.clean(model_dir)
+    logging.info('--clean: removed %d entries a run wrote in %s',
+                 len(removed), model_dir)
   try:
     os.makedirs(model_dir, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=model_dir):
@@ -112,13 +114,16 @@ def _run(cfg: RunConfig) -> Dict:
 def _set_up(cfg: RunConfig) -> assembly.Basis:
   """The run's runtime, backend and data; the chief's model_dir prepared."""
   cfg.check()
+  restarts = supervisor.earlier_attempts(os.environ)
+  if cfg.clean and not restarts:
+    # Before any work: --clean of a directory it may not clean stops here.
+    run_directory.check_cleanable(cfg.model_dir)
   if cfg.wandb:
     tracking.import_wandb()  # Its absence is a usage error; say so first.
   basis = assembly.set_up(cfg)
   backend = basis.backend
   if backend.is_chief:
-    prepare_model_dir(cfg.model_dir, cfg.clean,
-                      supervisor.earlier_attempts(os.environ))
+    prepare_model_dir(cfg.model_dir, cfg.clean, restarts)
   else:
     logging.info('worker %d: logging warnings only; the chief (worker 0) '
                  'logs the run', backend.worker_index)

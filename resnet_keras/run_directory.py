@@ -29,6 +29,10 @@ serving/contract.py.
   averaged/              the average tool's run directory, with
                          averaging.json
 
+`clean` is --clean's one deletion: it removes these entries and nothing
+else, and refuses, before removing anything, a model_dir that holds
+anything else (`foreign_entries`).
+
 This module never imports TensorFlow: the launcher reads model_dir through
 it before TensorFlow loads.
 """
@@ -37,7 +41,10 @@ import codecs
 import dataclasses
 import os
 import re
-from typing import Optional
+import shutil
+from typing import List, Optional
+
+from common.errors import UsageError
 
 CONFIG_FILE = 'config.json'
 WORLD_FILE = 'world_sizes.json'
@@ -107,3 +114,86 @@ def latest_checkpoint(model_dir: str) -> Optional[LatestCheckpoint]:
                       os.path.exists(prefix)):
     return None
   return LatestCheckpoint(prefix, int(step.group(1)), written)
+
+
+# A run's entries by name and kind. Besides the table above: what a write
+# cut short leaves (TensorFlow's temporary shards of a checkpoint and its
+# state file's temporary, the hidden temporary of an atomic write,
+# common/files.py, and an export's staging, serving/saved_model.py).
+_RUN_FILES = re.compile(
+    r'(?P<hidden>\.)?(%s)(?(hidden)\.tmp)' % '|'.join(map(re.escape, (
+        CONFIG_FILE, WORLD_FILE, SCHEDULER_FILE, WARM_START_FILE,
+        METRICS_FILE, SUMMARY_FILE, CHECKPOINT_STATE_FILE, VALIDATION_FILE,
+        VALIDATION_EXPORTS_FILE))) +
+    rf'|{CHECKPOINT_PREFIX}-\d+\.(index|data-\d+-of-\d+)'
+    rf'|{CHECKPOINT_STATE_FILE}\.tmp[0-9a-f]*')
+_RUN_DIRS = re.compile('|'.join(re.escape(name) for name in (
+    SAVED_MODEL_DIR, PLOTS_DIR, TRAIN_SUMMARIES_DIR, EVAL_SUMMARIES_DIR,
+    PROFILE_DIR, WANDB_DIR, EXPORTS_DIR, AVERAGED_DIR)) +
+    rf'|{SAVED_MODEL_DIR}\.(partial|previous)'
+    rf'|{CHECKPOINT_PREFIX}-\d+_temp.*|worker_\d+')
+# How many foreign entries --clean's refusal names.
+_NAMED = 3
+
+
+def is_run_entry(name: str, is_dir: bool) -> bool:
+  """Whether a run writes an entry `name` (a folder if `is_dir`, else a
+  file) in its model_dir."""
+  return bool((_RUN_DIRS if is_dir else _RUN_FILES).fullmatch(name))
+
+
+def _entries(model_dir: str) -> List[os.DirEntry]:
+  try:
+    return list(os.scandir(model_dir))
+  except (FileNotFoundError, NotADirectoryError):
+    return []
+
+
+def _is_runs(entry: os.DirEntry) -> bool:
+  """A symbolic link is never a run's: a run writes none, and --clean must
+  not reach through one."""
+  if entry.is_symlink():
+    return False
+  is_dir = entry.is_dir(follow_symlinks=False)
+  return ((is_dir or entry.is_file(follow_symlinks=False)) and
+          is_run_entry(entry.name, is_dir))
+
+
+def foreign_entries(model_dir: str) -> List[str]:
+  """model_dir's entries no run writes, sorted, folders ending in '/'
+  ([] for an absent directory)."""
+  return sorted(entry.name + ('/' if entry.is_dir() else '')
+                for entry in _entries(model_dir) if not _is_runs(entry))
+
+
+def check_cleanable(model_dir: str) -> None:
+  """Refuses, in one line, a --clean of a model_dir holding anything a run
+  does not write: --clean deletes only a run's own files."""
+  foreign = foreign_entries(model_dir)
+  if not foreign:
+    return
+  named = ', '.join(foreign[:_NAMED])
+  more = f' and {len(foreign) - _NAMED} more' if len(foreign) > _NAMED else ''
+  raise UsageError(
+      f'--clean: --model_dir={model_dir} holds what no run writes ({named}'
+      f'{more}); nothing was removed: choose an empty or new --model_dir, '
+      'or move those away yourself')
+
+
+def clean(model_dir: str) -> List[str]:
+  """--clean: after `check_cleanable`, removes the run's entries from
+  model_dir and returns their names. The directory itself stays (its
+  owner, permissions, or a mount or link there are the user's). Nothing
+  is reached through a symbolic link: one in model_dir is refused, and
+  shutil.rmtree removes those inside a run's folders as links."""
+  check_cleanable(model_dir)
+  removed = []
+  for entry in _entries(model_dir):
+    if not _is_runs(entry):
+      continue  # Appeared since the check: not ours to remove.
+    if entry.is_dir(follow_symlinks=False):
+      shutil.rmtree(entry.path)
+    else:
+      os.remove(entry.path)
+    removed.append(entry.name)
+  return sorted(removed)

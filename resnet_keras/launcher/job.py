@@ -127,11 +127,16 @@ class Job:
              f'{" ".join(layout.trainer_flags(self._cfg.use_horovod))}')
 
   def first_attempt(self) -> supervisor.Attempt:
-    self._report, _ = self.host_checks.run()
     # --clean applies to the job's first attempt only: it starts from step
     # 0. A job the scheduler requeued resumes, whatever its script says.
     requeues = supervisor.requeues(self.placement.environ)
-    step = None if self._cfg.clean and not requeues else self.saved_step()
+    cleans = self._cfg.clean and not requeues
+    if cleans:
+      # The trainer's chief cleans; a model_dir it would refuse to clean
+      # stops the job here, before any host is contacted.
+      run_directory.check_cleanable(self._cfg.model_dir)
+    self._report, _ = self.host_checks.run()
+    step = None if cleans else self.saved_step()
     if requeues:
       logging.error('requeued %d time(s) by the scheduler: %s', requeues,
                     elastic.resuming(step))
