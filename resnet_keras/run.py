@@ -64,8 +64,9 @@ def prepare_model_dir(model_dir: str, clean: bool, restarts: int = 0) -> None:
                  model_dir)
   elif clean:
     removed = run_directory.clean(model_dir)
-    logging.info('--clean: removed %d entries a run wrote in %s',
-                 len(removed), model_dir)
+    if removed:
+      logging.info('--clean: removed what a run wrote in %s: %s', model_dir,
+                   ', '.join(removed))
   try:
     os.makedirs(model_dir, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=model_dir):

@@ -70,11 +70,11 @@ VALIDATION_EXPORTS_FILE = 'validation_exports.csv'
 AVERAGED_DIR = 'averaged'
 AVERAGING_FILE = 'averaging.json'
 
-# The state file is a text-format CheckpointState; its latest checkpoint is
-# one C-escaped string field.
-_LATEST = re.compile(r'^model_checkpoint_path:\s*"((?:[^"\\]|\\.)*)"',
-                     re.MULTILINE)
-
+# The state file is a text-format CheckpointState; its latest checkpoint and
+# those it keeps are C-escaped string fields.
+_PATH_FIELD = r'^%s:\s*"((?:[^"\\]|\\.)*)"'
+_LATEST = re.compile(_PATH_FIELD % 'model_checkpoint_path', re.MULTILINE)
+_KEPT = re.compile(_PATH_FIELD % 'all_model_checkpoint_paths', re.MULTILINE)
 
 def worker_dir(model_dir: str, worker_index: int) -> str:
   """Where worker `worker_index` writes: model_dir for the chief (0), a
@@ -93,21 +93,22 @@ class LatestCheckpoint:
   written: float  # when the state file was last written (seconds)
 
 
-def latest_checkpoint(model_dir: str) -> Optional[LatestCheckpoint]:
-  """model_dir's latest checkpoint, or None where tf.train.latest_checkpoint
-  finds none: no state file, one without a latest path, or one naming files
-  that are gone. A relative path in the state file is relative to
-  model_dir, as TensorFlow writes and reads it."""
+def _state(model_dir: str):
+  """The state file's text and when it was written; (None, 0) unreadable."""
   path = os.path.join(model_dir, CHECKPOINT_STATE_FILE)
   try:
     with open(path) as f:
-      found = _LATEST.search(f.read())
-    written = os.path.getmtime(path)
+      return f.read(), os.path.getmtime(path)
   except (OSError, UnicodeDecodeError):
-    return None
-  if not found:
-    return None
-  prefix = codecs.escape_decode(found.group(1).encode())[0].decode()
+    return None, 0
+
+
+def _checkpoint(model_dir: str, escaped: str,
+                written: float) -> Optional[LatestCheckpoint]:
+  """The checkpoint a state file's field names, if its files are there. A
+  relative path is relative to model_dir, as TensorFlow writes and reads
+  it."""
+  prefix = codecs.escape_decode(escaped.encode())[0].decode()
   prefix = os.path.join(model_dir, prefix)  # an absolute prefix stays
   step = re.fullmatch(r'.*-(\d+)', os.path.basename(prefix))
   if not step or not (os.path.exists(prefix + '.index') or
@@ -115,6 +116,27 @@ def latest_checkpoint(model_dir: str) -> Optional[LatestCheckpoint]:
     return None
   return LatestCheckpoint(prefix, int(step.group(1)), written)
 
+
+def latest_checkpoint(model_dir: str) -> Optional[LatestCheckpoint]:
+  """model_dir's latest checkpoint, or None where tf.train.latest_checkpoint
+  finds none: no state file, one without a latest path, or one naming files
+  that are gone."""
+  text, written = _state(model_dir)
+  found = text and _LATEST.search(text)
+  return _checkpoint(model_dir, found.group(1), written) if found else None
+
+
+def kept_checkpoints(model_dir: str) -> List[LatestCheckpoint]:
+  """Every checkpoint model_dir's state file keeps whose files are there,
+  the latest first, then the others newest first: where a run resumes
+  from when its latest does not read."""
+  latest = latest_checkpoint(model_dir)
+  text, written = _state(model_dir)
+  kept = [_checkpoint(model_dir, escaped, written)
+          for escaped in _KEPT.findall(text or '')]
+  older = sorted({c for c in kept if c and c != latest},
+                 key=lambda c: -c.step)
+  return ([latest] if latest else []) + older
 
 # A run's entries by name and kind. Besides the table above: what a write
 # cut short leaves (TensorFlow's temporary shards of a checkpoint and its
