@@ -6,9 +6,9 @@ runs the attempts; the placement (placement.py) checks hosts and starts
 workers.
 """
 
-import contextlib
-import os
+import shutil
 import sys
+import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -23,7 +23,7 @@ from resnet_keras import run_directory
 from resnet_keras.config import RunConfig
 from resnet_keras.launcher import host_checks
 from resnet_keras.launcher import options
-from resnet_keras.launcher.placement import TRAINER, Placement
+from resnet_keras.launcher.placement import FILES_DIR_PREFIX, TRAINER, Placement
 
 
 def uses_several_workers(cfg: RunConfig) -> bool:
@@ -85,7 +85,7 @@ class Job:
     self._filled, self._servers = filled, servers
     self._started = time.time()
     self.data_servers = None  # DataServers, once started.
-    self._written = set()  # Files of the attempts (the hostfile).
+    self._files_dir = None  # Where the attempts' files are (the hostfile).
     self.host_checks = host_checks.HostChecks(placement, cfg, servers,
                                               self.min_hosts)
     self._report = None  # The last pre-flight check's preflight.Report.
@@ -186,22 +186,31 @@ class Job:
                     elastic.resuming(step), lost)
     self.layout = layout
     self._started = time.time()
+    self.make_files_dir()
     plan = self.command(layout if layout != self.planned else None,
                         report.hosts_per_machine)
     for note in plan.notes:
       print(f'note: {note}')
     for path, content in plan.files.items():
-      with open(path, 'w') as f:
+      with open(path, 'w') as f:  # In the job's own directory.
         f.write(content)
-      self._written.add(path)
     sys.stdout.flush()
     return supervisor.Attempt(plan.argv,
                               {**self.placement.environ, **plan.env},
                               layout.hosts,
                               resume_step=(step or 0) if restart else None)
 
+  def make_files_dir(self) -> None:
+    """The private directory of the attempts' files, made once: a shared
+    /tmp gets no name another user could guess and plant a link at
+    (tempfile.mkdtemp: a new name, mode 0700)."""
+    if self._files_dir is None:
+      self._files_dir = tempfile.mkdtemp(prefix=FILES_DIR_PREFIX)
+      self.placement.files_dir = self._files_dir
+
   def remove_files(self) -> None:
-    """Removes the files the attempts wrote, once the job has ended."""
-    for path in self._written:
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
+    """Removes the attempts' files and their directory, once the job has
+    ended, however it ended."""
+    if self._files_dir is not None:
+      shutil.rmtree(self._files_dir, ignore_errors=True)
+      self._files_dir = None

@@ -180,9 +180,9 @@ def run(job: job_lib.Job, cfg: LaunchConfig,
   """The job's attempts under the supervisor (`parse_output`: it reads
   their output to name a failure), with the tf.data service's servers
   running around them; the exit code of the last attempt."""
-  attempt = job.first_attempt()
   running = input_servers.DataServers(list(servers), logging.error)
   try:
+    attempt = job.first_attempt()
     running.start()
     job.data_servers = running if servers else None
     exit_code = supervisor.Supervisor(
