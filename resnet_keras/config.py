@@ -827,8 +827,11 @@ class OptimizerConfig:
 class OutputConfig:
   """What a run writes: model_dir, checkpoints, summaries."""
   model_dir: str = option(
-      '/tmp/resnet',
-      'Checkpoints, summaries, exports and run_summary.json.', alias='md')
+      '',
+      'Checkpoints, summaries, exports and run_summary.json; a rerun with '
+      'the same model_dir resumes. Empty: a new private directory for this '
+      'run alone (tempfile.mkdtemp, named in the log), never a shared '
+      'default; a job of several workers must name one.', alias='md')
   clean: bool = option(
       False,
       'Remove what runs wrote in model_dir before training: the files and '

@@ -15,6 +15,7 @@ resolved), which config.json records; only the TensorBoard hparams record
 the config as asked, as they always have (reporting.py).
 """
 
+import dataclasses
 import gc
 import os
 import tempfile
@@ -26,6 +27,7 @@ import tensorflow as tf
 from absl import logging
 
 from common import distribution
+from common import launch
 from common import supervisor
 from resnet_keras import assembly
 from resnet_keras import ema as ema_lib
@@ -76,10 +78,28 @@ def prepare_model_dir(model_dir: str, clean: bool, restarts: int = 0) -> None:
                      f'({e.strerror}); choose another --model_dir') from None
 
 
+def with_model_dir(cfg: RunConfig, environ) -> RunConfig:
+  """`cfg` with a model_dir: the one given, or (none) a new private
+  directory of this run's, so that no two users or runs share a default.
+  A job of several workers (MPI's or TF_CONFIG's) must name one, on
+  storage every host shares."""
+  if cfg.model_dir:
+    return cfg
+  ranks = launch.mpi_rank_and_size(environ)
+  if environ.get('TF_CONFIG') or (ranks and ranks[1] > 1):
+    raise UsageError('a job of several workers needs --model_dir: name a '
+                     'directory on storage every host shares')
+  model_dir = tempfile.mkdtemp(prefix='resnet_keras_run_')
+  logging.info('no --model_dir given: this run writes to %s, a new private '
+               'directory (give --model_dir to choose one, and to resume)',
+               model_dir)
+  return dataclasses.replace(cfg, model_dir=model_dir)
+
+
 def run(cfg: RunConfig) -> Dict:
   """Trains (and evaluates) as `cfg` says; returns the run summary."""
   try:
-    return _run(cfg)
+    return _run(with_model_dir(cfg, os.environ))
   finally:
     # The run's objects hold its input iterators (and tf.data service
     # clients) in reference cycles that only a garbage collection frees.

@@ -121,6 +121,8 @@ def latest_checkpoint(model_dir: str) -> Optional[LatestCheckpoint]:
   """model_dir's latest checkpoint, or None where tf.train.latest_checkpoint
   finds none: no state file, one without a latest path, or one naming files
   that are gone."""
+  if not model_dir:
+    return None  # None given (a run then makes its own): not the cwd's.
   text, written = _state(model_dir)
   found = text and _LATEST.search(text)
   return _checkpoint(model_dir, found.group(1), written) if found else None
@@ -131,7 +133,7 @@ def kept_checkpoints(model_dir: str) -> List[LatestCheckpoint]:
   the latest first, then the others newest first: where a run resumes
   from when its latest does not read."""
   latest = latest_checkpoint(model_dir)
-  text, written = _state(model_dir)
+  text, written = _state(model_dir) if model_dir else (None, 0)
   kept = [_checkpoint(model_dir, escaped, written)
           for escaped in _KEPT.findall(text or '')]
   older = sorted({c for c in kept if c and c != latest},

@@ -127,6 +127,10 @@ class Job:
              f'{" ".join(layout.trainer_flags(self._cfg.use_horovod))}')
 
   def first_attempt(self) -> supervisor.Attempt:
+    if not self._cfg.model_dir and self.placement.total_workers > 1:
+      # Each worker would otherwise make a private directory of its own.
+      raise UsageError('a job of several workers needs --model_dir: name a '
+                       'directory on storage every host shares')
     # --clean applies to the job's first attempt only: it starts from step
     # 0. A job the scheduler requeued resumes, whatever its script says.
     requeues = supervisor.requeues(self.placement.environ)
@@ -144,7 +148,7 @@ class Job:
 
   def saved_step(self) -> Optional[int]:
     """The step of model_dir's last checkpoint (None: none)."""
-    latest = run_directory.latest_checkpoint(self._cfg.model_dir or '')
+    latest = run_directory.latest_checkpoint(self._cfg.model_dir)
     return latest and latest.step
 
   def replan(self, failure: supervisor.Failure) -> supervisor.Attempt:
@@ -154,7 +158,7 @@ class Job:
     del failure  # Every host is checked again, whatever failed.
     if self.is_elastic or self._servers or self.placement.checks_at_restart:
       self._check_again()
-    latest = run_directory.latest_checkpoint(self._cfg.model_dir or '')
+    latest = run_directory.latest_checkpoint(self._cfg.model_dir)
     since = latest.written if latest else self._started
     return self._attempt(latest and latest.step, time.time() - since,
                          restart=True)

@@ -13,6 +13,8 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
+import uuid
 from typing import Dict, List, Mapping, Sequence
 
 from absl import flags
@@ -75,10 +77,13 @@ def data_service_servers(cfg: LaunchConfig, environ: Mapping[str, str]
   """The tf.data service servers --data_service_hosts asks for."""
   if not cfg.data_service_hosts:
     return []
+  # A journal of this launch's own: no other job's dispatcher resumes from
+  # it, and no one can plant it beforehand.
+  work_dir = cfg.data_service_work_dir or os.path.join(
+      tempfile.gettempdir(), f'resnet_keras_data_service_{uuid.uuid4().hex}')
   return launch_lib.data_service_servers(
       cfg.data_service_hosts, ssh_hosts.ssh(environ)[0], sys.executable,
-      os.path.dirname(job_lib.TRAINER), cfg.data_service_port,
-      cfg.data_service_work_dir)
+      os.path.dirname(job_lib.TRAINER), cfg.data_service_port, work_dir)
 
 
 def _point_at_data_service(values: flags.FlagValues, cfg: LaunchConfig,
