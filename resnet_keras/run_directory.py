@@ -72,9 +72,10 @@ AVERAGING_FILE = 'averaging.json'
 
 # The state file is a text-format CheckpointState; its latest checkpoint and
 # those it keeps are C-escaped string fields.
-_PATH_FIELD = r'^%s:\s*"((?:[^"\\]|\\.)*)"'
-_LATEST = re.compile(_PATH_FIELD % 'model_checkpoint_path', re.MULTILINE)
-_KEPT = re.compile(_PATH_FIELD % 'all_model_checkpoint_paths', re.MULTILINE)
+_LATEST, _KEPT = (
+    re.compile(rf'^{field}:\s*"((?:[^"\\]|\\.)*)"', re.MULTILINE)
+    for field in ('model_checkpoint_path', 'all_model_checkpoint_paths'))
+
 
 def worker_dir(model_dir: str, worker_index: int) -> str:
   """Where worker `worker_index` writes: model_dir for the chief (0), a

@@ -266,3 +266,21 @@ def test_missing_mpirun_says_how_to_install_it(tmp_path):
   result = launch(['--use_horovod', '--num_workers_per_hls=2',
                    f'--model_dir={tmp_path}'], env={'PATH': str(tmp_path)})
   runner.assert_one_line_error(result, 'mpirun not found', 'install_horovod.sh')
+
+
+def test_clean_of_a_foreign_directory_stops_the_launch_before_any_host(
+    tmp_path):
+  (tmp_path / 'thesis.txt').write_text('mine')
+  # Unreachable hosts: the launch stops before asking them anything.
+  result = launch(['--use_horovod', '--clean', f'--model_dir={tmp_path}'],
+                  env={'MULTI_HLS_IPS': '192.0.2.1,192.0.2.2'})
+  assert result.returncode == 2
+  runner.assert_one_line_error(result, '--clean', 'thesis.txt',
+                               'nothing was removed')
+  assert (tmp_path / 'thesis.txt').read_text() == 'mine'
+
+
+def test_a_launch_of_several_workers_needs_a_model_dir():
+  result = launch(['--use_horovod'],
+                  env={'MULTI_HLS_IPS': '192.0.2.1,192.0.2.2'})
+  runner.assert_one_line_error(result, 'needs --model_dir')
