@@ -13,6 +13,8 @@ import os
 import shlex
 import shutil
 import sys
+import tempfile
+import uuid
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from absl import flags
@@ -77,10 +79,13 @@ def data_service_servers(cfg: LaunchConfig, environ: Mapping[str, str]
   """The tf.data service servers --data_service_hosts asks for."""
   if not cfg.data_service_hosts:
     return []
+  # A journal of this launch's own: no other job's dispatcher resumes from
+  # it, and no one can plant it beforehand.
+  work_dir = cfg.data_service_work_dir or os.path.join(
+      tempfile.gettempdir(), f'resnet_keras_data_service_{uuid.uuid4().hex}')
   return launch_lib.data_service_servers(
       cfg.data_service_hosts, ssh_hosts.ssh(environ)[0], sys.executable,
-      os.path.dirname(job_lib.TRAINER), cfg.data_service_port,
-      cfg.data_service_work_dir)
+      os.path.dirname(job_lib.TRAINER), cfg.data_service_port, work_dir)
 
 
 def _point_at_data_service(values: flags.FlagValues, cfg: LaunchConfig,
@@ -215,9 +220,10 @@ def run(job: job_lib.Job, cfg: LaunchConfig,
   """The job's attempts under the supervisor (`parse_output`: it reads
   their output to name a failure), once its hosts are checked, with its
   ports closed by `guard` and the tf.data service's servers running around
-  them; the exit code of the last attempt."""
-  attempt = job.first_attempt()
+  them; the exit code of the last attempt. The launcher's files (the
+  hostfile) go at the end, also after a failure of the first attempt."""
   try:
+    attempt = job.first_attempt()
     with port_guard.closed(guard, cfg.port_guard):
       return _supervise(job, cfg, servers, parse_output, attempt)
   finally:

@@ -101,9 +101,11 @@ class LaunchConfig:
       'The dispatcher\'s port; data workers listen on the next one.',
       within='[1, 65534]', checked_by_flag=True, in_recipe=False)
   data_service_work_dir: str = option(
-      '/tmp/resnet_keras_data_service',
+      '',
       'The dispatcher\'s journal on its host: a dispatcher restarted with '
-      'it resumes its jobs.',
+      'it resumes its jobs. Empty: a new name for each launch in the '
+      'host\'s temporary directory (resnet_keras_data_service_<random>), '
+      'never a shared default.',
       in_recipe=False)
   port_guard: str = option(
       'auto',

@@ -123,7 +123,7 @@ def test_training_across_hosts(cluster, tmp_path, backend_args, batch,
     assert not os.path.exists(model_dir / f'worker_{worker}' / 'saved_model')
   assert not launcher.error_lines(output), launcher.error_lines(output)
   # The launcher's hostfile for mpirun goes with the job.
-  assert not list(temp.glob('resnet_keras_hostfile_*'))
+  assert not list(temp.glob('resnet_keras_launch_*'))
 
 
 def _start_long_job(cluster, tmp_path, extra=()):
