@@ -177,13 +177,14 @@ def test_recompute_sync_batch_norm_nesterov_resume_without_recompute(
 def test_uint8_loader_bf16_with_python_loop_and_clean(tmp_path):
   model_dir = tmp_path / 'u8'
   model_dir.mkdir()
-  (model_dir / 'stale.txt').write_text('old run')
+  # A checkpoint of an earlier run: --clean removes a run's own files.
+  (model_dir / 'ckpt-99.index').write_text('old run')
   result = runner.run_main(runner.TINY + [
       '-md', str(model_dir), '--clean', '-dt', 'bf16', '-dlit', 'uint8',
       '--nouse_tf_while_loop', '--lr_schedule', 'cosine',
       '--profile_steps', '2,4'])
   assert result.returncode == 0, result.stderr
-  assert not (model_dir / 'stale.txt').exists()
+  assert not (model_dir / 'ckpt-99.index').exists()
   assert 'profiler started at step 2' in result.stderr
   assert glob.glob(str(model_dir / 'profile' / '**' / '*.xplane.pb'),
                    recursive=True)
