@@ -53,7 +53,7 @@ PARTS = ('productive', 'redone', 'startup', 'checkpoints', 'evaluation',
 PHASES = ('training', 'checkpoints', 'evaluation', 'export')
 # Seconds between writes after loops alone: a killed attempt's record is at
 # most this old (plus a loop), without a write per loop of short steps.
-WRITE_EVERY = 10.0
+WRITE_EVERY = 5.0
 
 
 def read(model_dir: str) -> List[Dict]:
