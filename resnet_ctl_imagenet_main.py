@@ -8,6 +8,8 @@
 Flags -> RunConfig (resnet_keras/flags.py) -> run (resnet_keras/run.py).
 """
 
+import time
+
 from common import env
 
 env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
@@ -22,6 +24,7 @@ from resnet_keras.launcher import options as launcher_options  # pylint: disable
 
 
 def main(argv):
+  started = time.time()  # TensorFlow's start-up is the run's too.
   if len(argv) > 1:
     cli.fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
   cli.configure_logging()
@@ -33,7 +36,7 @@ def main(argv):
     print(recipes.dump(cfg), end='')
     return
   from resnet_keras import run  # pylint: disable=g-import-not-at-top
-  run.run(cfg)
+  run.run(cfg, started)
 
 
 def run() -> None:

@@ -213,15 +213,18 @@ class Outcome:
 
 def write_summary(basis: assembly.Basis, parts: assembly.Parts,
                   logger: metrics.StepLogger, outcome: Outcome,
-                  resumed_from_step: int, started: float) -> Dict:
+                  resumed_from_step: int, started: float,
+                  goodput: Optional[Dict]) -> Dict:
   """The end-of-run account of --skip_corrupt_records, then this worker's
-  run_summary.json (its line in the log); returns the summary."""
+  run_summary.json (its line in the log); returns the summary. `goodput`:
+  the job's goodput block (goodput.split; the chief's, None elsewhere)."""
   cfg, backend = basis.effective_cfg, basis.backend
   if parts.skipped:
     _report_skipped(parts.skipped.count, outcome.eval_results,
                     basis.info.num_eval_examples)
   summary = _summary(basis, parts, logger, outcome, resumed_from_step,
                      started)
+  summary['goodput'] = goodput
   write_dir = run_directory.worker_dir(cfg.model_dir, backend.worker_index)
   os.makedirs(write_dir, exist_ok=True)
   files.write_json_atomically(

@@ -31,6 +31,7 @@ from common import launch
 from common import supervisor
 from resnet_keras import assembly
 from resnet_keras import ema as ema_lib
+from resnet_keras import goodput
 from resnet_keras import guards
 from resnet_keras import metrics
 from resnet_keras import reporting
@@ -96,10 +97,13 @@ def with_model_dir(cfg: RunConfig, environ) -> RunConfig:
   return dataclasses.replace(cfg, model_dir=model_dir)
 
 
-def run(cfg: RunConfig) -> Dict:
-  """Trains (and evaluates) as `cfg` says; returns the run summary."""
+def run(cfg: RunConfig, started: Optional[float] = None) -> Dict:
+  """Trains (and evaluates) as `cfg` says; returns the run summary.
+  `started`: when this process began its work (time.time(); the entry
+  point's main, before TensorFlow loads), where the run's start-up and
+  wall time begin; by default, now."""
   try:
-    return _run(with_model_dir(cfg, os.environ))
+    return _run(with_model_dir(cfg, os.environ), started or time.time())
   finally:
     # The run's objects hold its input iterators (and tf.data service
     # clients) in reference cycles that only a garbage collection frees.
@@ -111,9 +115,8 @@ def run(cfg: RunConfig) -> Dict:
     gc.collect()
 
 
-def _run(cfg: RunConfig) -> Dict:
+def _run(cfg: RunConfig, started: float) -> Dict:
   """Set up -> decide the start -> assemble -> restore -> loop -> finish."""
-  started = time.time()
   basis = _set_up(cfg)
   cfg, backend = basis.effective_cfg, basis.backend
   plan = assembly.plan_for(basis)
@@ -124,11 +127,18 @@ def _run(cfg: RunConfig) -> Dict:
   reporting.log_plan(basis, plan)
   parts = assembly.assemble_training(basis, plan, start)
   start_lib.restore(start, parts.weights(), cfg, basis.info, backend)
-  outcome, logger = _train(basis, parts, start, started)
-  _export(basis, parts)
+  attempt = goodput.Attempt(cfg.model_dir if backend.is_chief else None,
+                            started, start.step)
+  outcome, logger = _train(basis, parts, start, started, attempt)
+  with attempt.timing('export'):
+    _export(basis, parts)
+  # The job's account is the chief's: only it records every attempt.
+  job = attempt.job() if backend.is_chief else None
   summary = reporting.write_summary(basis, parts, logger, outcome, start.step,
-                                    started)
+                                    started, job)
   backend.leave()
+  if job:
+    logging.info('%s', goodput.sentence(job))
   return summary
 
 
@@ -153,19 +163,24 @@ def _set_up(cfg: RunConfig) -> assembly.Basis:
 
 
 def _train(basis: assembly.Basis, parts: assembly.Parts,
-           start: start_lib.Start, started: float
+           start: start_lib.Start, started: float,
+           attempt: goodput.Attempt
            ) -> Tuple[reporting.Outcome, metrics.StepLogger]:
   """The loops, evaluations and checkpoints of the plan, from `start`
-  (restored), with its guards and reports; the outcome and the logger."""
+  (restored), with its guards and reports, timed in `attempt`; the outcome
+  and the logger."""
   cfg, backend = basis.effective_cfg, basis.backend
   reports = reporting.Reporting(basis, parts)
+  # No checkpoint manager: the controller neither restores nor saves. The
+  # attempt's action comes first, to count the loop a guard stops the run
+  # after.
   controller = orbit.Controller(
       strategy=parts.trainer.strategy, trainer=parts.trainer,
       evaluator=parts.evaluator, global_step=parts.optimizer.iterations,
       steps_per_loop=parts.plan.steps_per_loop,
       summary_manager=reports.summaries,
       eval_summary_dir=reports.eval_summary_dir,
-      train_actions=reports.actions)  # It neither restores nor saves.
+      train_actions=[attempt] + reports.actions)
   if backend.is_chief:
     start_lib.write_run_files(
         start, cfg, parts.plan, basis.runtime_record,
@@ -182,8 +197,9 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
   try:
     if reports.profiler:
       reports.profiler()  # the first loop may be the window's
+    attempt.ready()
     outcome = _train_and_evaluate(cfg, backend, parts, controller, reports,
-                                  start, started)
+                                  start, started, attempt)
   except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
     error = _data_error(cfg, basis.info, e)
     if error is None:
@@ -200,10 +216,12 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                         parts: assembly.Parts,
                         controller: orbit.Controller,
                         reports: reporting.Reporting, start: start_lib.Start,
-                        started: float) -> reporting.Outcome:
+                        started: float,
+                        attempt: goodput.Attempt) -> reporting.Outcome:
   """Loops to the end of the plan (or the target accuracy): checkpoints and
   evaluations at their steps, a checkpoint before a signal stops the run,
-  and a last evaluation if none ran at the end."""
+  and a last evaluation if none ran at the end; each timed in `attempt`,
+  which is written after each checkpoint and evaluation."""
   plan, optimizer, manager = parts.plan, parts.optimizer, parts.manager
   saves = manager is not None
   outcome = reporting.Outcome(step=start.step, eval_results={})
@@ -213,14 +231,17 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                              start.batches_read_at(outcome.step),
                              announce=outcome.step == start.step)
     try:
-      controller.train(plan.next_stop(outcome.step),
-                       checkpoint_at_completion=False)
+      with attempt.timing('training'):
+        controller.train(plan.next_stop(outcome.step),
+                         checkpoint_at_completion=False)
     except guards.SignalReceived as stop:
       step = int(optimizer.iterations.numpy())
       if saves:
-        path = manager.save(checkpoint_number=step)
+        with attempt.timing('checkpoints'):
+          path = manager.save(checkpoint_number=step)
         logging.info('saved checkpoint at step %d after signal (%s)', step,
                      path)
+      attempt.write()
       if backend.is_chief:
         scheduler.record_stop(cfg.model_dir, os.environ, str(stop), step)
       # No worker exits before the chief's checkpoint is written: a
@@ -232,9 +253,13 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
     step = outcome.step = int(optimizer.iterations.numpy())
     if (cfg.enable_checkpoint_and_export and saves and
         plan.is_checkpoint_step(step)):
-      logging.info('saved checkpoint %s', manager.save(checkpoint_number=step))
+      with attempt.timing('checkpoints'):
+        path = manager.save(checkpoint_number=step)
+      logging.info('saved checkpoint %s', path)
+      attempt.write()
     if not cfg.skip_eval and plan.is_eval_step(step):
-      outcome.eval_results = _evaluate(controller, reports, plan, step)
+      outcome.eval_results = _evaluate(controller, reports, plan, step,
+                                       attempt)
       if _reached(cfg, outcome.eval_results):
         outcome.target_reached = True
         outcome.seconds_to_target = time.time() - started
@@ -243,14 +268,17 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                      plan.epoch_of(step), outcome.eval_results['eval_accuracy'],
                      outcome.seconds_to_target)
   if not cfg.skip_eval and not outcome.eval_results:
-    outcome.eval_results = _evaluate(controller, reports, plan, outcome.step)
+    outcome.eval_results = _evaluate(controller, reports, plan, outcome.step,
+                                     attempt)
   return outcome
 
 
 def _evaluate(controller: orbit.Controller, reports: reporting.Reporting,
-              plan: TrainingPlan, step: int) -> Dict:
-  results = controller.evaluate(steps=-1)
+              plan: TrainingPlan, step: int, attempt: goodput.Attempt) -> Dict:
+  with attempt.timing('evaluation'):
+    results = controller.evaluate(steps=-1)
   reports.evaluated(plan, step, results)
+  attempt.write()
   return results
 
 

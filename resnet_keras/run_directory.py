@@ -11,6 +11,8 @@ serving/contract.py.
   scheduler.json         each start of a Slurm job, and the signal that
                          stopped it (scheduler.py)
   warm_start.json        where a warm start began (start.py)
+  goodput.json           each attempt's timings, the job's goodput
+                         (goodput.py)
   metrics.jsonl          one record per log line and evaluation (metrics.py)
   run_summary.json       what the run did (reporting.py); other workers'
                          in worker_N/
@@ -50,6 +52,7 @@ CONFIG_FILE = 'config.json'
 WORLD_FILE = 'world_sizes.json'
 SCHEDULER_FILE = 'scheduler.json'
 WARM_START_FILE = 'warm_start.json'
+GOODPUT_FILE = 'goodput.json'
 METRICS_FILE = 'metrics.jsonl'
 SUMMARY_FILE = 'run_summary.json'
 # TensorFlow's CheckpointManager names each checkpoint PREFIX-<step> and
@@ -148,7 +151,7 @@ def kept_checkpoints(model_dir: str) -> List[LatestCheckpoint]:
 _RUN_FILES = re.compile(
     r'(?P<hidden>\.)?(%s)(?(hidden)\.tmp)' % '|'.join(map(re.escape, (
         CONFIG_FILE, WORLD_FILE, SCHEDULER_FILE, WARM_START_FILE,
-        METRICS_FILE, SUMMARY_FILE, CHECKPOINT_STATE_FILE, VALIDATION_FILE,
+        GOODPUT_FILE, METRICS_FILE, SUMMARY_FILE, CHECKPOINT_STATE_FILE, VALIDATION_FILE,
         VALIDATION_EXPORTS_FILE))) +
     rf'|{CHECKPOINT_PREFIX}-\d+\.(index|data-\d+-of-\d+)'
     rf'|{CHECKPOINT_STATE_FILE}\.tmp[0-9a-f]*')

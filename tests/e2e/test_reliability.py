@@ -12,6 +12,7 @@ import subprocess
 import pytest
 
 from common import supervisor
+from resnet_keras import goodput
 from resnet_keras import guards
 from tests.support import runner
 from tests.support.records import write_dataset
@@ -180,6 +181,9 @@ def _truncated_run(synthetic_run, tmp_path):
 
 
 def test_a_resume_passes_over_an_unreadable_newest_checkpoint(truncated_run):
+  """The job's goodput spans both attempts: the shared run's (checkpoints,
+  evaluations, the export, to step 8) and this one's, which redoes steps 5
+  to 8 from ckpt-4."""
   bad = truncated_run / 'ckpt-8.data-00000-of-00001'
   size = bad.stat().st_size
   result = runner.run_main(runner.TINY + [f'--model_dir={truncated_run}',
@@ -187,8 +191,27 @@ def test_a_resume_passes_over_an_unreadable_newest_checkpoint(truncated_run):
   assert result.returncode == 0, result.stderr[-3000:]
   said = [l for l in result.stderr.splitlines() if 'unreadable' in l]
   assert len(said) == 1 and str(bad) in said[0], result.stderr[-3000:]
-  assert runner.read_summary(truncated_run)['resumed_from_step'] == 4
+  summary = runner.read_summary(truncated_run)
+  assert summary['resumed_from_step'] == 4
   assert bad.stat().st_size == size  # Left as it was.
+
+  job = summary['goodput']
+  assert job['attempts'] == 2 and job['redone_steps'] == 4
+  seconds, wall = job['seconds'], job['wall_seconds']
+  assert all(seconds[part] > 0 for part in goodput.PARTS if part != 'other')
+  assert sum(seconds.values()) == pytest.approx(wall, rel=0.02)
+  # What no part names (plots drawn, files closed) is a small share of the
+  # attempts' own time.
+  assert 0 <= seconds['other'] < 0.2 * (wall - seconds['waiting'])
+  assert job['goodput'] == pytest.approx(seconds['productive'] / wall,
+                                         abs=1e-4)
+  attempts = goodput.read(str(truncated_run))
+  assert [(a['start_step'], a['last_step']) for a in attempts] == [(0, 8),
+                                                                  (4, 12)]
+  assert all(a['process_start'] < a['ready'] < a['end'] for a in attempts)
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.endswith(goodput.sentence(job)), last
+  assert '(2 attempts), redone' in last and '(4 steps)' in last
 
 
 @pytest.mark.parametrize('tool', [
