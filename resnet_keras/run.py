@@ -116,7 +116,11 @@ def run(cfg: RunConfig, started: Optional[float] = None) -> Dict:
 
 
 def _run(cfg: RunConfig, started: float) -> Dict:
-  """Set up -> decide the start -> assemble -> restore -> loop -> finish."""
+  """Set up -> decide the start -> assemble -> restore -> loop -> finish.
+  The summary's wall_seconds and seconds_to_target count from here, as
+  they always have (time-to-accuracy figures compare them); goodput counts
+  from the process's `started`."""
+  run_started = time.time()
   basis = _set_up(cfg)
   cfg, backend = basis.effective_cfg, basis.backend
   plan = assembly.plan_for(basis)
@@ -129,13 +133,13 @@ def _run(cfg: RunConfig, started: float) -> Dict:
   start_lib.restore(start, parts.weights(), cfg, basis.info, backend)
   attempt = goodput.Attempt(cfg.model_dir if backend.is_chief else None,
                             started, start.step)
-  outcome, logger = _train(basis, parts, start, started, attempt)
+  outcome, logger = _train(basis, parts, start, run_started, attempt)
   with attempt.timing('export'):
     _export(basis, parts)
   # The job's account is the chief's: only it records every attempt.
   job = attempt.job() if backend.is_chief else None
   summary = reporting.write_summary(basis, parts, logger, outcome, start.step,
-                                    started, job)
+                                    run_started, job)
   backend.leave()
   if job:
     logging.info('%s', goodput.sentence(job))
