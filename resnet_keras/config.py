@@ -82,7 +82,7 @@ class DataConfig:
   """What data, how much of it, and how it is read."""
   data_dir: str = option(
       '/data/tensorflow_datasets/imagenet/tf_records',
-      'Directory with the TFRecord shards.', alias='dd')
+      'Directory with the TFRecord shards.', alias='dd', path=True)
   dataset: str = option(
       'imagenet',
       'imagenet (any ImageNet-format TFRecords), cifar10 or cifar100 '
@@ -463,7 +463,8 @@ class WarmStartConfig:
       "Start a new run from another run's checkpoint (a checkpoint "
       'prefix such as DIR/ckpt-8, or a model_dir: its latest) of the '
       'same model; only while --model_dir has no checkpoint of its own '
-      '(then it resumes).')
+      '(then it resumes). TensorFlow reads a checkpoint as trusted input: '
+      'take only checkpoints you trust.', path=True)
   restore_optimizer: bool = option(
       False,
       'With --restore_from: also restore the optimizer (momentum slots, '
@@ -473,7 +474,9 @@ class WarmStartConfig:
       None,
       'Transfer learning: load every layer but the classification head '
       "from another run's checkpoint (prefix or model_dir) of the same "
-      "architecture; the head is new, for this data's classes.")
+      "architecture; the head is new, for this data's classes. TensorFlow "
+      'reads a checkpoint as trusted input: take only checkpoints you '
+      'trust.', path=True)
   freeze_backbone: bool = option(
       False,
       'With --pretrained_checkpoint: train only the head; the '
@@ -828,7 +831,8 @@ class OutputConfig:
   """What a run writes: model_dir, checkpoints, summaries."""
   model_dir: str = option(
       '/tmp/resnet',
-      'Checkpoints, summaries, exports and run_summary.json.', alias='md')
+      'Checkpoints, summaries, exports and run_summary.json.', alias='md',
+      path=True)
   clean: bool = option(
       False,
       'Remove model_dir before training. Under the launcher it applies to '

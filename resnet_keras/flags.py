@@ -119,6 +119,9 @@ def markdown_table() -> str:
 
 
 RUN_CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(RunConfig))
+# The options whose value is a file or directory on this host.
+PATH_OPTIONS = frozenset(f.name for f in dataclasses.fields(RunConfig)
+                         if options.spec_of(f).path)
 
 
 def apply_config(values: flags.FlagValues,

@@ -12,7 +12,8 @@ PROGRAM = ['python', 'resnet_ctl_imagenet_main.py', '-bs', '8']
 
 def _mpirun(**overrides):
   kwargs = dict(workers_per_host=2, hosts=[], physical_cores=8,
-                environ={'PATH': '/bin'}, hostfile_path='/tmp/hosts')
+                environ={'PATH': '/bin'}, hostfile_path='/tmp/hosts',
+                as_root=True)
   kwargs.update(overrides)
   return launch.mpirun_command(PROGRAM, **kwargs)
 
@@ -167,14 +168,15 @@ def test_data_service_servers_start_and_stop_over_ssh():
       ('h2', 'dispatcher', 5050), ('h2', 'worker', 5051),
       ('h3', 'worker', 5051)]
   dispatcher, _, worker = servers
-  assert dispatcher.argv[:4] == ['ssh', '-p', '3022', 'h2']
-  assert dispatcher.argv[4] == (
+  # '--': a host is never read as one of ssh's options.
+  assert dispatcher.argv[:5] == ['ssh', '-p', '3022', '--', 'h2']
+  assert dispatcher.argv[5] == (
       "cd '/repo dir' && exec /py/bin/python3 -m resnet_keras.data.service "
       'dispatcher --port 5050 --work_dir /tmp/journal')
-  assert worker.argv[4].endswith('worker --port 5051 --dispatcher h2:5050')
+  assert worker.argv[5].endswith('worker --port 5051 --dispatcher h2:5050')
   # Stopped by its own command line, never the shell that looks for it.
-  stop = worker.stop_argv[4]
-  assert worker.stop_argv[:4] == ['ssh', '-p', '3022', 'h3']
+  stop = worker.stop_argv[5]
+  assert worker.stop_argv[:5] == ['ssh', '-p', '3022', '--', 'h3']
   assert stop.startswith(
       "pkill -f '[r]esnet_keras.data.service worker --port 5051';")
   assert stop.endswith("pkill -KILL -f '[r]esnet_keras.data.service worker "
