@@ -129,7 +129,7 @@ def test_outside_an_allocation_a_slurm_dry_run_prints_a_batch_script():
   assert shlex.split(script.splitlines()[-1]) == [
       'exec', sys.executable, 'demo_resnet_keras.py',
       '--num_workers_per_hls=2', '-ds=multi_worker_mirrored', '-bs=12',
-      '--optimizer=LARS', '--model_dir=/shared/my runs', '--launcher=slurm']
+      '--optimizer=LARS', '-md=/shared/my runs', '--launcher=slurm']
   syntax = subprocess.run(['bash', '-n'], input=script, text=True,
                           capture_output=True, check=False)
   assert syntax.returncode == 0, syntax.stderr
