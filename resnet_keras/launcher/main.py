@@ -129,7 +129,7 @@ def print_batch_script(argv: Sequence[str], values: flags.FlagValues,
   job_lib.check_workers(flags_lib.config_from_flags(values), total_workers)
   cores = launch_lib.cores_per_worker(launch_lib.physical_core_count(),
                                       cfg.num_workers_per_hls)
-  print(slurm.batch_script(slurm.absolute_paths(argv, values, recipe), cfg,
+  print(slurm.batch_script(slurm.absolute_paths(argv, recipe), cfg,
                            nodes, max(1, cores), sys.executable,
                            os.path.dirname(job_lib.TRAINER)), end='')
 

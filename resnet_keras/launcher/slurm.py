@@ -27,8 +27,6 @@ import shlex
 import signal
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from absl import flags
-
 from absl import logging
 
 from common import launch
@@ -75,23 +73,23 @@ def _relative_path(name: str, value: Any) -> bool:
   if not isinstance(value, str) or not value or os.path.isabs(value) or (
       '://' in value):  # gs://, hdfs://: not this host's paths.
     return False
-  return name in flags_lib.PATH_OPTIONS or (name == 'config' and
-                                            os.path.isfile(value))
+  return name in flags_lib.PATH_FLAGS or (name == 'config' and
+                                          os.path.isfile(value))
 
 
-def absolute_paths(argv: Sequence[str], values: flags.FlagValues,
+def absolute_paths(argv: Sequence[str],
                    recipe: Mapping[str, Any]) -> List[str]:
   """`argv` (options.as_parsed: each value joined to its flag) with every
   path the user gave made absolute from the working directory, for a
-  script that runs elsewhere: a path flag's, --config's file, and a
-  path the recipe gave (`recipe`: what it filled in), added as a flag."""
+  script that runs elsewhere: a path flag's, --config's file, and a path
+  the recipe filled in (`recipe`: what it filled in), added as a flag.
+  Spellings are kept (-md=/abs/runs/x)."""
   out = []
   for arg in argv:
-    name, joined, value = arg.lstrip('-').partition('=')
-    if arg.startswith('-') and joined and name in values:
-      name = values[name].name  # -md: model_dir.
-      if _relative_path(name, value):
-        arg = f'--{name}={os.path.abspath(value)}'
+    name, joined, value = arg.partition('=')
+    if arg.startswith('-') and joined and _relative_path(name.lstrip('-'),
+                                                         value):
+      arg = f'{name}={os.path.abspath(value)}'
     out.append(arg)
   return out + [f'--{name}={os.path.abspath(value)}'
                 for name, value in recipe.items()

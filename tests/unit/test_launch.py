@@ -29,6 +29,11 @@ def test_single_host_binds_each_worker_to_its_share_of_cores():
   assert plan.files == {} and plan.notes == []
 
 
+def test_only_root_gets_allow_run_as_root():
+  assert _mpirun(as_root=False).argv[:3] == ['mpirun', '-np', '2']
+  assert _mpirun(as_root=True).argv[:2] == ['mpirun', '--allow-run-as-root']
+
+
 def test_more_workers_than_cores_oversubscribes_without_binding():
   plan = _mpirun(workers_per_host=4, physical_cores=2)
   assert plan.argv[4:7] == ['--bind-to', 'none', '--oversubscribe']
@@ -182,3 +187,31 @@ def test_data_service_servers_start_and_stop_over_ssh():
   assert stop.endswith("pkill -KILL -f '[r]esnet_keras.data.service worker "
                        "--port 5051'")
   assert launch.data_service_address(['h2', 'h3'], 5050) == 'grpc://h2:5050'
+
+
+@pytest.mark.parametrize('host', ['n1', 'node-7.cluster.local', 'r1_n2',
+                                  '10.0.0.1', 'fe80::1', '2001:db8::2'])
+def test_host_names_and_addresses_are_hosts(host):
+  assert launch.parse_hosts(f'h0,{host}') == ['h0', host]
+
+
+@pytest.mark.parametrize('host', ['-oProxyCommand=touch x', '-p1', 'a b',
+                                  'h;id', '$(id)', 'h`id`', "h'", 'h\n1',
+                                  'h/1', 'h:22'])
+def test_anything_else_is_refused_naming_where_it_came_from(host):
+  with pytest.raises(UsageError, match='^MULTI_HLS_IPS: .* is not a host '
+                                       'name or an IP address'):
+    launch.parse_hosts(f'h0,{host}')
+
+
+@pytest.mark.parametrize('value,workers', [('abc', 1), ('0', 1), ('-5', 1),
+                                           ('99999', 1), ('65535', 2)])
+def test_a_base_port_out_of_range_is_refused(value, workers):
+  with pytest.raises(UsageError, match=f'^TF_BASE_PORT={value}: .* give a '
+                                       'port number from 1 to'):
+    launch.tf_base_port({'TF_BASE_PORT': value}, workers)
+
+
+def test_the_base_port_and_the_ports_above_it_fit():
+  assert launch.tf_base_port({}, 8) == launch.DEFAULT_TF_BASE_PORT
+  assert launch.tf_base_port({'TF_BASE_PORT': '65534'}, 2) == 65534
