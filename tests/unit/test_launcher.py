@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import sys
+from unittest import mock
 
 import pytest
 from absl import flags
@@ -117,8 +118,11 @@ def test_commands_by_placement(tmp_path):
   one = _job(tmp_path, LaunchConfig()).command()
   assert one.argv == [sys.executable, job_lib.TRAINER, '--use_horovod', '-bs',
                       '4', '--warmup_epochs=3']
-  two = _job(tmp_path, LaunchConfig(num_workers_per_hls=2)).command()
-  assert two.argv[:4] == ['mpirun', '--allow-run-as-root', '-np', '2']
+  # --allow-run-as-root as root only: mpirun refuses root without it.
+  for euid, as_root in ((1000, []), (0, ['--allow-run-as-root'])):
+    with mock.patch.object(os, 'geteuid', return_value=euid):
+      two = _job(tmp_path, LaunchConfig(num_workers_per_hls=2)).command()
+    assert two.argv[:3 + len(as_root)] == ['mpirun', *as_root, '-np', '2']
   assert '--hostfile' not in two.argv
   assert two.env['HOROVOD_STALL_CHECK_TIME_SECONDS'] == '60'
   hosts = _job(tmp_path, LaunchConfig(), {'MULTI_HLS_IPS': HOSTS}).command()
