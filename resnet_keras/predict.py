@@ -5,7 +5,8 @@
   python -m resnet_keras.predict --saved_model DIR/exports/ckpt-8/model.onnx x.jpg
 
 Images are JPEG or PNG files of any size, colour or grayscale; a folder
-stands for its .jpg, .jpeg and .png files, sorted. They are preprocessed
+stands for its .jpg, .jpeg and .png files, sorted (only regular files: a
+FIFO or device named like an image is skipped with a line). They are preprocessed
 exactly as the run's evaluation did (aspect-preserving resize, central crop
 of the run's --eval_crop_fraction): by the SavedModel's `serving_encoded`
 signature, or for an ONNX or TFLite file from what it records
