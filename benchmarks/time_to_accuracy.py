@@ -15,8 +15,8 @@ so a slow stretch of a shared machine spreads over the rows.
 limited to its AVX2 kernels (ONEDNN_MAX_CPU_ISA=AVX2, which TensorFlow's
 bundled oneDNN honours: ONEDNN_VERBOSE=1 names each kernel's ISA), and what
 the 'auto' flags pick there: --dtype fp32 and --conv_impl matmul
-(hardware.py decides from the CPU's flags, which the variable does not
-hide).
+(hardware.py honours the variable too; the flags are given as well, so the
+rows say what they race).
 """
 
 import argparse

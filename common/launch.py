@@ -229,14 +229,19 @@ def this_host(environ: Mapping[str, str]) -> Dict[str, str]:
   hosts = parse_hosts(environ.get('MULTI_HLS_IPS'))
   address = ''
   if hosts:
-    # Connecting a UDP socket only picks the route; it sends nothing.
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-      try:
-        probe.connect((hosts[0], 9))
-        address = probe.getsockname()[0]
-      except OSError:
-        pass
+    try:
+      address = address_toward(hosts[0])
+    except OSError:
+      pass
   return {'hostname': socket.gethostname(), 'address': address}
+
+
+def address_toward(host: str, port: int = 9) -> str:
+  """This host's address on the route to `host` (OSError: no route)."""
+  # Connecting a UDP socket only picks the route; it sends nothing.
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+    probe.connect((host, port))
+    return probe.getsockname()[0]
 
 
 def strip_flags(args: Sequence[str], boolean: Sequence[str],
@@ -366,20 +371,29 @@ def data_service_servers(hosts: Sequence[str], ssh: Sequence[str],
               for host in hosts]
   built = []
   for role, host, server_port, args in servers:
-    command = [python, '-m', 'resnet_keras.data.service', role, '--port',
-               str(server_port)] + args
-    # '[r]' keeps the pattern from matching the shell that runs it. SIGTERM
-    # (the server stops itself), then SIGKILL for what is left after 10 s.
-    pattern = shlex.quote(
-        f'[r]esnet_keras.data.service {role} --port {server_port}')
-    stop = (f'pkill -f {pattern}; for _ in $(seq 50); do pgrep -f {pattern} '
-            f'>/dev/null || exit 0; sleep 0.2; done; pkill -KILL -f {pattern}')
+    head = [python, '-m', 'resnet_keras.data.service', role, '--port',
+            str(server_port)]
+    # SIGTERM (the server stops itself), then SIGKILL for what is left
+    # after 10 s; only this user's processes.
+    match = f'-U "$(id -u)" -f {shlex.quote(server_pattern(head))}'
+    stop = (f'pkill {match}; for _ in $(seq 50); do pgrep {match} '
+            f'>/dev/null || exit 0; sleep 0.2; done; pkill -KILL {match}')
+    command = head + args
     built.append(DataServer(
         host=host, role=role, port=server_port,
         argv=list(ssh) + ['--', host, f'cd {shlex.quote(repo)} && exec '
                           f'{shlex.join(command)}'],
         stop_argv=list(ssh) + ['--', host, stop]))
   return built
+
+
+def server_pattern(head: Sequence[str]) -> str:
+  """pgrep's extended regular expression for exactly the processes whose
+  command line begins with the words `head`: anchored at its start (never
+  the shell that runs pkill) and at the end of the last word (port 5051
+  is not 50510, another job's)."""
+  words = [re.sub(r'([.\[\]{}()\\*+?^$|])', r'\\\1', word) for word in head]
+  return '^' + ' '.join(words) + '( |$)'
 
 
 def data_service_address(hosts: Sequence[str], port: int) -> str:

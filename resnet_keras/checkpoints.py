@@ -12,11 +12,13 @@ ends, --checkpoint_interval_steps, the end) and a stop signal's (run.py).
 """
 
 import dataclasses
+import glob
 import json
 import os
 from typing import Dict, List, Optional, Tuple
 
 import tensorflow as tf
+from absl import logging
 
 from resnet_keras import config as config_lib
 from resnet_keras import options
@@ -42,9 +44,44 @@ def make_manager(model, optimizer, model_dir: str,
 
 
 def latest(model_dir: str) -> Tuple[Optional[str], int]:
-  """model_dir's latest checkpoint and its step ((None, 0): none)."""
-  found = run_directory.latest_checkpoint(model_dir)
-  return (found.prefix, found.step) if found else (None, 0)
+  """model_dir's newest checkpoint that reads, and its step ((None, 0):
+  none). Each newer one that does not read is said in one line and left
+  as it is."""
+  for found in run_directory.kept_checkpoints(model_dir):
+    why = unreadable(found.prefix)
+    if not why:
+      return found.prefix, found.step
+    logging.error('%s; left as it is, and passed over: the run resumes '
+                  'from the newest checkpoint that reads (a save at step %d '
+                  'would replace it: copy it away to keep it)', why,
+                  found.step)
+  return None, 0
+
+
+def unreadable(prefix: str) -> Optional[str]:
+  """Why the checkpoint at `prefix` does not read ('FILES are unreadable:
+  cause'), or None: every value read back, as a restore reads it
+  (TensorFlow checks each one's checksum). A write cut short (a crash, a
+  full disk) leaves such a checkpoint."""
+  try:
+    reader = tf.train.load_checkpoint(prefix)
+    for name in reader.get_variable_to_shape_map():
+      reader.get_tensor(name)
+  except (IndexError, ValueError, tf.errors.OpError) as e:
+    files = ', '.join(sorted(glob.glob(glob.escape(prefix) + '.*'))) or prefix
+    cause = str(e).strip().splitlines()[0][:200] if str(e).strip() else (
+        type(e).__name__)
+    return f'the checkpoint {files} is unreadable ({cause})'
+  return None
+
+
+def check_readable(prefix: str) -> None:
+  """Refuses, in one line naming its files, a checkpoint that does not read
+  (`unreadable`): the tools and a warm start read the one they are given."""
+  why = unreadable(prefix)
+  if why:
+    raise UsageError(f'{why}; name another checkpoint, or train again to '
+                     'write a new one')
 
 
 def checkpoint_of(model, optimizer=None,
@@ -178,18 +215,23 @@ def restore(checkpoint: tf.train.Checkpoint, path: str,
 
 def checkpoint_paths(manager: tf.train.CheckpointManager, model_dir: str,
                      which: Optional[str]) -> List[str]:
-  """The checkpoints --checkpoint names: one, 'all', or (None) the latest."""
+  """The checkpoints --checkpoint names: one, 'all', or (None) the latest;
+  refuses one that does not read (`check_readable`)."""
   kept = list(manager.checkpoints)
   if not kept and which in (None, 'all'):
     raise UsageError(f'{model_dir} has no checkpoints; train with '
                      '--enable_checkpoint_and_export')
   if which is None:
-    return [manager.latest_checkpoint]
-  if which == 'all':
-    return kept
-  for path in (which, os.path.join(model_dir, which)):
-    if os.path.exists(path + '.index'):
-      return [path]
+    paths = [manager.latest_checkpoint]
+  elif which == 'all':
+    paths = kept
+  else:
+    paths = [path for path in (which, os.path.join(model_dir, which))
+             if os.path.exists(path + '.index')][:1]
+  for path in paths:
+    check_readable(path)
+  if paths:
+    return paths
   names = ', '.join(os.path.basename(p) for p in kept) or 'none'
   raise UsageError(f'--checkpoint={which} is not a checkpoint (no '
                    f'{which}.index); {model_dir} has: {names}')

@@ -830,12 +830,18 @@ class OptimizerConfig:
 class OutputConfig:
   """What a run writes: model_dir, checkpoints, summaries."""
   model_dir: str = option(
-      '/tmp/resnet',
-      'Checkpoints, summaries, exports and run_summary.json.', alias='md',
+      '',
+      'Checkpoints, summaries, exports and run_summary.json; a rerun with '
+      'the same model_dir resumes. Empty: a new private directory for this '
+      'run alone (tempfile.mkdtemp, named in the log), never a shared '
+      'default; a job of several workers must name one.', alias='md',
       path=True)
   clean: bool = option(
       False,
-      'Remove model_dir before training. Under the launcher it applies to '
+      'Remove what runs wrote in model_dir before training: the files and '
+      'folders of docs/run_directory.md, never anything else; a model_dir '
+      'that holds anything else is refused before any work, nothing '
+      'removed (the directory itself stays). Under the launcher it applies to '
       'the first attempt only: a restarted one (--max_restarts, an elastic '
       'job) resumes from the checkpoints the first wrote.')
   enable_checkpoint_and_export: bool = option(

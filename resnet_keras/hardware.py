@@ -7,10 +7,16 @@ benchmarks/HISTORY.md), and older GPUs have fp16 tensor cores instead.
 `--conv_impl auto` and `--relu_impl auto` pick the kernels that measured
 fastest for that dtype on that kind of machine (levers.py). Each choice is
 a pure function of what was detected, so it is tested without the hardware.
+
+`ONEDNN_MAX_CPU_ISA` (oneDNN's own cap on the kernels it runs) caps what is
+detected too: `ONEDNN_MAX_CPU_ISA=AVX2` on an AVX-512 or AMX machine makes
+both oneDNN and every 'auto' here see an AVX2-only CPU, which is how the
+suite and the benchmarks run as that kind of machine (README, "Test").
 """
 
 import dataclasses
-from typing import FrozenSet, Optional, Tuple
+import os
+from typing import FrozenSet, Mapping, Optional, Tuple
 
 from common import env
 
@@ -23,11 +29,27 @@ REPORTED_CPU_FEATURES = BF16_CPU_FEATURES + ('avx512f', 'avx2')
 EMULATED_BF16_SPEED = 0.13
 MIN_BF16_GPU_CAPABILITY = (8, 0)
 
+# oneDNN's ISA levels as its dnnl_cpu_isa_t bit sets (each level holds the
+# bits of the ones it extends), and the level each reported feature needs.
+# A cap keeps a feature when the cap's bits include the feature's level's.
+ONEDNN_ISA_VAR = 'ONEDNN_MAX_CPU_ISA'
+_ONEDNN_ISA_BITS = {
+    'SSE41': 0x1, 'AVX': 0x3, 'AVX2': 0x7, 'AVX2_VNNI': 0xf,
+    'AVX2_VNNI_2': 0x1f, 'AVX512_CORE': 0x27, 'AVX512_CORE_VNNI': 0x67,
+    'AVX512_CORE_BF16': 0xe7, 'AVX10_1_512': 0x1ef,
+    'AVX512_CORE_FP16': 0x1ef, 'AVX10_1_512_AMX': 0xfef,
+    'AVX512_CORE_AMX': 0xfef, 'AVX10_1_512_AMX_FP16': 0x1fef,
+    'AVX512_CORE_AMX_FP16': 0x1fef}
+_FEATURE_ISA = {'avx2': 'AVX2', 'avx512f': 'AVX512_CORE',
+                'avx512_bf16': 'AVX512_CORE_BF16',
+                'amx_bf16': 'AVX512_CORE_AMX'}
+
 
 @dataclasses.dataclass(frozen=True)
 class Cpu:
   model: str
   features: FrozenSet[str]  # the REPORTED_CPU_FEATURES it has
+  isa_cap: Optional[str] = None  # ONEDNN_MAX_CPU_ISA, where it hid some
 
   @property
   def has_bf16(self) -> bool:
@@ -36,7 +58,8 @@ class Cpu:
   def describe(self) -> str:
     """'AMD EPYC (avx2)': the model and the features that matter here."""
     names = [f for f in REPORTED_CPU_FEATURES if f in self.features]
-    return f'{self.model} ({", ".join(names) or "no AVX2"})'
+    capped = f'; {ONEDNN_ISA_VAR}={self.isa_cap}' if self.isa_cap else ''
+    return f'{self.model} ({", ".join(names) or "no AVX2"}{capped})'
 
 
 def parse_cpuinfo(text: str) -> Cpu:
@@ -52,10 +75,24 @@ def parse_cpuinfo(text: str) -> Cpu:
   return Cpu(model, frozenset(flags & set(REPORTED_CPU_FEATURES)))
 
 
+def capped(cpu: Cpu, environ: Mapping[str, str]) -> Cpu:
+  """`cpu` as oneDNN sees it under the environment's ONEDNN_MAX_CPU_ISA:
+  the features above the cap hidden. Unset, DEFAULT, ALL or a name oneDNN
+  does not know leave every feature (oneDNN ignores those too)."""
+  cap = _ONEDNN_ISA_BITS.get(environ.get(ONEDNN_ISA_VAR, '').upper())
+  if cap is None:
+    return cpu
+  kept = frozenset(f for f in cpu.features
+                   if _ONEDNN_ISA_BITS[_FEATURE_ISA[f]] & ~cap == 0)
+  if kept == cpu.features:
+    return cpu
+  return Cpu(cpu.model, kept, environ[ONEDNN_ISA_VAR])
+
+
 def this_cpu(path: str = '/proc/cpuinfo') -> Cpu:
   try:
     with open(path) as f:
-      return parse_cpuinfo(f.read())
+      return capped(parse_cpuinfo(f.read()), os.environ)
   except OSError:  # Not Linux: no features known, so no bf16 assumed.
     return Cpu('unknown CPU', frozenset())
 

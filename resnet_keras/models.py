@@ -79,7 +79,13 @@ def conv_with_patch_matmul_kernel_grad(inputs, kernel, strides):
 
     return tf.nn.conv2d(x, k, strides, 'SAME'), grad
 
-  return conv(inputs, kernel)
+  # The kernel read (and cast, under a mixed policy) here, outside the
+  # custom gradient: called eagerly, tf.custom_gradient watches the
+  # variables its function reads and refuses a grad without a `variables`
+  # argument, and a mixed policy's AutoCastVariable is not the variable it
+  # wraps, so it counts as read even when passed as `k`. The gradient still
+  # reaches the variable, through the read.
+  return conv(inputs, tf.convert_to_tensor(kernel))
 
 
 def subsample(x, stride: int):

@@ -15,9 +15,9 @@ resolved), which config.json records; only the TensorBoard hparams record
 the config as asked, as they always have (reporting.py).
 """
 
+import dataclasses
 import gc
 import os
-import shutil
 import tempfile
 import time
 from typing import Dict, Optional, Tuple
@@ -27,12 +27,14 @@ import tensorflow as tf
 from absl import logging
 
 from common import distribution
+from common import launch
 from common import supervisor
 from resnet_keras import assembly
 from resnet_keras import ema as ema_lib
 from resnet_keras import guards
 from resnet_keras import metrics
 from resnet_keras import reporting
+from resnet_keras import run_directory
 from resnet_keras import scheduler
 from resnet_keras import schedules
 from resnet_keras import start as start_lib
@@ -51,7 +53,8 @@ orbit.controller._log = logging.debug  # pylint: disable=protected-access
 
 
 def prepare_model_dir(model_dir: str, clean: bool, restarts: int = 0) -> None:
-  """Applies --clean and checks model_dir is a writable directory.
+  """Applies --clean (run_directory.clean: a run's entries only) and checks
+  model_dir is a writable directory.
 
   --clean applies to a job's first attempt only: a restarted or requeued
   one (`restarts` > 0 earlier attempts) resumes from the checkpoints the
@@ -61,9 +64,11 @@ def prepare_model_dir(model_dir: str, clean: bool, restarts: int = 0) -> None:
     logging.info('--clean: not applied to restart %d of this job, which '
                  'resumes from the last checkpoint in %s', restarts,
                  model_dir)
-  elif clean and os.path.exists(model_dir):
-    logging.info('--clean: removing %s', model_dir)
-    shutil.rmtree(model_dir)
+  elif clean:
+    removed = run_directory.clean(model_dir)
+    if removed:
+      logging.info('--clean: removed what a run wrote in %s: %s', model_dir,
+                   ', '.join(removed))
   try:
     os.makedirs(model_dir, exist_ok=True)
     with tempfile.NamedTemporaryFile(dir=model_dir):
@@ -73,10 +78,28 @@ def prepare_model_dir(model_dir: str, clean: bool, restarts: int = 0) -> None:
                      f'({e.strerror}); choose another --model_dir') from None
 
 
+def with_model_dir(cfg: RunConfig, environ) -> RunConfig:
+  """`cfg` with a model_dir: the one given, or (none) a new private
+  directory of this run's, so that no two users or runs share a default.
+  A job of several workers (MPI's or TF_CONFIG's) must name one, on
+  storage every host shares."""
+  if cfg.model_dir:
+    return cfg
+  ranks = launch.mpi_rank_and_size(environ)
+  if environ.get('TF_CONFIG') or (ranks and ranks[1] > 1):
+    raise UsageError('a job of several workers needs --model_dir: name a '
+                     'directory on storage every host shares')
+  model_dir = tempfile.mkdtemp(prefix='resnet_keras_run_')
+  logging.info('no --model_dir given: this run writes to %s, a new private '
+               'directory (give --model_dir to choose one, and to resume)',
+               model_dir)
+  return dataclasses.replace(cfg, model_dir=model_dir)
+
+
 def run(cfg: RunConfig) -> Dict:
   """Trains (and evaluates) as `cfg` says; returns the run summary."""
   try:
-    return _run(cfg)
+    return _run(with_model_dir(cfg, os.environ))
   finally:
     # The run's objects hold its input iterators (and tf.data service
     # clients) in reference cycles that only a garbage collection frees.
@@ -112,13 +135,16 @@ def _run(cfg: RunConfig) -> Dict:
 def _set_up(cfg: RunConfig) -> assembly.Basis:
   """The run's runtime, backend and data; the chief's model_dir prepared."""
   cfg.check()
+  restarts = supervisor.earlier_attempts(os.environ)
+  if cfg.clean and not restarts:
+    # Before any work: --clean of a directory it may not clean stops here.
+    run_directory.check_cleanable(cfg.model_dir)
   if cfg.wandb:
     tracking.import_wandb()  # Its absence is a usage error; say so first.
   basis = assembly.set_up(cfg)
   backend = basis.backend
   if backend.is_chief:
-    prepare_model_dir(cfg.model_dir, cfg.clean,
-                      supervisor.earlier_attempts(os.environ))
+    prepare_model_dir(cfg.model_dir, cfg.clean, restarts)
   else:
     logging.info('worker %d: logging warnings only; the chief (worker 0) '
                  'logs the run', backend.worker_index)

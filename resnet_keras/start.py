@@ -7,7 +7,9 @@ A run starts in one of three ways:
            to the first training images), step 0.
   resumed  model_dir has a checkpoint: its model, optimizer (step, slots,
            loss scale) and weight average; the data goes on after the
-           batches the run has read (exact resume with --global_seed).
+           batches the run has read (exact resume with --global_seed). The
+           newest checkpoint that reads: one that does not (a write cut
+           short) is passed over with a line naming it, never deleted.
   warm     model_dir has no checkpoint and --restore_from or
            --pretrained_checkpoint names another run's:
              --restore_from PATH [--restore_optimizer]   the same model
@@ -137,6 +139,9 @@ def check_announced(start: Start, announced: Optional[int],
   own = start.step if start.kind == RESUMED else 0
   if announced is None or own == announced:
     return
+  named = run_directory.latest_checkpoint(model_dir)
+  if named and named.step == announced:
+    return  # The same model_dir; its latest does not read (said above).
   found = f'its checkpoint at step {own}' if own else 'no checkpoint'
   raise UsageError(
       f'the launcher restarted this job to resume at step {announced}, but '
@@ -150,6 +155,7 @@ def resolve_source(cfg: RunConfig, flag: str, path: str) -> Source:
   start from."""
   prefix = checkpoint_prefix(flag, path)
   try:
+    checkpoints.check_readable(prefix)
     source_cfg, _ = checkpoints.read_config(os.path.dirname(prefix))
   except UsageError as e:
     raise UsageError(f'{flag}={path}: {e}') from None
@@ -164,11 +170,11 @@ def resolve_source(cfg: RunConfig, flag: str, path: str) -> Source:
 def checkpoint_prefix(flag: str, path: str) -> str:
   """`path` as a checkpoint prefix: itself, or a directory's latest."""
   if os.path.isdir(path):
-    latest, _ = checkpoints.latest(path)
+    latest = run_directory.latest_checkpoint(path)
     if not latest:
       raise UsageError(f'{flag}={path} is a directory without checkpoints; '
                        'name a run\'s model_dir or one of its checkpoints')
-    return latest
+    return latest.prefix
   if not os.path.exists(path + '.index'):
     raise UsageError(f'{flag}={path} is neither a directory nor a checkpoint '
                      f'(no {path}.index)')

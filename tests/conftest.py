@@ -10,6 +10,7 @@ env.prepare_tensorflow_environment()
 
 # pylint: disable=g-import-not-at-top,wrong-import-position
 import gc
+import os
 import time
 
 import psutil
@@ -95,6 +96,56 @@ def _command(process: psutil.Process) -> str:
     return ' '.join(process.cmdline()[:6])
   except psutil.NoSuchProcess:
     return f'pid {process.pid} (ended)'
+
+
+@pytest.fixture(autouse=True)
+def process_state_unchanged():
+  """Fails a test that leaves process-wide state changed: the Keras global
+  precision policy, os.environ, XLA auto-clustering. Such a change leaks
+  into whichever tests the same pytest worker runs next (a bf16 policy left
+  behind failed three unrelated tests once), so it is restored here, but the
+  test that left it fails: change such state through a fixture (`policy`,
+  monkeypatch.setenv, fresh_tensorflow_state), which restores it whatever
+  happens."""
+  before = _process_state()
+  yield
+  after = _process_state()
+  if after == before:
+    return
+  tf_keras.mixed_precision.set_global_policy(before['policy'])
+  tf.config.optimizer.set_jit(before['jit'] or False)
+  for name in set(after['environ']) - set(before['environ']):
+    del os.environ[name]
+  os.environ.update(before['environ'])
+  changed = sorted(k for k in before if before[k] != after[k])
+  environ = sorted(k for k in set(before['environ']) | set(after['environ'])
+                   if before['environ'].get(k) != after['environ'].get(k))
+  pytest.fail(f'the test left process-wide state changed: {changed} '
+              f'(environment variables: {environ}); change it through a '
+              'fixture that restores it', pytrace=False)
+
+
+# Set once per process by the first import of a library, whichever test
+# imports it first (scikit-learn and joblib: the KMP_ ones; OpenCV:
+# LD_LIBRARY_PATH); and pytest's marker of the running phase.
+_SET_BY_OTHERS = ('KMP_DUPLICATE_LIB_OK', 'KMP_INIT_AT_FORK',
+                  'LD_LIBRARY_PATH', 'PYTEST_CURRENT_TEST')
+
+
+def _process_state():
+  return {'policy': tf_keras.mixed_precision.global_policy().name,
+          'environ': {k: v for k, v in os.environ.items()
+                      if k not in _SET_BY_OTHERS},
+          'jit': tf.config.optimizer.get_jit()}
+
+
+@pytest.fixture
+def policy():
+  """set(name): the Keras global precision policy for this test (e.g.
+  'mixed_bfloat16'); the one before is back after it, whatever happens."""
+  saved = tf_keras.mixed_precision.global_policy()
+  yield tf_keras.mixed_precision.set_global_policy
+  tf_keras.mixed_precision.set_global_policy(saved)
 
 
 @pytest.fixture

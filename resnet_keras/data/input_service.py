@@ -43,6 +43,7 @@ from urllib import parse
 
 import tensorflow as tf
 
+from common import launch
 from common.errors import UsageError
 
 SHARDING = {'off': tf.data.experimental.service.ShardingPolicy.OFF,
@@ -236,14 +237,6 @@ def training_input_fn(cfg, info, replica_batch_size: int, start_step: int):
 
 # -- The servers ----------------------------------------------------------
 
-def address_toward(host: str, port: int) -> str:
-  """This host's address on the route to host:port (a UDP socket's connect
-  sends nothing)."""
-  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-    probe.connect((host, port))
-    return probe.getsockname()[0]
-
-
 def start_dispatcher(port: int, work_dir: Optional[str]):
   config = tf.data.experimental.service.DispatcherConfig(
       port=port, work_dir=work_dir, fault_tolerant_mode=bool(work_dir))
@@ -259,7 +252,7 @@ def start_worker(port: int, dispatcher: str, worker_address: Optional[str]):
   config = tf.data.experimental.service.WorkerConfig(
       dispatcher_address=f'{host}:{dispatcher_port}', port=port,
       worker_address=(worker_address or
-                      f'{address_toward(host, dispatcher_port)}:{port}'))
+                      f'{launch.address_toward(host, dispatcher_port)}:{port}'))
   return tf.data.experimental.service.WorkerServer(config), config
 
 

@@ -6,9 +6,9 @@ runs the attempts; the placement (placement.py) checks hosts and starts
 workers.
 """
 
-import contextlib
-import os
+import shutil
 import sys
+import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
 
@@ -23,7 +23,7 @@ from resnet_keras import run_directory
 from resnet_keras.config import RunConfig
 from resnet_keras.launcher import host_checks
 from resnet_keras.launcher import options
-from resnet_keras.launcher.placement import TRAINER, Placement
+from resnet_keras.launcher.placement import FILES_DIR_PREFIX, TRAINER, Placement
 
 
 def uses_several_workers(cfg: RunConfig) -> bool:
@@ -85,7 +85,7 @@ class Job:
     self._filled, self._servers = filled, servers
     self._started = time.time()
     self.data_servers = None  # DataServers, once started.
-    self._written = set()  # Files of the attempts (the hostfile).
+    self._files_dir = None  # Where the attempts' files are (the hostfile).
     self.host_checks = host_checks.HostChecks(placement, cfg, servers,
                                               self.min_hosts)
     self._report = None  # The last pre-flight check's preflight.Report.
@@ -127,11 +127,20 @@ class Job:
              f'{" ".join(layout.trainer_flags(self._cfg.use_horovod))}')
 
   def first_attempt(self) -> supervisor.Attempt:
-    self._report, _ = self.host_checks.run()
+    if not self._cfg.model_dir and self.placement.total_workers > 1:
+      # Each worker would otherwise make a private directory of its own.
+      raise UsageError('a job of several workers needs --model_dir: name a '
+                       'directory on storage every host shares')
     # --clean applies to the job's first attempt only: it starts from step
     # 0. A job the scheduler requeued resumes, whatever its script says.
     requeues = supervisor.requeues(self.placement.environ)
-    step = None if self._cfg.clean and not requeues else self.saved_step()
+    cleans = self._cfg.clean and not requeues
+    if cleans:
+      # The trainer's chief cleans; a model_dir it would refuse to clean
+      # stops the job here, before any host is contacted.
+      run_directory.check_cleanable(self._cfg.model_dir)
+    self._report, _ = self.host_checks.run()
+    step = None if cleans else self.saved_step()
     if requeues:
       logging.error('requeued %d time(s) by the scheduler: %s', requeues,
                     elastic.resuming(step))
@@ -139,7 +148,7 @@ class Job:
 
   def saved_step(self) -> Optional[int]:
     """The step of model_dir's last checkpoint (None: none)."""
-    latest = run_directory.latest_checkpoint(self._cfg.model_dir or '')
+    latest = run_directory.latest_checkpoint(self._cfg.model_dir)
     return latest and latest.step
 
   def replan(self, failure: supervisor.Failure) -> supervisor.Attempt:
@@ -149,7 +158,7 @@ class Job:
     del failure  # Every host is checked again, whatever failed.
     if self.is_elastic or self._servers or self.placement.checks_at_restart:
       self._check_again()
-    latest = run_directory.latest_checkpoint(self._cfg.model_dir or '')
+    latest = run_directory.latest_checkpoint(self._cfg.model_dir)
     since = latest.written if latest else self._started
     return self._attempt(latest and latest.step, time.time() - since,
                          restart=True)
@@ -181,22 +190,31 @@ class Job:
                     elastic.resuming(step), lost)
     self.layout = layout
     self._started = time.time()
+    self.make_files_dir()
     plan = self.command(layout if layout != self.planned else None,
                         report.hosts_per_machine)
     for note in plan.notes:
       print(f'note: {note}')
     for path, content in plan.files.items():
-      with open(path, 'w') as f:
+      with open(path, 'w') as f:  # In the job's own directory.
         f.write(content)
-      self._written.add(path)
     sys.stdout.flush()
     return supervisor.Attempt(plan.argv,
                               {**self.placement.environ, **plan.env},
                               layout.hosts,
                               resume_step=(step or 0) if restart else None)
 
+  def make_files_dir(self) -> None:
+    """The private directory of the attempts' files, made once: a shared
+    /tmp gets no name another user could guess and plant a link at
+    (tempfile.mkdtemp: a new name, mode 0700)."""
+    if self._files_dir is None:
+      self._files_dir = tempfile.mkdtemp(prefix=FILES_DIR_PREFIX)
+      self.placement.files_dir = self._files_dir
+
   def remove_files(self) -> None:
-    """Removes the files the attempts wrote, once the job has ended."""
-    for path in self._written:
-      with contextlib.suppress(FileNotFoundError):
-        os.remove(path)
+    """Removes the attempts' files and their directory, once the job has
+    ended, however it ended."""
+    if self._files_dir is not None:
+      shutil.rmtree(self._files_dir, ignore_errors=True)
+      self._files_dir = None

@@ -11,6 +11,8 @@ from resnet_keras.launcher import placement
 
 class Kubeflow(placement.Placement):
 
+  guard_kind = 'kubernetes'
+
   def command(self, trainer_argv: Sequence[str], hosts: Sequence[str],
               extra_env: Dict[str, str],
               hosts_per_machine: int) -> launch.Launch:

@@ -13,13 +13,16 @@ import os
 import shlex
 import shutil
 import sys
-from typing import Dict, List, Mapping, Sequence
+import tempfile
+import uuid
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from absl import flags
 from absl import logging
 
 from common import cli
 from common import launch as launch_lib
+from common import preflight
 from common import slurm as slurm_env
 from common import supervisor
 from common.errors import STOPPED_AT_WARNING_EXIT_CODE, UsageError
@@ -30,6 +33,7 @@ from resnet_keras.launcher import input_servers
 from resnet_keras.launcher import job as job_lib
 from resnet_keras.launcher import kubeflow
 from resnet_keras.launcher import options
+from resnet_keras.launcher import port_guard
 from resnet_keras.launcher import presets
 from resnet_keras.launcher import slurm
 from resnet_keras.launcher import ssh_hosts
@@ -75,10 +79,13 @@ def data_service_servers(cfg: LaunchConfig, environ: Mapping[str, str]
   """The tf.data service servers --data_service_hosts asks for."""
   if not cfg.data_service_hosts:
     return []
+  # A journal of this launch's own: no other job's dispatcher resumes from
+  # it, and no one can plant it beforehand.
+  work_dir = cfg.data_service_work_dir or os.path.join(
+      tempfile.gettempdir(), f'resnet_keras_data_service_{uuid.uuid4().hex}')
   return launch_lib.data_service_servers(
       cfg.data_service_hosts, ssh_hosts.ssh(environ)[0], sys.executable,
-      os.path.dirname(job_lib.TRAINER), cfg.data_service_port,
-      cfg.data_service_work_dir)
+      os.path.dirname(job_lib.TRAINER), cfg.data_service_port, work_dir)
 
 
 def _point_at_data_service(values: flags.FlagValues, cfg: LaunchConfig,
@@ -95,8 +102,34 @@ def _point_at_data_service(values: flags.FlagValues, cfg: LaunchConfig,
     values[name].value = filled[name] = value
 
 
+def guard_for(job: job_lib.Job, cfg: RunConfig,
+              servers: Sequence[launch_lib.DataServer],
+              plan: launch_lib.Launch):
+  """The port guard (port_guard.py; None: none) of the job that `plan`
+  starts and, without one, the launcher's line saying why ('': nothing of
+  the job listens). Where it guards mpirun's daemons, they are pinned to
+  the ports it closes."""
+  placement = job.placement
+  workers = placement.total_workers
+  by_host = preflight.ports_by_host(launch_lib.tf_config_from_env(
+      0, workers, placement.environ)['cluster']['worker'])
+  tf_ports = next(iter(by_host.values()))
+  mpi = (port_guard.mpi_range(min(tf_ports))
+         if plan.argv[0] == 'mpirun' else None)
+  if cfg.distribution_strategy != 'multi_worker_mirrored' or workers == 1:
+    tf_ports = []
+  guard, line = port_guard.for_job(
+      placement.cfg.port_guard, placement.guard_kind, placement.hosts,
+      tf_ports, mpi, servers, ssh_hosts.ssh(placement.environ)[0],
+      os.geteuid() == 0, shutil.which('iptables') is not None)
+  if guard and mpi:
+    placement.environ.update(port_guard.mpi_env(mpi))
+  return guard, line
+
+
 def dry_run(job: job_lib.Job, cfg: RunConfig,
-            servers: Sequence[launch_lib.DataServer]) -> None:
+            servers: Sequence[launch_lib.DataServer],
+            guard: Optional[port_guard.Guard]) -> None:
   """Prints what the launch would run and check, contacting nobody."""
   plan = job.command()
   for note in plan.notes:
@@ -113,6 +146,8 @@ def dry_run(job: job_lib.Job, cfg: RunConfig,
     print(line)
   if job.is_elastic:
     print('\n'.join(job.describe()))
+  for line in guard.lines() if guard else []:
+    print(line)
 
 
 def print_batch_script(argv: Sequence[str], values: flags.FlagValues,
@@ -168,22 +203,39 @@ def launch(argv: Sequence[str], values: flags.FlagValues,
     print(recipes.dump(cfg, options.recipe_values(launch_cfg)), end='')
     return 0
   job = job_lib.Job(placement, cfg, argv, filled, servers)
+  plan = job.command()
+  if not launch_cfg.dry_run:
+    _check_tools(plan, cfg)
+  guard, unguarded = guard_for(job, cfg, servers, plan)
   if placement.headline():
     logging.info('%s', placement.headline())
+  if unguarded:
+    logging.warning('%s', unguarded)
   if launch_cfg.dry_run:
-    dry_run(job, cfg, servers)
+    dry_run(job, cfg, servers, guard)
     return 0
-  plan = job.command()
-  _check_tools(plan, cfg)
-  return run(job, launch_cfg, servers, placement.parses_output(plan))
+  return run(job, launch_cfg, servers, placement.parses_output(plan), guard)
 
 
 def run(job: job_lib.Job, cfg: LaunchConfig,
-        servers: Sequence[launch_lib.DataServer], parse_output: bool) -> int:
+        servers: Sequence[launch_lib.DataServer], parse_output: bool,
+        guard: Optional[port_guard.Guard]) -> int:
   """The job's attempts under the supervisor (`parse_output`: it reads
-  their output to name a failure), with the tf.data service's servers
-  running around them; the exit code of the last attempt."""
-  attempt = job.first_attempt()
+  their output to name a failure), once its hosts are checked, with its
+  ports closed by `guard` and the tf.data service's servers running around
+  them; the exit code of the last attempt. The launcher's files (the
+  hostfile) go at the end, also after a failure of the first attempt."""
+  try:
+    attempt = job.first_attempt()
+    with port_guard.closed(guard, cfg.port_guard):
+      return _supervise(job, cfg, servers, parse_output, attempt)
+  finally:
+    job.remove_files()
+
+
+def _supervise(job: job_lib.Job, cfg: LaunchConfig,
+               servers: Sequence[launch_lib.DataServer], parse_output: bool,
+               attempt) -> int:
   running = input_servers.DataServers(list(servers), logging.error)
   try:
     running.start()
@@ -196,7 +248,6 @@ def run(job: job_lib.Job, cfg: LaunchConfig,
         abort_grace=cfg.failure_timeout).run()
   finally:
     running.stop()
-    job.remove_files()
   if exit_code == STOPPED_AT_WARNING_EXIT_CODE:
     return job.placement.stopped_at_warning(job.saved_step())
   if exit_code and running.lost_hosts():

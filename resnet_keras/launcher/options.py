@@ -101,10 +101,23 @@ class LaunchConfig:
       'The dispatcher\'s port; data workers listen on the next one.',
       within='[1, 65534]', checked_by_flag=True, in_recipe=False)
   data_service_work_dir: str = option(
-      '/tmp/resnet_keras_data_service',
+      '',
       'The dispatcher\'s journal on its host: a dispatcher restarted with '
-      'it resumes its jobs.',
+      'it resumes its jobs. Empty: a new name for each launch in the '
+      'host\'s temporary directory (resnet_keras_data_service_<random>), '
+      'never a shared default.',
       in_recipe=False)
+  port_guard: str = option(
+      'auto',
+      'Close the job\'s servers (multi_worker_mirrored\'s and the tf.data '
+      'service\'s gRPC ports, OpenMPI\'s daemons), which listen on every '
+      'interface without authentication, to every address but the job\'s '
+      'hosts and loopback: iptables rules on each host (this one, ssh hosts; '
+      'not under Slurm or Kubernetes), removed when the job ends. auto: '
+      'where it can (root, iptables), saying in one line what it did or why '
+      'not; on: fail where it cannot; off: leave them open '
+      '(docs/security.md).',
+      choices=('auto', 'on', 'off'), checked_by_flag=True, in_recipe=False)
   failure_timeout: int = option(
       launch.DEFAULT_FAILURE_TIMEOUT,
       'Seconds within which a lost host or rank ends a multi-worker job '

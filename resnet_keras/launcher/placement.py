@@ -36,6 +36,8 @@ TRAINER = os.path.join(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(
         __file__)))), 'resnet_ctl_imagenet_main.py')
 
+FILES_DIR_PREFIX = 'resnet_keras_launch_'
+
 
 class Placement(abc.ABC):
   """How and where the workers of one launch start."""
@@ -47,11 +49,19 @@ class Placement(abc.ABC):
   # Whether a fail-stop job checks its hosts again before a restart (an
   # elastic job always does).
   checks_at_restart = False
+  # How port_guard.py reaches its hosts (this_host, ssh_hosts), or why it
+  # cannot (slurm, kubernetes).
+  guard_kind = 'this_host'
 
   def __init__(self, cfg: LaunchConfig, environ: Mapping[str, str],
                hosts: Sequence[str]):
     self.cfg, self.environ = cfg, dict(environ)
     self.hosts = tuple(hosts)  # The planned hosts; empty: this host.
+    # Where an attempt's files (mpirun's hostfile) go: the private
+    # directory the job makes for a launch (job.Job.make_files_dir); a dry
+    # run, which makes none, shows its form.
+    self.files_dir = os.path.join(tempfile.gettempdir(),
+                                  FILES_DIR_PREFIX + 'XXXXXXXX')
 
   def headline(self) -> str:
     """The launcher's first line about where the job runs ('': none)."""
@@ -112,8 +122,7 @@ class Placement(abc.ABC):
     if self.workers_on(hosts) == 1:
       return launch.Launch(argv=list(trainer_argv), env=extra_env, files={},
                            notes=[])
-    hostfile = os.path.join(tempfile.gettempdir(),
-                            f'resnet_keras_hostfile_{os.getpid()}')
+    hostfile = os.path.join(self.files_dir, 'hostfile')
     return launch.mpirun_command(
         trainer_argv, workers_per_host=self.cfg.num_workers_per_hls,
         hosts=hosts,

@@ -126,6 +126,7 @@ def batch_script(argv: Sequence[str], cfg: LaunchConfig, nodes: int,
 class Slurm(placement.Placement):
   """The allocation's nodes; `cfg.num_workers_per_hls` tasks on each."""
 
+  guard_kind = 'slurm'
   # Each restart asks Slurm which nodes the job still holds (one scontrol).
   checks_at_restart = True
 

@@ -19,6 +19,7 @@ def ssh(environ: Mapping[str, str]):
 class SshHosts(placement.Placement):
 
   asks_hosts = True
+  guard_kind = 'ssh_hosts'
 
   def check(self, hosts: Sequence[str], want: preflight.Expected,
             ports: Mapping[str, Sequence[int]]) -> preflight.Report:

@@ -303,3 +303,37 @@ def test_missing_mpirun_says_how_to_install_it(tmp_path):
   result = launch(['--use_horovod', '--num_workers_per_hls=2',
                    f'--model_dir={tmp_path}'], env={'PATH': str(tmp_path)})
   runner.assert_one_line_error(result, 'mpirun not found', 'install_horovod.sh')
+
+
+def test_dry_run_shows_the_port_guard_and_on_fails_in_one_line(tmp_path):
+  args = ['-ds', 'multi_worker_mirrored', '--num_workers_per_hls=2',
+          '--batch_size=8', f'--model_dir={tmp_path}']
+  result = launch(['--dry_run', '--port_guard=off'] + args)
+  assert result.returncode == 0, result.stderr
+  assert ('port guard: off (--port_guard=off): ports 2410-2411, 2510-2577 '
+          'listen on every interface without authentication') in result.stderr
+  assert 'port guard on' not in result.stdout
+  # Inside a Slurm allocation the guard cannot remove its rules reliably.
+  slurm_env = {'SLURM_JOB_ID': '7', 'SLURM_JOB_NODELIST': 'n1'}
+  result = launch(['--dry_run', '--port_guard=on', '--launcher=slurm']
+                  + args, env=slurm_env)
+  runner.assert_one_line_error(result, '--port_guard=on: not applied under '
+                               'Slurm', '--port_guard=auto')
+
+
+def test_clean_of_a_foreign_directory_stops_the_launch_before_any_host(
+    tmp_path):
+  (tmp_path / 'thesis.txt').write_text('mine')
+  # Hosts that run no sshd: the launch stops before asking them anything.
+  result = launch(['--use_horovod', '--clean', f'--model_dir={tmp_path}'],
+                  env={'MULTI_HLS_IPS': '127.0.0.2,127.0.0.3'})
+  assert result.returncode == 2
+  runner.assert_one_line_error(result, '--clean', 'thesis.txt',
+                               'nothing was removed')
+  assert (tmp_path / 'thesis.txt').read_text() == 'mine'
+
+
+def test_a_launch_of_several_workers_needs_a_model_dir():
+  result = launch(['--use_horovod'],
+                  env={'MULTI_HLS_IPS': '127.0.0.2,127.0.0.3'})
+  runner.assert_one_line_error(result, 'needs --model_dir')

@@ -135,17 +135,21 @@ def test_the_quick_start_recipe_trains_with_overrides(tmp_path):
   assert result.returncode == 0, result.stderr
   with open(os.path.join(model_dir, 'config.json')) as f:
     effective = json.load(f)['config']
-  assert (effective['stem'], effective['image_size'],
+  # --dtype auto: bf16 where this CPU has bf16 hardware, else fp32 and the
+  # recipe's fp32 block's narrower stages.
+  dtype = hardware.dtype_here('auto')[0]
+  widths = {'bf16': [32, 64, 128, 128], 'fp32': [24, 48, 96, 128]}[dtype]
+  assert (effective['dtype'], effective['stem'], effective['image_size'],
           effective['lr_schedule'], effective['batch_size'],
           effective['resnet_depth'], effective['stage_widths'],
           effective['nesterov'], effective['train_crop_min_area'],
           effective['eval_flip'], effective['training_dataset_cache'],
           effective['stem_init']) == (
-              'small', 28, 'linear', 4, 10, [32, 64, 128, 128], True, 1.0, True,
+              dtype, 'small', 28, 'linear', 4, 10, widths, True, 1.0, True,
               True, 'pca')
   # The PCA stem from the fixture's training images: flat colours, so their
   # patches vary along the 3 colours only.
-  assert ('stem: 6 of its 32 filters start as +/- the 3 principal '
+  assert (f'stem: 6 of its {widths[0]} filters start as +/- the 3 principal '
           'directions of 3x3 patches of 17 training images') in result.stderr
   summary = runner.read_summary(model_dir)
   assert summary['train_steps'] == 4 and summary['eval_examples'] == 7

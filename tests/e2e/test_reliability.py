@@ -1,11 +1,12 @@
 """Runs that stop or resume losing nothing, through the trainer's main in
 this process: non-finite losses, checkpoint intervals, foreign checkpoints,
-a full disk, resumes and seeds that give the same weights. (Signals and
+a full disk, a checkpoint cut short, resumes and seeds that give the same weights. (Signals and
 kill -9, to a process of its own: processes/; the guard alone: unit/.)"""
 
 import glob
 import json
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -165,3 +166,45 @@ def test_same_seed_gives_the_same_losses_step_by_step(tmp_path):
   assert len(first[0]) == 8 + 2           # every step, and both evals
   assert first == second
   assert other[0] != first[0] and other[1] != first[1]
+
+
+@pytest.fixture(name='truncated_run')
+def _truncated_run(synthetic_run, tmp_path):
+  """A copy of the shared run (ckpt-4, ckpt-8) whose newest checkpoint was
+  cut short, as a crash or a full disk leaves it."""
+  model_dir = tmp_path / 'model'
+  shutil.copytree(synthetic_run, model_dir)
+  data = model_dir / 'ckpt-8.data-00000-of-00001'
+  data.write_bytes(data.read_bytes()[:data.stat().st_size // 2])
+  return model_dir
+
+
+def test_a_resume_passes_over_an_unreadable_newest_checkpoint(truncated_run):
+  bad = truncated_run / 'ckpt-8.data-00000-of-00001'
+  size = bad.stat().st_size
+  result = runner.run_main(runner.TINY + [f'--model_dir={truncated_run}',
+                                          '-te', '3', '--skip_eval'])
+  assert result.returncode == 0, result.stderr[-3000:]
+  said = [l for l in result.stderr.splitlines() if 'unreadable' in l]
+  assert len(said) == 1 and str(bad) in said[0], result.stderr[-3000:]
+  assert runner.read_summary(truncated_run)['resumed_from_step'] == 4
+  assert bad.stat().st_size == size  # Left as it was.
+
+
+@pytest.mark.parametrize('tool', [
+    ('resnet_keras.validate', []), ('resnet_keras.export', []),
+    ('resnet_keras.average', ['--last', '2']), ('--restore_from', [])],
+                         ids=lambda tool: tool[0])
+def test_an_unreadable_checkpoint_is_one_line_for_every_reader(
+    truncated_run, tmp_path, tool):
+  bad = truncated_run / 'ckpt-8.data-00000-of-00001'
+  size = bad.stat().st_size
+  module, args = tool
+  if module == '--restore_from':
+    result = runner.run_main(runner.TINY + [
+        f'--model_dir={tmp_path / "new"}', f'--restore_from={truncated_run}'])
+  else:
+    result = runner.run_tool(module, [f'--model_dir={truncated_run}'] + args)
+  assert result.returncode == 2
+  runner.assert_one_line_error(result, str(bad), 'unreadable')
+  assert bad.stat().st_size == size

@@ -1,9 +1,12 @@
 """docs/run_directory.md against a real run directory and against
 run_directory.py: nothing a run writes goes unnamed there, and every name
-of the contract is explained."""
+of the contract is explained; --clean on a real run directory removes a
+run's entries only."""
 
+import hashlib
 import os
 import re
+import shutil
 
 from resnet_keras import run_directory
 from tests.support import runner
@@ -52,3 +55,52 @@ def test_every_name_of_the_contract_is_documented():
              if f'`{value}' not in doc and f'{value}`' not in doc
              and f'/{value}' not in doc]
   assert not missing, missing
+
+
+def _tree(path):
+  """Every entry under `path` (links as links) with its content's hash."""
+  tree = {}
+  for root, dirs, files in os.walk(path):
+    for name in dirs + files:
+      full = os.path.join(root, name)
+      if os.path.islink(full):
+        tree[full] = 'link ' + os.readlink(full)
+      elif os.path.isfile(full):
+        with open(full, 'rb') as f:
+          tree[full] = hashlib.sha256(f.read()).hexdigest()
+      else:
+        tree[full] = 'dir'
+  return tree
+
+
+def test_clean_refuses_a_run_directory_holding_foreign_entries(
+    synthetic_run, tmp_path):
+  model_dir = tmp_path / 'model'
+  shutil.copytree(synthetic_run, model_dir)
+  (model_dir / 'thesis.txt').write_text('years of work')
+  (model_dir / 'data').mkdir()
+  (model_dir / 'data' / 'train-00000').write_text('records')
+  before = _tree(tmp_path)
+  result = runner.run_main(runner.TINY + ['-md', str(model_dir), '--clean'])
+  assert result.returncode == 2
+  runner.assert_one_line_error(result, '--clean', 'data/, thesis.txt',
+                               'nothing was removed')
+  assert _tree(tmp_path) == before
+
+
+def test_clean_removes_a_real_run_and_never_follows_a_link(synthetic_run,
+                                                          tmp_path):
+  model_dir = tmp_path / 'model'
+  shutil.copytree(synthetic_run, model_dir)
+  outside = tmp_path / 'outside'
+  outside.mkdir()
+  (outside / 'keep.txt').write_text('keep')
+  (model_dir / 'plots' / 'elsewhere').symlink_to(outside)
+  result = runner.run_main(runner.TINY + ['-md', str(model_dir), '--clean'])
+  assert result.returncode == 0, result.stderr[-2000:]
+  # A new run: its own files only, none of the copied run's checkpoints or
+  # its export.
+  assert runner.checkpoint_steps(model_dir) == []
+  assert not (model_dir / 'saved_model').exists()
+  assert runner.read_summary(model_dir)['resumed_from_step'] == 0
+  assert (outside / 'keep.txt').read_text() == 'keep'

@@ -6,6 +6,9 @@ exactly. They need root and skip without it, saying so."""
 
 import os
 import re
+import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -244,3 +247,94 @@ def test_a_restart_restarts_lost_data_servers_and_leaves_out_a_lost_host(
   assert summary['tf_data_service']['data_workers'] == 1
   for host in (h1, h2):
     assert not healthy.processes(host, 'resnet_keras.data.service')
+
+
+_PROBE = '''
+import socket, sys
+for target in sys.argv[1:]:
+  host, port = target.rsplit(':', 1)
+  try:
+    socket.create_connection((host, int(port)), timeout=3).close()
+    print(target, 'connected')
+  except OSError as e:
+    print(target, type(e).__name__)
+'''
+
+
+def _listening(cluster, host):
+  """The TCP ports `host` listens on for other hosts (not its sshd)."""
+  out = subprocess.run(cluster.enter(host) + ['ss', '-Hltn'], check=True,
+                       capture_output=True, text=True).stdout
+  ports = set()
+  for line in out.splitlines():
+    address, port = line.split()[3].rsplit(':', 1)
+    if not address.startswith(('127.', '[::1]')) and int(port) != 3022:
+      ports.add(int(port))
+  return sorted(ports)
+
+
+def _probe(cluster, source, targets):
+  """target -> 'connected', or the error a connection from `source` met."""
+  out = subprocess.run(cluster.enter(source) + [sys.executable, '-c', _PROBE]
+                       + targets, check=True, capture_output=True,
+                       text=True).stdout
+  return dict(line.rsplit(' ', 1) for line in out.splitlines())
+
+
+def _chains(cluster, host):
+  return [line for tool in ('iptables', 'ip6tables')
+          for line in subprocess.run(
+              cluster.enter(host) + [tool, '-S'], check=True,
+              capture_output=True, text=True).stdout.splitlines()
+          if 'RESNET_KERAS' in line]
+
+
+@pytest.mark.parametrize('guard', ['auto', 'off'])
+def test_a_host_outside_the_job_cannot_reach_its_ports(healthy, tmp_path,
+                                                       guard):
+  """multi_worker_mirrored on h1 and h2 (the launcher on h1): while it
+  trains, h3, outside the job, gets its connections to every port the job
+  listens on (TensorFlow's, OpenMPI's) reset, and h1 and h2 reach each
+  other's; with --port_guard=off h3 connects to the worker's port, as it
+  would to any server of TensorFlow's. After the job no rule is left."""
+  cluster = healthy
+  h1, h2, h3 = cluster.hosts
+  log = tmp_path / 'log.txt'
+  started = time.monotonic()
+  job = launcher.start(
+      cluster, ['-ds', 'multi_worker_mirrored', '--num_workers_per_hls=1',
+                '--batch_size=8', '--train_steps=100000', '--train_epochs=1',
+                f'--port_guard={guard}', f'--model_dir={tmp_path / "m"}']
+      + launcher.TINY, log, env={'MULTI_HLS_IPS': f'{h1.address},{h2.address}'})
+  try:
+    launcher.wait_for_line(job, log, 'step 2/')
+    ports = {host.name: _listening(cluster, host) for host in (h1, h2)}
+    print(f'--port_guard={guard}: listening', ports)
+    assert 2410 in ports[h1.name] and 2410 in ports[h2.name]
+    targets = {host.name: [f'{host.address}:{port}'
+                           for port in ports[host.name]] for host in (h1, h2)}
+    outsider = _probe(cluster, h3, targets[h1.name] + targets[h2.name])
+    if guard == 'off':
+      assert outsider[f'{h2.address}:2410'] == 'connected'
+      assert not _chains(cluster, h1) and not _chains(cluster, h2)
+    else:
+      assert set(outsider.values()) == {'ConnectionRefusedError'}, outsider
+      for source, target in ((h1, h2), (h2, h1)):
+        assert _probe(cluster, source, targets[target.name]) == {
+            t: 'connected' for t in targets[target.name]}
+  finally:
+    job.send_signal(signal.SIGTERM)
+    job.wait(timeout=120)
+  print(f'--port_guard={guard}: {time.monotonic() - started:.0f} s')
+  output = open(log).read()
+  guard_lines = [l for l in output.splitlines() if 'port guard' in l]
+  assert len(guard_lines) == 1, guard_lines
+  if guard == 'auto':
+    assert (f'closed to all but the job\'s hosts and loopback on {h1.address},'
+            f' {h2.address} (iptables chain RESNET_KERAS_') in guard_lines[0]
+  else:
+    assert 'port guard: off (--port_guard=off): ports 2410, ' in \
+        guard_lines[0]
+  assert 'job stopped by SIGTERM' in output
+  assert not _chains(cluster, h1) and not _chains(cluster, h2)
+  assert not launcher.wait_until_no_job_processes(cluster)

@@ -23,17 +23,16 @@ from tests.support import runner
     dict(resnet_depth=50, stem='small', width_multiplier=0.125,
          zero_init_residual=True),
 ], ids=['group_norm_blurpool', 'bottleneck'])
-def test_architectures_convert_to_the_same_function(overrides, tmp_path):
+def test_architectures_convert_to_the_same_function(overrides, tmp_path,
+                                                    policy):
   """Every layer kind the trainer builds converts: a bf16 run's network
   becomes float32 files whose probabilities are its float32 copy's."""
   cfg = dataclasses.replace(runner.tiny_config(str(tmp_path)), image_size=32,
                             dtype='bf16', **overrides)
-  tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
-  try:
-    tf_keras.utils.set_random_seed(3)
-    network = models.build_network(cfg, 7, use_regularizers=False)
-  finally:
-    tf_keras.mixed_precision.set_global_policy('float32')
+  policy('mixed_bfloat16')
+  tf_keras.utils.set_random_seed(3)
+  network = models.build_network(cfg, 7, use_regularizers=False)
+  policy('float32')
   pixels = np.random.RandomState(0).randint(0, 256, (4, 32, 32, 3), np.uint8)
   plan = deployment.DeployPlan(files=(('onnx', 'none'), ('tflite', 'none')),
                                check_images=pixels, representative=None,

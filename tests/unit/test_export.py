@@ -27,11 +27,6 @@ TINY = RunConfig(resnet_depth=18, image_size=IMAGE_SIZE, stem='cifar',
                  width_multiplier=0.25, dtype='fp32', weight_decay=1e-4)
 
 
-@pytest.fixture(autouse=True)
-def _float32_policy():
-  tf_keras.mixed_precision.set_global_policy('float32')
-
-
 def _network(cfg=TINY, num_classes=5):
   tf_keras.utils.set_random_seed(1)
   return models.build_network(cfg, num_classes, use_regularizers=False)
@@ -44,7 +39,6 @@ def _count(variables):
 @pytest.fixture(scope='module')
 def exported(tmp_path_factory):
   """(network, classifier dir, feature vector dir) of a tiny model."""
-  tf_keras.mixed_precision.set_global_policy('float32')
   network = _network()
   out = str(tmp_path_factory.mktemp('export'))
   classifier, features = saved_model.export_run(network, TINY, out,

@@ -63,6 +63,46 @@ def test_this_cpu_reads_proc_cpuinfo(tmp_path):
   assert hardware.this_cpu(str(tmp_path / 'missing')).features == frozenset()
 
 
+@pytest.mark.parametrize('cap,features', [
+    ('AVX2', {'avx2'}),
+    ('avx512_core', {'avx2', 'avx512f'}),
+    ('AVX512_CORE_VNNI', {'avx2', 'avx512f'}),
+    ('AVX512_CORE_BF16', {'avx2', 'avx512f', 'avx512_bf16'}),
+    # AVX2 with bf16 conversions is no AVX-512.
+    ('AVX2_VNNI_2', {'avx2'}),
+    ('AVX512_CORE_AMX', {'avx2', 'avx512f', 'avx512_bf16', 'amx_bf16'}),
+])
+def test_onednn_max_cpu_isa_hides_the_features_above_it(cap, features):
+  """ONEDNN_MAX_CPU_ISA=AVX2 makes an AMX machine an AVX2-only one for
+  every 'auto' as well as for oneDNN: how the suite runs as that kind."""
+  cpu = hardware.capped(SAPPHIRE_RAPIDS, {'ONEDNN_MAX_CPU_ISA': cap})
+  assert cpu.features == features
+  if cap.upper() != 'AVX512_CORE_AMX':
+    assert cpu.describe().endswith(f'; ONEDNN_MAX_CPU_ISA={cap})')
+  machine = hardware.Machine(cpu)
+  assert hardware.choose_dtype('auto', machine)[0] == (
+      'bf16' if cpu.has_bf16 else 'fp32')
+
+
+@pytest.mark.parametrize('environ', [{}, {'ONEDNN_MAX_CPU_ISA': 'ALL'},
+                                     {'ONEDNN_MAX_CPU_ISA': 'DEFAULT'},
+                                     {'ONEDNN_MAX_CPU_ISA': 'nonsense'}])
+def test_no_cap_or_one_onednn_ignores_hides_nothing(environ):
+  assert hardware.capped(SAPPHIRE_RAPIDS, environ) == SAPPHIRE_RAPIDS
+  # A cap above what the CPU has hides nothing either, and says nothing.
+  assert hardware.capped(EPYC_AVX2, {'ONEDNN_MAX_CPU_ISA': 'AVX512_CORE'}) \
+      == EPYC_AVX2
+
+
+def test_this_cpu_reads_the_cap_from_the_environment(tmp_path, monkeypatch):
+  path = tmp_path / 'cpuinfo'
+  path.write_text(CPUINFO.format(model='Test CPU', flags='avx2 avx512f '
+                                 'avx512_bf16', vendor='x'))
+  monkeypatch.setenv('ONEDNN_MAX_CPU_ISA', 'AVX2')
+  assert hardware.this_cpu(str(path)).describe() == (
+      'Test CPU (avx2; ONEDNN_MAX_CPU_ISA=AVX2)')
+
+
 def test_dtype_here_needs_tensorflow_only_where_gpus_may_be(monkeypatch):
   """What --dtype auto becomes, decided when a recipe's fp32 block is read:
   from /proc/cpuinfo alone unless an NVIDIA driver is installed."""

@@ -1,6 +1,7 @@
 """mpirun commands, TF_CONFIG and flag stripping, as pure functions."""
 
 import json
+import subprocess
 
 import pytest
 
@@ -179,14 +180,33 @@ def test_data_service_servers_start_and_stop_over_ssh():
       "cd '/repo dir' && exec /py/bin/python3 -m resnet_keras.data.service "
       'dispatcher --port 5050 --work_dir /tmp/journal')
   assert worker.argv[5].endswith('worker --port 5051 --dispatcher h2:5050')
-  # Stopped by its own command line, never the shell that looks for it.
+  # Stopped by its own command line, anchored at both ends, this user's.
   stop = worker.stop_argv[5]
   assert worker.stop_argv[:5] == ['ssh', '-p', '3022', '--', 'h3']
-  assert stop.startswith(
-      "pkill -f '[r]esnet_keras.data.service worker --port 5051';")
-  assert stop.endswith("pkill -KILL -f '[r]esnet_keras.data.service worker "
-                       "--port 5051'")
+  pattern = ("'^/py/bin/python3 -m resnet_keras\\.data\\.service worker "
+             "--port 5051( |$)'")
+  assert stop.startswith(f'pkill -U "$(id -u)" -f {pattern};')
+  assert stop.endswith(f'pkill -KILL -U "$(id -u)" -f {pattern}')
   assert launch.data_service_address(['h2', 'h3'], 5050) == 'grpc://h2:5050'
+
+
+def test_a_server_is_matched_by_its_whole_command_line_only():
+  pattern = launch.server_pattern(
+      ['/py 3/python3.11', '-m', 'resnet_keras.data.service', 'worker',
+       '--port', '5051'])
+  lines = [
+      '/py 3/python3.11 -m resnet_keras.data.service worker --port 5051',
+      '/py 3/python3.11 -m resnet_keras.data.service worker --port 5051 '
+      '--dispatcher h2:5050',
+      # Another job's server, one on another interpreter, and the shell
+      # that runs pkill: none of them.
+      '/py 3/python3.11 -m resnet_keras.data.service worker --port 50510',
+      '/py 3/python3x11 -m resnet_keras.data.service worker --port 5051',
+      f"bash -c pkill -f '{pattern}'"]
+  # pgrep's own regular expressions (POSIX extended), through grep -E.
+  matched = subprocess.run(['grep', '-E', pattern], input='\n'.join(lines),
+                           capture_output=True, text=True).stdout
+  assert matched.splitlines() == lines[:2]
 
 
 @pytest.mark.parametrize('host', ['n1', 'node-7.cluster.local', 'r1_n2',

@@ -79,16 +79,13 @@ def test_stem_sets_the_resolution_of_the_first_stage(stem, stage1_size):
   assert models.count_trainable_parameters(model) == base - stem_kernel_delta
 
 
-def test_bf16_policy_keeps_float32_softmax_and_variables():
-  tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
-  try:
-    model = models.resnet(18, 10, 32)
-    out = model(tf.zeros([2, 32, 32, 3]))
-    assert out.dtype == tf.float32
-    assert all(v.dtype == tf.float32 for v in model.variables)
-    assert model.get_layer('stem_conv').compute_dtype == 'bfloat16'
-  finally:
-    tf_keras.mixed_precision.set_global_policy('float32')
+def test_bf16_policy_keeps_float32_softmax_and_variables(policy):
+  policy('mixed_bfloat16')
+  model = models.resnet(18, 10, 32)
+  out = model(tf.zeros([2, 32, 32, 3]))
+  assert out.dtype == tf.float32
+  assert all(v.dtype == tf.float32 for v in model.variables)
+  assert model.get_layer('stem_conv').compute_dtype == 'bfloat16'
 
 
 def test_uint8_input_normalised_on_device_matches_host_path():
@@ -111,7 +108,6 @@ def test_uint8_input_normalised_on_device_matches_host_path():
 def test_logits_model_is_the_training_model_before_its_softmax(cfg, tmp_path):
   """--loss=bce trains through it: the same variables, outputs whose softmax
   is the training model's, and no trace in the model's checkpoints."""
-  tf_keras.mixed_precision.set_global_policy('float32')
   network, model = models.build_models(cfg, 10, use_regularizers=False)
   before = tf.train.Checkpoint(model=model).save(str(tmp_path / 'before'))
   logits_model = models.build_logits_model(cfg, network)
@@ -158,7 +154,7 @@ def test_kernel_gradients_go_through_patches_on_small_maps(
                                        dtype) is patches
 
 
-def test_matmul_convs_pick_the_kernel_gradient_per_layer(monkeypatch):
+def test_matmul_convs_pick_the_kernel_gradient_per_layer(monkeypatch, policy):
   # fashion_mnist_94's network in bf16: 28 px, small stem, 32-64-128-256.
   picked = []
   original = models.conv_with_patch_matmul_kernel_grad
@@ -168,20 +164,17 @@ def test_matmul_convs_pick_the_kernel_gradient_per_layer(monkeypatch):
     return original(inputs, kernel, stride)
 
   monkeypatch.setattr(models, 'conv_with_patch_matmul_kernel_grad', recording)
-  policy = tf_keras.mixed_precision.global_policy()
-  tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
-  try:
-    models.resnet(10, 10, 28, stem='small', matmul_convs=True,
-                  filters=(32, 64, 128, 256))
-  finally:
-    tf_keras.mixed_precision.set_global_policy(policy)
+  policy('mixed_bfloat16')
+  models.resnet(10, 10, 28, stem='small', matmul_convs=True,
+                filters=(32, 64, 128, 256))
   # (input map, input channels, stride): the strided 3x3s into stages 3
   # and 4, and stage 4's unstrided one; not stages 1-2 nor 4x4 unstrided.
   assert sorted(set(picked)) == [(2, 256, 1), (4, 128, 2), (7, 64, 2)]
 
 
 @pytest.mark.parametrize('depth,image_size', [(50, 64), (18, 28)])
-def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
+def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size,
+                                                        policy):
   # ResNet-50 at 64 px: stride-1 and stride-2 1x1 convolutions, 3x3 ones on
   # 2x2 maps with 512 channels. ResNet-18 at 28 px (small stem): stride-2
   # 3x3 convolutions from 4x4 to 2x2 and odd map sizes (7 -> 4).
@@ -193,12 +186,9 @@ def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
                     models.MatmulConv2D)
   matmul.set_weights(native.get_weights())  # Same variables, same order.
   # The same network in float64: what both float32 paths approximate.
-  policy = tf_keras.mixed_precision.global_policy()
-  tf_keras.mixed_precision.set_global_policy('float64')
-  try:
-    exact = models.resnet(depth, 10, image_size, stem=stem)
-  finally:
-    tf_keras.mixed_precision.set_global_policy(policy)
+  policy('float64')
+  exact = models.resnet(depth, 10, image_size, stem=stem)
+  policy('float32')
   assert exact.get_layer('stem_conv').kernel.dtype == tf.float64
   exact.set_weights([w.astype(np.float64) for w in native.get_weights()])
   images = tf.random.stateless_uniform([3, image_size, image_size, 3],
@@ -226,6 +216,30 @@ def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size):
     matmul_error = float(np.max(np.abs(g_matmul.numpy() - g_exact.numpy())))
     assert matmul_error <= max(2 * native_error, 1e-5 * scale), (
         matmul_error, native_error, scale)
+
+
+@pytest.mark.parametrize('matmul_convs', [False, True])
+def test_a_bf16_network_runs_eagerly_as_inside_tf_function(matmul_convs,
+                                                           policy):
+  """Called eagerly, forward and under a GradientTape (a notebook, a loop of
+  one's own), a bf16 network gives what it gives inside tf.function. The
+  matmul convolutions' custom gradients once refused eager calls under the
+  mixed policy ('grad_fn must accept keyword argument variables')."""
+  policy('mixed_bfloat16')
+  tf_keras.utils.set_random_seed(6)
+  # The small stem at 28 px: stage 3's strided 3x3 (to 4x4) and stage 4's
+  # (to 2x2, 64 channels) take the patches kernel gradient.
+  net = models.resnet(10, 10, 28, stem='small', matmul_convs=matmul_convs,
+                      filters=(16, 32, 64, 64))
+  images = tf.random.stateless_uniform([2, 28, 28, 3], seed=[3, 4])
+  labels = tf.constant([1, 7])
+  eager_loss, eager_grads = _loss_and_grads(net, images, labels)
+  graph_loss, graph_grads = tf.function(_loss_and_grads)(net, images, labels)
+  assert net(images).dtype == tf.float32  # Eager inference.
+  np.testing.assert_allclose(eager_loss, graph_loss, rtol=1e-2)
+  for eager, graph in zip(eager_grads, graph_grads):
+    scale = float(np.max(np.abs(graph))) or 1.0
+    np.testing.assert_allclose(eager / scale, graph / scale, atol=2e-2)
 
 
 @pytest.mark.parametrize('shape,stride', [
@@ -355,13 +369,11 @@ def test_residual_layers_fuse_only_in_training():
 
 
 @pytest.mark.parametrize('impl', ['bitwise', 'xla'])
-def test_fast_residual_relus_train_bit_identically(impl):
-  tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
-  try:
-    native = models.resnet(50, 10, 32)
-    fast = models.resnet(50, 10, 32, residual_relu=impl)
-  finally:
-    tf_keras.mixed_precision.set_global_policy('float32')
+def test_fast_residual_relus_train_bit_identically(impl, policy):
+  policy('mixed_bfloat16')
+  native = models.resnet(50, 10, 32)
+  fast = models.resnet(50, 10, 32, residual_relu=impl)
+  policy('float32')
   assert fast.get_layer('stage1_block1_out').impl == impl
   assert [l.name for l in fast.layers] == [l.name for l in native.layers]
   fast.set_weights(native.get_weights())
@@ -380,7 +392,6 @@ def test_zero_init_residual_starts_each_block_as_its_shortcut(depth, norm):
   """Each residual branch's last norm (bn2 of a basic block, bn3 of a
   bottleneck) starts at gamma 0, every other norm at 1, so a block without
   a projection starts as relu(its input); one training step moves them."""
-  tf_keras.mixed_precision.set_global_policy('float32')
   cfg = RunConfig(resnet_depth=depth, width_multiplier=0.25, image_size=32,
                   norm=norm, groups=8, zero_init_residual=True)
   net = models.build_network(cfg, 10, use_regularizers=False)
@@ -444,12 +455,11 @@ def test_blur_filter_is_a_normalised_symmetric_binomial():
 
 @pytest.mark.parametrize('depth,blurs', [(18, 4), (50, 7)])
 def test_blurpool_blurs_before_each_wide_strided_conv_with_the_same_weights(
-    depth, blurs):
+    depth, blurs, policy):
   """--blurpool: the stem's pool and each downsampling block's strided
   convolutions read blurred inputs (a basic block's conv1 and projection
   share one blur; a bottleneck's conv2 has its own); the weights are those
   of the plain network, the function is not."""
-  tf_keras.mixed_precision.set_global_policy('float32')
   cfg = RunConfig(resnet_depth=depth, width_multiplier=0.25, image_size=32)
   plain = models.build_network(cfg, 10, use_regularizers=False)
   blurred = models.build_network(dataclasses.replace(cfg, blurpool=True), 10,
@@ -471,13 +481,13 @@ def test_blurpool_blurs_before_each_wide_strided_conv_with_the_same_weights(
   if depth != 18:
     return
   # bf16 runs it too (the blur in the layer's compute dtype).
-  tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
-  bf16 = models.build_network(dataclasses.replace(cfg, blurpool=True), 10,
-                              use_regularizers=False)
+  policy('mixed_bfloat16')
+  bf16 = models.build_network(
+      dataclasses.replace(cfg, blurpool=True, dtype='bf16'), 10,
+      use_regularizers=False)
   bf16.set_weights(plain.get_weights())
   np.testing.assert_allclose(tf.cast(logits(bf16), tf.float32), out,
                              rtol=0.05, atol=0.05)
-  tf_keras.mixed_precision.set_global_policy('float32')
 
 
 def _pairs_of(kernel, used):
@@ -599,34 +609,31 @@ def test_group_norm_every_stem_normalises_each_group(stem, groups):
 
 
 @pytest.mark.parametrize('matmul_convs', [False, True])
-def test_group_norm_trains_a_step_in_bf16(matmul_convs):
-  tf_keras.mixed_precision.set_global_policy('mixed_bfloat16')
-  try:
-    tf_keras.utils.set_random_seed(4)
-    model = models.resnet(18, 10, 32, stem='small', norm=_group_norm(),
-                          matmul_convs=matmul_convs)
-    optimizer = tf_keras.optimizers.legacy.SGD(0.01)
-    images = tf.random.stateless_uniform([4, 32, 32, 3], seed=[2, 3])
-    labels = tf.constant([0, 3, 5, 9])
+def test_group_norm_trains_a_step_in_bf16(matmul_convs, policy):
+  policy('mixed_bfloat16')
+  tf_keras.utils.set_random_seed(4)
+  model = models.resnet(18, 10, 32, stem='small', norm=_group_norm(),
+                        matmul_convs=matmul_convs)
+  optimizer = tf_keras.optimizers.legacy.SGD(0.01)
+  images = tf.random.stateless_uniform([4, 32, 32, 3], seed=[2, 3])
+  labels = tf.constant([0, 3, 5, 9])
 
-    @tf.function
-    def step():
-      with tf.GradientTape() as tape:
-        probs = model(images, training=True)
-        loss = tf.reduce_mean(
-            tf_keras.losses.sparse_categorical_crossentropy(labels, probs))
-      grads = tape.gradient(loss, model.trainable_variables)
-      optimizer.apply_gradients(zip(grads, model.trainable_variables))
-      return probs, loss, grads
+  @tf.function
+  def step():
+    with tf.GradientTape() as tape:
+      probs = model(images, training=True)
+      loss = tf.reduce_mean(
+          tf_keras.losses.sparse_categorical_crossentropy(labels, probs))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return probs, loss, grads
 
-    probs, loss, grads = step()
-    assert probs.dtype == tf.float32
-    np.testing.assert_allclose(tf.reduce_sum(probs, -1), 1.0, rtol=1e-5)
-    assert all(g is not None and np.isfinite(g.numpy()).all() for g in grads)
-    losses = [float(loss)] + [float(step()[1]) for _ in range(4)]
-    assert losses[-1] < losses[0], losses  # Five steps on one batch fit it.
-  finally:
-    tf_keras.mixed_precision.set_global_policy('float32')
+  probs, loss, grads = step()
+  assert probs.dtype == tf.float32
+  np.testing.assert_allclose(tf.reduce_sum(probs, -1), 1.0, rtol=1e-5)
+  assert all(g is not None and np.isfinite(g.numpy()).all() for g in grads)
+  losses = [float(loss)] + [float(step()[1]) for _ in range(4)]
+  assert losses[-1] < losses[0], losses  # Five steps on one batch fit it.
 
 
 @pytest.mark.slow

@@ -96,7 +96,6 @@ def test_weight_decay_reaches_only_conv_and_dense_kernels(cfg):
   dense kernels: no norm scale or offset, no bias (keras.applications'
   convolutions have biases); the per-layer regularisers sit on the same
   kernels."""
-  tf_keras.mixed_precision.set_global_policy('float32')
   net = models.build_network(cfg, 10, use_regularizers=True)
   kernels = {id(layer.kernel) for layer in net.layers
              if isinstance(layer, (tf_keras.layers.Conv2D,

@@ -216,50 +216,47 @@ def test_accumulated_micro_batches_make_the_same_update_as_one_batch():
   assert not np.allclose(whole[0], _no_bn_model(seed=3).get_weights()[0])
 
 
-def test_fp16_overflow_halves_the_scale_skips_the_update_and_goes_on():
+def test_fp16_overflow_halves_the_scale_skips_the_update_and_goes_on(policy):
   """Dynamic loss scaling through the device loop, with a scale too big for
   fp16 to start with: every overflowing step halves it and leaves the
   weights alone, then training resumes with finite weights. The weight
   average (--ema_decay) rides along: float32 like the weights, it stays put
   while the steps are skipped and then follows the weights."""
-  tf_keras.mixed_precision.set_global_policy('mixed_float16')
-  try:
-    tf_keras.utils.set_random_seed(4)
-    net = models.resnet(10, 5, 32, stem='cifar', filters=(8, 16, 16, 16))
-    optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
-        tf_keras.optimizers.legacy.SGD(0.05), initial_scale=2.0 ** 40)
-    average = ema_lib.EMA(net.variables, decay=0.9)
-    trainer = loops.trainer(
-        net, optimizer, synthetic.train_dataset(4, 32, 5, tf.float32),
-        batch_size=4, steps_per_loop=40, ema=average)
-    before = [v.numpy() for v in net.trainable_variables]
-    output = trainer.train(tf.constant(3))
-    loop = output[LOOP_RECORD]
-    # 2^40 times any gradient overflows fp16 (max 65504): halved, skipped.
-    np.testing.assert_array_equal(loop.loss_scales, [2.0 ** 39, 2.0 ** 38,
-                                                     2.0 ** 37])
-    assert all(np.array_equal(b, v.numpy())
-               for b, v in zip(before, net.trainable_variables))
-    trained = average.averages_of(net.trainable_variables)
-    # d * w + (1 - d) * w is w up to float32 rounding.
-    assert all(a.dtype == tf.float32 for a in trained)
-    for b, a in zip(before, trained):
-      np.testing.assert_allclose(a.numpy(), b, rtol=1e-6, atol=1e-7)
-    assert np.isfinite(loop.losses).all() and loop.weights_finite
-    # Skipped steps are no divergence: the guard lets the run go on.
-    guards.LoopGuard(any_worker=lambda *f: f, last_checkpoint=lambda: None,
-                     dtype='fp16', stopped_early=lambda: False)(output)
-    loop = trainer.train(tf.constant(40))[LOOP_RECORD]
-    scales = loop.loss_scales
-    assert scales[-1] < 2.0 ** 24 and (np.diff(scales) <= 0).all()
-    assert loop.weights_finite
-    assert any(not np.array_equal(b, v.numpy())
-               for b, v in zip(before, net.trainable_variables))
-    # The average lags the weights: it moved from the start, not all the way.
-    assert all(np.isfinite(a.numpy()).all() for a in trained)
-    first = trained[0].numpy()
-    assert not np.allclose(first, before[0], rtol=1e-4, atol=1e-6)
-    assert not np.allclose(first, net.trainable_variables[0].numpy(),
-                           rtol=1e-4, atol=1e-6)
-  finally:
-    tf_keras.mixed_precision.set_global_policy('float32')
+  policy('mixed_float16')
+  tf_keras.utils.set_random_seed(4)
+  net = models.resnet(10, 5, 32, stem='cifar', filters=(8, 16, 16, 16))
+  optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.legacy.SGD(0.05), initial_scale=2.0 ** 40)
+  average = ema_lib.EMA(net.variables, decay=0.9)
+  trainer = loops.trainer(
+      net, optimizer, synthetic.train_dataset(4, 32, 5, tf.float32),
+      batch_size=4, steps_per_loop=40, ema=average)
+  before = [v.numpy() for v in net.trainable_variables]
+  output = trainer.train(tf.constant(3))
+  loop = output[LOOP_RECORD]
+  # 2^40 times any gradient overflows fp16 (max 65504): halved, skipped.
+  np.testing.assert_array_equal(loop.loss_scales, [2.0 ** 39, 2.0 ** 38,
+                                                   2.0 ** 37])
+  assert all(np.array_equal(b, v.numpy())
+             for b, v in zip(before, net.trainable_variables))
+  trained = average.averages_of(net.trainable_variables)
+  # d * w + (1 - d) * w is w up to float32 rounding.
+  assert all(a.dtype == tf.float32 for a in trained)
+  for b, a in zip(before, trained):
+    np.testing.assert_allclose(a.numpy(), b, rtol=1e-6, atol=1e-7)
+  assert np.isfinite(loop.losses).all() and loop.weights_finite
+  # Skipped steps are no divergence: the guard lets the run go on.
+  guards.LoopGuard(any_worker=lambda *f: f, last_checkpoint=lambda: None,
+                   dtype='fp16', stopped_early=lambda: False)(output)
+  loop = trainer.train(tf.constant(40))[LOOP_RECORD]
+  scales = loop.loss_scales
+  assert scales[-1] < 2.0 ** 24 and (np.diff(scales) <= 0).all()
+  assert loop.weights_finite
+  assert any(not np.array_equal(b, v.numpy())
+             for b, v in zip(before, net.trainable_variables))
+  # The average lags the weights: it moved from the start, not all the way.
+  assert all(np.isfinite(a.numpy()).all() for a in trained)
+  first = trained[0].numpy()
+  assert not np.allclose(first, before[0], rtol=1e-4, atol=1e-6)
+  assert not np.allclose(first, net.trainable_variables[0].numpy(),
+                         rtol=1e-4, atol=1e-6)

@@ -1,0 +1,227 @@
+"""The port guard's rules as data (launcher/port_guard.py): the iptables
+commands that close a job's ports and remove exactly them, and what each
+--port_guard mode decides on each placement. Nothing here needs root."""
+
+import signal
+import subprocess
+
+import pytest
+
+from common import launch
+from common.errors import UsageError
+from resnet_keras.launcher import port_guard
+
+RULES = port_guard.Rules('RESNET_KERAS_7_ab12cd', ('10.0.0.1', 'fd00::2'),
+                         ((2410, 2411), (5050, 5050)))
+
+
+def test_add_commands_return_the_jobs_hosts_and_reset_the_rest():
+  chain = RULES.chain
+  assert port_guard.add_commands(RULES, 'iptables') == [
+      ['iptables', '-w', '-N', chain],
+      ['iptables', '-w', '-A', chain, '-i', 'lo', '-j', 'RETURN'],
+      ['iptables', '-w', '-A', chain, '-s', '10.0.0.1', '-j', 'RETURN'],
+      ['iptables', '-w', '-A', chain, '-p', 'tcp', '-j', 'REJECT',
+       '--reject-with', 'tcp-reset'],
+      ['iptables', '-w', '-I', 'INPUT', '-p', 'tcp', '--dport', '2410:2411',
+       '-j', chain],
+      ['iptables', '-w', '-I', 'INPUT', '-p', 'tcp', '--dport', '5050:5050',
+       '-j', chain]]
+  # Each family's addresses to its own tool.
+  assert ['ip6tables', '-w', '-A', chain, '-s', 'fd00::2', '-j', 'RETURN'] \
+      in port_guard.add_commands(RULES, 'ip6tables')
+
+
+def test_remove_commands_undo_exactly_the_chains_jumps_and_the_chain():
+  chain = RULES.chain
+  assert port_guard.remove_commands(RULES, 'iptables') == [
+      ['iptables', '-w', '-D', 'INPUT', '-p', 'tcp', '--dport', '2410:2411',
+       '-j', chain],
+      ['iptables', '-w', '-D', 'INPUT', '-p', 'tcp', '--dport', '5050:5050',
+       '-j', chain],
+      ['iptables', '-w', '-F', chain], ['iptables', '-w', '-X', chain]]
+
+
+def test_the_add_script_checks_first_and_undoes_a_half_done_add():
+  script = port_guard.add_script(RULES)
+  assert script.startswith('[ "$(id -u)" = 0 ] || { echo not root; exit 3; }')
+  assert 'ip6tables -w -N' in script
+  assert script.endswith(f'|| {{ {port_guard.remove_script(RULES)}; exit 4; }}')
+
+
+def test_a_script_that_cannot_run_says_why_in_its_output(tmp_path):
+  # As a host without iptables answers: its PATH holds no iptables.
+  done = subprocess.run(['/bin/sh', '-c', port_guard.add_script(RULES)],
+                        env={'PATH': str(tmp_path)}, capture_output=True,
+                        text=True)
+  assert done.returncode == 3
+  assert done.stdout.strip() in ('not root', 'no iptables')
+
+
+def test_chain_names_are_the_launchs_own_and_fit_iptables():
+  name = port_guard.chain_name()
+  assert name.startswith('RESNET_KERAS_') and len(name) <= 28
+  assert name != port_guard.chain_name()
+
+
+@pytest.mark.parametrize('ports,ranges,text', [
+    ([2411, 2410, 5050, 2412, 5051], ((2410, 2412), (5050, 5051)),
+     '2410-2412, 5050-5051'),
+    ([2410, 2410], ((2410, 2410),), '2410'),
+])
+def test_port_ranges(ports, ranges, text):
+  assert port_guard.port_ranges(ports) == ranges
+  assert port_guard.describe_ports(ports) == text
+
+
+def _server(host, port):
+  return launch.DataServer(host=host, role='worker', port=port, argv=[],
+                           stop_argv=[])
+
+
+def test_job_ports_by_host():
+  mpi = port_guard.mpi_range(2410)
+  assert mpi == (2510, 2577)
+  assert port_guard.job_ports(['h1', 'h2'], [2410, 2411], mpi,
+                              [_server('h2', 5050), _server('h3', 5051)]) == {
+      'h1': [2410, 2411] + list(range(2510, 2578)),
+      'h2': [2410, 2411] + list(range(2510, 2578)) + [5050],
+      'h3': [5051]}
+  # This host's workers, one process: nothing of the job listens.
+  assert port_guard.job_ports([], [], None, []) == {}
+  assert port_guard.job_ports([], [2410, 2411], None, []) == {
+      port_guard.THIS_HOST: [2410, 2411]}
+
+
+def test_mpi_env_pins_openmpis_daemons_and_transport():
+  # mpirun takes every free port of its range: the ranks get others.
+  assert port_guard.mpi_env((2510, 2577)) == {
+      'OMPI_MCA_oob_tcp_dynamic_ipv4_ports': '2510-2513',
+      'OMPI_MCA_oob_tcp_dynamic_ipv6_ports': '2510-2513',
+      'OMPI_MCA_btl_tcp_port_min_v4': '2514',
+      'OMPI_MCA_btl_tcp_port_range_v4': '64'}
+
+
+@pytest.mark.parametrize('mode,placement,root,iptables,why', [
+    ('auto', 'this_host', True, True, ''),
+    ('auto', 'ssh_hosts', False, False, ''),  # The hosts say for themselves.
+    ('auto', 'this_host', False, True, 'not applied (not root)'),
+    ('auto', 'this_host', True, False, 'not applied (no iptables on this '
+     'host)'),
+    ('auto', 'slurm', True, True, 'not applied under Slurm'),
+    ('auto', 'kubernetes', True, True, 'not applied under Kubernetes'),
+    ('off', 'this_host', True, True, 'off (--port_guard=off)'),
+])
+def test_cannot(mode, placement, root, iptables, why):
+  assert port_guard.cannot(mode, placement, root, iptables).startswith(why)
+  assert bool(why) == bool(port_guard.cannot(mode, placement, root, iptables))
+
+
+def _for_job(mode, placement='this_host', root=True, tf_ports=(2410, 2411)):
+  return port_guard.for_job(mode, placement, [], list(tf_ports), None, [],
+                            ['ssh'], is_root=root, has_iptables=True)
+
+
+def test_for_job_on_this_host_closes_its_ports_to_all_but_loopback():
+  guard, line = _for_job('auto')
+  assert line == '' and guard.ports == [2410, 2411]
+  rules = guard.rules[port_guard.THIS_HOST]
+  assert rules.sources == () and rules.ports == ((2410, 2411),)
+  assert guard.argv(port_guard.THIS_HOST, 'x') == ['sh', '-c', 'x']
+
+
+def test_for_job_says_why_not_and_on_fails_in_one_line():
+  guard, line = _for_job('auto', root=False)
+  assert guard is None
+  assert line == ('port guard: not applied (not root): ports 2410-2411 '
+                  'listen on every interface without authentication; run on '
+                  'a private network (docs/security.md)')
+  with pytest.raises(UsageError, match=r'^--port_guard=on: not applied under '
+                     r'Slurm .*: run where it can \(docs/security.md\), '
+                     r'or use --port_guard=auto$'):
+    _for_job('on', placement='slurm')
+  assert _for_job('on', tf_ports=()) == (None, '')  # Nothing listens.
+
+
+def test_for_job_on_ssh_hosts_lets_the_hosts_and_the_launcher_in():
+  servers = [_server('127.0.0.3', 5051)]
+  guard, _ = port_guard.for_job('auto', 'ssh_hosts', ['127.0.0.2'], [2410],
+                                None, servers, ['ssh', '-p', '22'], True, True)
+  assert set(guard.rules) == {'127.0.0.2', '127.0.0.3'}
+  assert guard.rules['127.0.0.3'].sources == ('127.0.0.2', '127.0.0.3',
+                                              '127.0.0.1')
+  assert guard.argv('127.0.0.2', 'x') == ['ssh', '-p', '22', '--', '127.0.0.2',
+                                           'x']
+
+
+def test_an_unknown_host_name_is_one_line():
+  with pytest.raises(UsageError, match='^host no-such-host.invalid: no '
+                     'address found'):
+    port_guard.resolve(['no-such-host.invalid'])
+
+
+def _guard_with(failed):
+  guard = port_guard.Guard({'h1': [2410], 'h2': [2410]}, (), ['ssh'],
+                           chain='RESNET_KERAS_1_x')
+  guard.applied = [h for h in ('h1', 'h2') if h not in failed]
+  return guard
+
+
+def test_outcome_lines():
+  line, complete = port_guard.outcome(_guard_with({}), {}, 'auto')
+  assert complete and line == (
+      'port guard: ports 2410 closed to all but the job\'s hosts and loopback '
+      'on h1, h2 (iptables chain RESNET_KERAS_1_x, removed at the end; '
+      '--port_guard=off leaves them open)')
+  line, complete = port_guard.outcome(_guard_with({'h2'}),
+                                      {'h2': 'not root'}, 'auto')
+  assert not complete and line.endswith('; NOT on h2: not root')
+  line, _ = port_guard.outcome(_guard_with({'h1', 'h2'}),
+                               {'h1': 'not root', 'h2': 'not root'}, 'auto')
+  assert line.startswith('port guard: not applied (h1: not root; h2: not '
+                         'root): ports 2410 listen on every interface')
+  with pytest.raises(UsageError, match=r'^--port_guard=on: cannot close the '
+                     r'job\'s ports on h2 \(no iptables\); nothing was '
+                     'started'):
+    port_guard.outcome(_guard_with({'h2'}), {'h2': 'no iptables'}, 'on')
+
+
+class _Recorded(port_guard.Guard):
+  """A guard whose hosts are this process: it records what it would run."""
+
+  def __init__(self, fail_add=False):
+    super().__init__({'h1': [2410]}, (), ['ssh'], chain='RESNET_KERAS_1_x')
+    self.ran, self._fail_add = [], fail_add
+
+  def _run(self, host, script, timeout=None):
+    self.ran.append('add' if script.startswith('[') else 'remove')
+    return 'no iptables' if self._fail_add else None
+
+
+def test_closed_removes_the_rules_after_an_error_and_restores_sigterm():
+  guard = _Recorded()
+  before = signal.getsignal(signal.SIGTERM)
+  with pytest.raises(RuntimeError):
+    with port_guard.closed(guard, 'auto'):
+      assert signal.getsignal(signal.SIGTERM) is not before
+      raise RuntimeError('the job failed')
+  assert guard.ran == ['add', 'remove'] and guard.applied == []
+  assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_closed_ends_the_launch_at_sigterm_through_the_removal():
+  guard = _Recorded()
+  with pytest.raises(SystemExit) as stopped:
+    with port_guard.closed(guard, 'auto'):
+      signal.raise_signal(signal.SIGTERM)
+  assert stopped.value.code == 128 + signal.SIGTERM
+  assert guard.ran == ['add', 'remove']
+
+
+def test_closed_with_on_fails_before_the_job_where_a_host_cannot():
+  guard = _Recorded(fail_add=True)
+  ran = []
+  with pytest.raises(UsageError, match='cannot close the job\'s ports on h1'):
+    with port_guard.closed(guard, 'on'):
+      ran.append('job')
+  assert not ran and guard.ran == ['add']
