@@ -13,7 +13,8 @@
   python demo_resnet_keras.py ... --dry_run --launcher=slurm --slurm_nodes 4 \\
       > job.sh                                # an sbatch script for the launch
 
-Every flag of resnet_ctl_imagenet_main.py is accepted and forwarded as typed.
+Every flag of resnet_ctl_imagenet_main.py is accepted and forwarded as absl
+read it (each value joined to its flag; a --flagfile read here).
 --config NAME (resnet_keras/configs/NAME.yaml) fills in a recipe's values,
 launcher settings included; then --optimizer LARS / SGD fill in their preset
 hyperparameters (RMSProp has none); neither replaces a value given on the

@@ -8,6 +8,7 @@ trainer (to turn an MPI rank into a TF_CONFIG for multi_worker_mirrored).
 """
 
 import dataclasses
+import ipaddress
 import json
 import os
 import re
@@ -61,11 +62,33 @@ class Launch:
     return '\n'.join(lines)
 
 
+# A host name as DNS, /etc/hosts and Slurm write them (underscores too):
+# never an option (a leading '-') nor anything a shell or ssh reads as
+# more than a name.
+_HOST_NAME = re.compile(r'[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}')
+
+
+def check_host(host: str, source: str) -> str:
+  """`host` if it is a host name or an IPv4/IPv6 address; UsageError
+  naming `source` (where it was given) otherwise. The hosts reach ssh,
+  mpirun's hostfile and srun as arguments."""
+  if _HOST_NAME.fullmatch(host):
+    return host
+  try:
+    ipaddress.ip_address(host)
+    return host
+  except ValueError:
+    raise UsageError(f'{source}: {host!r} is not a host name or an IP '
+                     'address (letters, digits, ".", "-" and "_", not '
+                     'starting with "-"; or an IPv4/IPv6 address)') from None
+
+
 def parse_hosts(multi_hls_ips: Optional[str]) -> List[str]:
   """MULTI_HLS_IPS ('ip1,ip2,...') -> host list; empty: this host only."""
   if not multi_hls_ips:
     return []
-  hosts = [h.strip() for h in multi_hls_ips.split(',') if h.strip()]
+  hosts = [check_host(h.strip(), 'MULTI_HLS_IPS')
+           for h in multi_hls_ips.split(',') if h.strip()]
   if len(set(hosts)) != len(hosts):
     raise UsageError(f'MULTI_HLS_IPS={multi_hls_ips} lists a host twice; '
                       'give each host once')
@@ -82,7 +105,7 @@ def mpirun_command(program: Sequence[str], *, workers_per_host: int,
                    environ: Mapping[str, str], hostfile_path: str,
                    extra_env: Optional[Dict[str, str]] = None,
                    failure_timeout: int = DEFAULT_FAILURE_TIMEOUT,
-                   hosts_per_machine: int = 1) -> Launch:
+                   hosts_per_machine: int = 1, as_root: bool) -> Launch:
   """The mpirun invocation that starts `program` on every worker.
 
   Args:
@@ -99,12 +122,14 @@ def mpirun_command(program: Sequence[str], *, workers_per_host: int,
     hosts_per_machine: how many of `hosts` are one machine (containers or
       namespaces of one server, as the pre-flight check finds them): their
       workers share its cores.
+    as_root: whether the launcher runs as root (os.geteuid() == 0): mpirun
+      refuses root without --allow-run-as-root, which it gets only then.
   """
   extra_env = dict(extra_env or {})
   environ = {**environ, **extra_env}
   num_hosts = max(1, len(hosts))
-  argv = ['mpirun', '--allow-run-as-root', '-np',
-          str(workers_per_host * num_hosts)]
+  argv = ['mpirun'] + (['--allow-run-as-root'] if as_root else []) + [
+      '-np', str(workers_per_host * num_hosts)]
   notes = []
   pe = cores_per_worker(physical_cores, workers_per_host * hosts_per_machine)
   if hosts_per_machine > 1:
@@ -276,14 +301,29 @@ def tf_config_for_rank(rank: int, size: int, hosts: Sequence[str],
           'task': {'type': 'worker', 'index': rank}}
 
 
+def tf_base_port(environ: Mapping[str, str], workers_per_host: int) -> int:
+  """TF_BASE_PORT (default DEFAULT_TF_BASE_PORT), checked: a host's
+  workers listen on it and the `workers_per_host` - 1 ports above it."""
+  value = environ.get('TF_BASE_PORT', str(DEFAULT_TF_BASE_PORT))
+  highest = 65536 - max(1, workers_per_host)
+  try:
+    port = int(value)
+  except ValueError:
+    port = None
+  if port is None or not 1 <= port <= highest:
+    raise UsageError(f'TF_BASE_PORT={value}: the {workers_per_host} '
+                     'worker(s) of a host listen on it and the ports above '
+                     f'it; give a port number from 1 to {highest}')
+  return port
+
+
 def tf_config_from_env(rank: int, size: int,
                        environ: Mapping[str, str]) -> Dict:
   """TF_CONFIG of worker `rank`, hosts from MULTI_HLS_IPS, ports from
   TF_BASE_PORT."""
-  base_port = int(environ.get('TF_BASE_PORT', DEFAULT_TF_BASE_PORT))
-  return tf_config_for_rank(rank, size,
-                            parse_hosts(environ.get('MULTI_HLS_IPS')),
-                            base_port)
+  hosts = parse_hosts(environ.get('MULTI_HLS_IPS'))
+  base_port = tf_base_port(environ, size // max(1, len(hosts)))
+  return tf_config_for_rank(rank, size, hosts, base_port)
 
 
 def tf_config_from_mpi(environ: Mapping[str, str]) -> Optional[str]:
@@ -316,8 +356,8 @@ class DataServer:
   host: str
   role: str  # 'dispatcher' or 'worker'
   port: int
-  argv: List[str]  # ssh ... HOST 'cd REPO && exec python -m ...'
-  stop_argv: List[str]  # ssh ... HOST 'pkill ...': what ends it there
+  argv: List[str]  # ssh ... -- HOST 'cd REPO && exec python -m ...'
+  stop_argv: List[str]  # ssh ... -- HOST 'pkill ...': what ends it there
 
 
 def data_service_servers(hosts: Sequence[str], ssh: Sequence[str],
@@ -341,9 +381,9 @@ def data_service_servers(hosts: Sequence[str], ssh: Sequence[str],
     command = head + args
     built.append(DataServer(
         host=host, role=role, port=server_port,
-        argv=list(ssh) + [host, f'cd {shlex.quote(repo)} && exec '
+        argv=list(ssh) + ['--', host, f'cd {shlex.quote(repo)} && exec '
                           f'{shlex.join(command)}'],
-        stop_argv=list(ssh) + [host, stop]))
+        stop_argv=list(ssh) + ['--', host, stop]))
   return built
 
 

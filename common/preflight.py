@@ -88,7 +88,7 @@ def describe(hosts: Sequence[str], ssh: Sequence[str], want: Expected,
              ports: Mapping[str, Sequence[int]]) -> List[str]:
   """The checks, as --dry_run prints them."""
   lines = [f'pre-flight on each of {", ".join(hosts)}: {shlex.join(ssh)} '
-           f'HOST answers; {want.python} runs Python {want.python_version} '
+           f'-- HOST answers; {want.python} runs Python {want.python_version} '
            f'with TensorFlow {want.tensorflow}' +
            (f' and Horovod {want.horovod}' if want.horovod else '') +
            f'; {want.script} exists']
@@ -126,7 +126,8 @@ def _check_host(host: str, ssh: Sequence[str], want: Expected,
   remote = shlex.join([want.python, '-c', _PROBE, want.script,
                        json.dumps(list(ports))])
   try:
-    result = subprocess.run(list(ssh) + [host, remote], capture_output=True,
+    result = subprocess.run(list(ssh) + ['--', host, remote],
+                            capture_output=True,
                             text=True, timeout=_SSH_TIMEOUT,
                             stdin=subprocess.DEVNULL)
   except subprocess.TimeoutExpired:

@@ -10,6 +10,7 @@ import re
 import subprocess
 from typing import List, Mapping, Optional, Sequence, Tuple
 
+from common import launch
 from common.errors import UsageError
 
 JOB_ID_VAR = 'SLURM_JOB_ID'
@@ -27,7 +28,10 @@ def expand_nodelist(nodelist: str) -> List[str]:
   for item in _top_level_items(nodelist):
     match = _BRACKETS.match(item)
     if not match:
-      nodes.append(item)
+      if '[' in item or ']' in item:
+        raise _unreadable(nodelist)
+      nodes.append(launch.check_host(item, f'the Slurm node list '
+                                           f'{nodelist!r}'))
       continue
     prefix, ranges, rest = match.groups()
     for number in _numbers(ranges, nodelist):
@@ -35,13 +39,22 @@ def expand_nodelist(nodelist: str) -> List[str]:
   return nodes
 
 
+def _unreadable(nodelist: str) -> UsageError:
+  return UsageError(f'cannot read the Slurm node list {nodelist!r}: '
+                    'expected node names and ranges such as n1,n[2-4,7]')
+
+
 def _top_level_items(nodelist: str) -> List[str]:
   items, depth, start = [], 0, 0
   for i, char in enumerate(nodelist):
     depth += {'[': 1, ']': -1}.get(char, 0)
+    if depth not in (0, 1):  # A ']' before its '[', or brackets nested.
+      raise _unreadable(nodelist)
     if char == ',' and depth == 0:
       items.append(nodelist[start:i])
       start = i + 1
+  if depth:
+    raise _unreadable(nodelist)
   items.append(nodelist[start:])
   return [item for item in items if item]
 
@@ -49,9 +62,9 @@ def _top_level_items(nodelist: str) -> List[str]:
 def _numbers(ranges: str, nodelist: str) -> List[str]:
   numbers = []
   for part in ranges.split(','):
-    first, _, last = part.partition('-')
-    if not first.isdigit() or (last and not last.isdigit()):
-      raise UsageError(f'cannot read the Slurm node list {nodelist!r}')
+    first, dash, last = part.partition('-')
+    if not first.isdigit() or (dash and not last.isdigit()):
+      raise _unreadable(nodelist)
     # Slurm pads each number to the width of the range's first.
     numbers += [str(n).zfill(len(first))
                 for n in range(int(first), int(last or first) + 1)]

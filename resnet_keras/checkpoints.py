@@ -21,6 +21,7 @@ import tensorflow as tf
 from absl import logging
 
 from resnet_keras import config as config_lib
+from resnet_keras import options
 from resnet_keras import run_directory
 from resnet_keras.config import RunConfig
 from resnet_keras.plan import TrainingPlan
@@ -161,6 +162,14 @@ def read_config(model_dir: str) -> Tuple[RunConfig, TrainingPlan]:
   except (OSError, ValueError, KeyError, TypeError) as e:
     raise UsageError(f'{path} is unreadable ({e!r}); delete it, and the next '
                      'training run in this directory writes it again') from None
+  try:  # A file edited or damaged by hand: checked as flags would be.
+    options.check_types(cfg)
+    options.check_types(plan)
+    cfg.check()
+  except UsageError as e:
+    raise UsageError(f'{path} holds a value no run has: {e}; fix it there '
+                     '(or delete the file: the next training run in this '
+                     'directory writes it again)') from None
   return dataclasses.replace(cfg, model_dir=model_dir), plan
 
 

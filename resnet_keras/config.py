@@ -82,7 +82,7 @@ class DataConfig:
   """What data, how much of it, and how it is read."""
   data_dir: str = option(
       '/data/tensorflow_datasets/imagenet/tf_records',
-      'Directory with the TFRecord shards.', alias='dd')
+      'Directory with the TFRecord shards.', alias='dd', path=True)
   dataset: str = option(
       'imagenet',
       'imagenet (any ImageNet-format TFRecords), cifar10 or cifar100 '
@@ -463,7 +463,8 @@ class WarmStartConfig:
       "Start a new run from another run's checkpoint (a checkpoint "
       'prefix such as DIR/ckpt-8, or a model_dir: its latest) of the '
       'same model; only while --model_dir has no checkpoint of its own '
-      '(then it resumes).')
+      '(then it resumes). TensorFlow reads a checkpoint as trusted input: '
+      'take only checkpoints you trust.', path=True)
   restore_optimizer: bool = option(
       False,
       'With --restore_from: also restore the optimizer (momentum slots, '
@@ -473,7 +474,9 @@ class WarmStartConfig:
       None,
       'Transfer learning: load every layer but the classification head '
       "from another run's checkpoint (prefix or model_dir) of the same "
-      "architecture; the head is new, for this data's classes.")
+      "architecture; the head is new, for this data's classes. TensorFlow "
+      'reads a checkpoint as trusted input: take only checkpoints you '
+      'trust.', path=True)
   freeze_backbone: bool = option(
       False,
       'With --pretrained_checkpoint: train only the head; the '
@@ -831,7 +834,8 @@ class OutputConfig:
       'Checkpoints, summaries, exports and run_summary.json; a rerun with '
       'the same model_dir resumes. Empty: a new private directory for this '
       'run alone (tempfile.mkdtemp, named in the log), never a shared '
-      'default; a job of several workers must name one.', alias='md')
+      'default; a job of several workers must name one.', alias='md',
+      path=True)
   clean: bool = option(
       False,
       'Remove what runs wrote in model_dir before training: the files and '

@@ -12,7 +12,9 @@ the pooled features without the head (2048 values per image for ResNet-50)
 in feature_vector/, both Reusable SavedModels; --format onnx,tflite writes
 model.onnx and model[_QUANTISATION].tflite beside them, each checked against
 the network on the first validation images as it is written. What every
-export takes and returns: serving/contract.py.
+export takes and returns: serving/contract.py. The files it writes are
+programs to whoever loads them, and it reads the run's checkpoints as
+trusted input: export only runs you trust, and hand on only exports of them.
 """
 
 from common import env

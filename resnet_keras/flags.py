@@ -119,6 +119,11 @@ def markdown_table() -> str:
 
 
 RUN_CONFIG_KEYS = frozenset(f.name for f in dataclasses.fields(RunConfig))
+# The flags (names and short aliases) whose value is a file or directory on
+# this host.
+PATH_FLAGS = frozenset(
+    name for f in dataclasses.fields(RunConfig) if options.spec_of(f).path
+    for name in (f.name, options.spec_of(f).alias) if name)
 
 
 def apply_config(values: flags.FlagValues,

@@ -36,6 +36,10 @@ class Spec:
   # type is 'string'); `text` writes the default as the flag's text.
   parse: Optional[Callable[[str], Any]] = None
   text: Optional[Callable[[Any], Optional[str]]] = None
+  # A file or directory on this host, as the user gave it: the batch
+  # script --dry_run --launcher=slurm prints runs in the checkout, so it
+  # gets it absolute.
+  path: bool = False
   # Whether a recipe (--config) may set it: every setting of a run may; of
   # the launcher's own options only those that describe the job's shape.
   in_recipe: bool = True
@@ -114,6 +118,29 @@ def range_message(name: str, value: Any, spec: Spec) -> str:
 def choice_message(name: str, value: Any, choices: Sequence[Any]) -> str:
   allowed = ', '.join(str(c) for c in choices)
   return f'--{name}={value} is not supported; use one of: {allowed}'
+
+
+# A field's declared type -> the values of that type a JSON record holds
+# (an int is a float there: JSON writes 40.0 as 40 from some writers).
+_JSON_TYPES = {bool: (bool,), int: (int,), float: (int, float), str: (str,)}
+
+
+def check_types(record: Any) -> None:
+  """That each field of the dataclass `record` (one rebuilt from JSON, which
+  no flag parser checked) holds a value of its declared type; raises
+  UsageError naming the first that does not."""
+  cls = type(record)
+  for field in dataclasses.fields(cls):
+    value, kind = getattr(record, field.name), field_type(cls, field.name)
+    if value is None and field.default is None:
+      continue
+    allowed = (tuple,) if typing.get_origin(kind) is tuple else (
+        _JSON_TYPES.get(kind))
+    # bool is an int in Python; an int field must not take `true`.
+    if allowed and (not isinstance(value, allowed) or
+                    isinstance(value, bool) != (bool in allowed)):
+      name = getattr(kind, '__name__', 'tuple')
+      raise UsageError(f'{field.name} must be a {name}, got {value!r}')
 
 
 def check_fields(cfg: Any, group) -> None:

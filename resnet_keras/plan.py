@@ -15,6 +15,9 @@ import math
 from common.errors import UsageError
 from resnet_keras.config import RunConfig
 
+# The optimizer's and the checkpoints' step counter is an int64.
+_MAX_STEP = 2**63 - 1
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainingPlan:
@@ -126,6 +129,11 @@ def make_training_plan(cfg: RunConfig, num_train_examples: int,
         f'{replicas_per_program * cfg.num_accumulation_steps}')
   if cfg.train_steps:
     steps_per_epoch = min(steps_per_epoch, cfg.train_steps)
+  if steps_per_epoch * cfg.train_epochs > _MAX_STEP:
+    raise UsageError(
+        f'--train_epochs={cfg.train_epochs} of {steps_per_epoch} steps are '
+        f'more steps than TensorFlow\'s step counter holds ({_MAX_STEP}); '
+        f'use at most --train_epochs={_MAX_STEP // steps_per_epoch}')
   return TrainingPlan(
       global_batch_size=global_batch,
       steps_per_epoch=steps_per_epoch,

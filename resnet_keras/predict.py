@@ -5,7 +5,8 @@
   python -m resnet_keras.predict --saved_model DIR/exports/ckpt-8/model.onnx x.jpg
 
 Images are JPEG or PNG files of any size, colour or grayscale; a folder
-stands for its .jpg, .jpeg and .png files, sorted. They are preprocessed
+stands for its .jpg, .jpeg and .png files, sorted (only regular files: a
+FIFO or device named like an image is skipped with a line). They are preprocessed
 exactly as the run's evaluation did (aspect-preserving resize, central crop
 of the run's --eval_crop_fraction): by the SavedModel's `serving_encoded`
 signature, or for an ONNX or TFLite file from what it records
@@ -25,9 +26,11 @@ import os
 from typing import List
 
 from absl import flags
+from absl import logging
 
 from common import cli
 from common.errors import UsageError
+from common.files import kind_of
 from resnet_keras import tool_flags
 from resnet_keras.serving import readers
 # pylint: enable=g-import-not-at-top
@@ -47,21 +50,32 @@ def define_flags(values: flags.FlagValues) -> None:
 
 
 def image_files(args: List[str]) -> List[str]:
-  """The files `args` name, folders expanded to their images."""
+  """The files `args` name, folders expanded to their images. Only regular
+  files are read: a FIFO or device named like an image would block the
+  read or never end; one named in a folder is skipped with a line."""
   if not args:
     raise UsageError('pass one or more image files or folders after the flags')
   files = []
   for arg in args:
     if os.path.isdir(arg):
-      found = sorted(os.path.join(arg, name) for name in os.listdir(arg)
-                     if name.lower().endswith(IMAGE_SUFFIXES))
+      found = []
+      for name in sorted(os.listdir(arg)):
+        path = os.path.join(arg, name)
+        if not name.lower().endswith(IMAGE_SUFFIXES):
+          continue
+        if os.path.isfile(path):
+          found.append(path)
+        else:
+          logging.warning('skipping %s: it %s, not an image file', path,
+                          kind_of(path))
       if not found:
         raise UsageError(f'{arg} has no .jpg, .jpeg or .png files')
       files.extend(found)
     elif os.path.isfile(arg):
       files.append(arg)
     else:
-      raise UsageError(f'{arg} does not exist')
+      raise UsageError(f'{arg} {kind_of(arg)}; pass image files or folders '
+                       'of them')
   return files
 
 

@@ -21,7 +21,9 @@ from resnet_keras.plan import TrainingPlan
 _EXPORT_KINDS = ('a SavedModel directory (model_dir/saved_model of a run '
                  'with --enable_checkpoint_and_export, or one python -m '
                  'resnet_keras.export wrote), or an .onnx or .tflite file '
-                 '(export --format)')
+                 '(export --format). A SavedModel is a program (loading '
+                 'it runs its graph, which can read and write files): load '
+                 'only ones you trust')
 
 
 def define_checkpoint(values: flags.FlagValues, verb: str) -> None:

@@ -36,6 +36,7 @@ from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.data.preprocessing import training_order
 from resnet_keras.data.preprocessing import with_private_threads
 from common.errors import UsageError
+from common.files import kind_of
 
 SPLIT_PATTERNS = {
     'train': ('train/train-*-of-*', 'train-*-of-*',
@@ -57,8 +58,9 @@ INTERLEAVE_CYCLE = 10
 def find_shards(data_dir: str, split: str) -> List[str]:
   """Sorted shard paths of `split`, from whichever layout data_dir uses."""
   if not os.path.isdir(data_dir):
-    raise UsageError(f'--data_dir={data_dir} does not exist; point it at the '
-                     'TFRecords written by preprocess_imagenet.py')
+    raise UsageError(f'--data_dir={data_dir} {kind_of(data_dir)}; point '
+                     'it at the directory of TFRecords written by '
+                     'preprocess_imagenet.py')
   files = _nonempty_shards(data_dir, split)
   if files:
     return files

@@ -86,11 +86,6 @@ def _class_folders(directory):
                   if e.is_dir() and not e.name.startswith('.'))
 
 
-def _require_dir(path, what):
-  if not os.path.isdir(path):
-    raise UsageError(f'{path} is not a directory; expected {what}')
-
-
 def raw_split_dir(raw_dir, split, what):
   """R/<split folder>, under whichever of its accepted names exists."""
   candidates = [os.path.join(raw_dir, name) for name in RAW_SPLIT_DIRS[split]]
@@ -399,7 +394,9 @@ def convert(raw_dir, out_dir, num_shards, num_workers, skip_bad_images,
   if upload:
     raise UsageError('--gcs_upload is not supported: convert to '
                      '--local_scratch_dir, then copy it with gsutil -m cp -r')
-  _require_dir(raw_dir, 'the raw data directory with train/ and validation/')
+  if not os.path.isdir(raw_dir):
+    raise UsageError(f'--raw_data_dir={raw_dir} {files.kind_of(raw_dir)}; '
+                     'give the directory with train/ and validation/')
 
   synsets, train = list_train(raw_dir)
   images = {'train': shuffled(train),

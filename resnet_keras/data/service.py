@@ -12,10 +12,13 @@ from common import env
 env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 
 # pylint: disable=g-import-not-at-top
+import os
+
 from absl import flags
 
 from common import cli
 from common.errors import UsageError
+from common.files import kind_of
 from resnet_keras.data import input_service
 # pylint: enable=g-import-not-at-top
 
@@ -40,10 +43,26 @@ def define_flags(values: flags.FlagValues) -> None:
   flags.mark_flag_as_required('port', flag_values=values)
 
 
+def _make_work_dir(work_dir: str) -> None:
+  """--work_dir as a directory, or one line saying why it cannot be one
+  (TensorFlow's dispatcher would fail on it with a traceback)."""
+  if os.path.exists(work_dir) and not os.path.isdir(work_dir):
+    raise UsageError(f'--work_dir={work_dir} {kind_of(work_dir)}; give a '
+                     'directory for the dispatcher\'s journal (made if '
+                     'absent)')
+  try:
+    os.makedirs(work_dir, exist_ok=True)
+  except OSError as e:
+    raise UsageError(f'--work_dir={work_dir} cannot be made ({e.strerror}); '
+                     'give a directory the dispatcher can write') from None
+
+
 def main(argv):
   if len(argv) != 2 or argv[1] not in input_service.ROLES:
     raise UsageError('say which server to start: dispatcher or worker')
   values = flags.FLAGS
+  if values.work_dir:
+    _make_work_dir(values.work_dir)
   server, ready = input_service.start_server(
       argv[1], values.port, values.work_dir, values.dispatcher,
       values.worker_address)

@@ -164,7 +164,8 @@ def print_batch_script(argv: Sequence[str], values: flags.FlagValues,
   job_lib.check_workers(flags_lib.config_from_flags(values), total_workers)
   cores = launch_lib.cores_per_worker(launch_lib.physical_core_count(),
                                       cfg.num_workers_per_hls)
-  print(slurm.batch_script(argv, cfg, nodes, max(1, cores), sys.executable,
+  print(slurm.batch_script(slurm.absolute_paths(argv, recipe), cfg,
+                           nodes, max(1, cores), sys.executable,
                            os.path.dirname(job_lib.TRAINER)), end='')
 
 
@@ -182,9 +183,11 @@ def launch(argv: Sequence[str], values: flags.FlagValues,
   """Launches the job `argv` (the launcher's command line, parsed into
   `values`) describes; its exit code (its last attempt's)."""
   environ = dict(environ)
+  argv = options.as_parsed(argv, values)
   recipe = flags_lib.apply_config(  # The launcher's recipe keys too.
       values, allowed=flags_lib.RUN_CONFIG_KEYS | set(options.RECIPE_KEYS))
   launch_cfg = options.from_flags(values)
+  launch_lib.tf_base_port(environ, launch_cfg.num_workers_per_hls)
   if slurm.prints_batch_script(launch_cfg, environ):
     print_batch_script(argv, values, recipe, launch_cfg, environ)
     return 0

@@ -8,7 +8,7 @@ flags that the launcher consumes itself.
 """
 
 import dataclasses
-from typing import Any, Dict, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from absl import flags
 
@@ -128,6 +128,8 @@ class LaunchConfig:
 
   def check(self) -> None:
     options.check_fields(self, LaunchConfig)
+    for host in self.data_service_hosts:
+      launch.check_host(host, '--data_service_hosts')
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(LaunchConfig))
@@ -163,6 +165,25 @@ def _value(value: Any) -> Any:
 def recipe_values(cfg: LaunchConfig) -> Dict[str, Any]:
   """The launcher settings --print_config writes beside the trainer's."""
   return {name: getattr(cfg, name) for name in RECIPE_KEYS}
+
+
+def as_parsed(argv: Sequence[str], values: flags.FlagValues) -> List[str]:
+  """The launcher's command line `argv` as absl parsed it into `values`:
+  each --flagfile replaced by the flags it holds (the launcher's among
+  them are the launcher's), and each flag's value joined to its name
+  (`--model_dir=--dry_run`), so that taking out the launcher's flags never
+  takes a value for a flag. Spellings are kept (-bs=256 for -bs 256)."""
+  args = iter(values.read_flags_from_files(list(argv[1:]), force_gnu=False))
+  out = [argv[0]]
+  for arg in args:
+    if arg == '--' or not arg.startswith('-'):
+      out += [arg, *args]  # Positional arguments: absl stops here too.
+      break
+    name = arg.lstrip('-')
+    if '=' not in name and name in values and not values[name].boolean:
+      arg = f'{arg}={next(args, "")}'
+    out.append(arg)
+  return out
 
 
 def strip(args: Sequence[str]) -> list:

@@ -129,5 +129,5 @@ class Placement(abc.ABC):
         physical_cores=launch.physical_core_count(), environ=self.environ,
         hostfile_path=hostfile, extra_env=extra_env,
         failure_timeout=self.cfg.failure_timeout,
-        hosts_per_machine=hosts_per_machine)
+        hosts_per_machine=hosts_per_machine, as_root=os.geteuid() == 0)
 

@@ -205,7 +205,7 @@ class Guard:
 
   def argv(self, host: str, script: str) -> List[str]:
     return ['sh', '-c', script] if host == THIS_HOST else (
-        self._ssh + [host, script])
+        self._ssh + ['--', host, script])
 
   def _run(self, host: str, script: str,
            timeout: float = _TIMEOUT) -> Optional[str]:

@@ -22,9 +22,10 @@ servers start over ssh, which an allocation does not give between its
 nodes: under Slurm --data_service_hosts is refused, with what to do instead.
 """
 
+import os
 import shlex
 import signal
-from typing import Dict, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from absl import logging
 
@@ -33,6 +34,7 @@ from common import preflight
 from common import slurm
 from common.errors import (STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL,
                            UsageError)
+from resnet_keras import flags as flags_lib
 from resnet_keras.launcher import placement
 from resnet_keras.launcher.options import LaunchConfig
 
@@ -62,6 +64,36 @@ def refuse_data_service(cfg: LaunchConfig) -> None:
         'worker on each data host; docs/multi_host.md) and pass its address '
         'with --tf_data_service grpc://HOST:PORT, or run with --launcher=ssh '
         'on hosts that allow ssh')
+
+
+def _relative_path(name: str, value: Any) -> bool:
+  """Whether flag `name`'s `value` is a path on this host, relative to the
+  working directory: a path option's, or --config's naming a file (not a
+  recipe's name)."""
+  if not isinstance(value, str) or not value or os.path.isabs(value) or (
+      '://' in value):  # gs://, hdfs://: not this host's paths.
+    return False
+  return name in flags_lib.PATH_FLAGS or (name == 'config' and
+                                          os.path.isfile(value))
+
+
+def absolute_paths(argv: Sequence[str],
+                   recipe: Mapping[str, Any]) -> List[str]:
+  """`argv` (options.as_parsed: each value joined to its flag) with every
+  path the user gave made absolute from the working directory, for a
+  script that runs elsewhere: a path flag's, --config's file, and a path
+  the recipe filled in (`recipe`: what it filled in), added as a flag.
+  Spellings are kept (-md=/abs/runs/x)."""
+  out = []
+  for arg in argv:
+    name, joined, value = arg.partition('=')
+    if arg.startswith('-') and joined and _relative_path(name.lstrip('-'),
+                                                         value):
+      arg = f'{name}={os.path.abspath(value)}'
+    out.append(arg)
+  return out + [f'--{name}={os.path.abspath(value)}'
+                for name, value in recipe.items()
+                if _relative_path(name, value)]
 
 
 def batch_script(argv: Sequence[str], cfg: LaunchConfig, nodes: int,

@@ -134,11 +134,6 @@ def export_checkpoints(cfg: RunConfig, which: Optional[str],
   of the run `cfg` describes, in `formats`, to output_dir (None: the run's
   exports/); returns the paths written."""
   output_dir = output_dir or os.path.join(cfg.model_dir, contract.EXPORTS_DIR)
-  try:
-    os.makedirs(output_dir, exist_ok=True)
-  except OSError as e:
-    raise UsageError(f'--output_dir={output_dir} cannot be created '
-                     f'({e.strerror}); choose a writable directory') from None
   cfg, machine, _ = runtime.configure(cfg)  # No data: config.json has it all.
   plan = plan_deployment(cfg, formats, quantizations, representative_images)
   network, model = assembly.build_model(cfg, cfg.num_classes, machine)
@@ -146,8 +141,16 @@ def export_checkpoints(cfg: RunConfig, which: Optional[str],
   checkpoint = checkpoints.checkpoint_of(model, ema=averaged)
   manager = tf.train.CheckpointManager(checkpoint, cfg.model_dir,
                                        max_to_keep=None)
+  # Checked before anything is made: a --checkpoint the run lacks leaves
+  # no empty exports/ behind.
+  paths = list(checkpoints.checkpoint_paths(manager, cfg.model_dir, which))
+  try:
+    os.makedirs(output_dir, exist_ok=True)
+  except OSError as e:
+    raise UsageError(f'--output_dir={output_dir} cannot be created '
+                     f'({e.strerror}); choose a writable directory') from None
   written = []
-  for path in checkpoints.checkpoint_paths(manager, cfg.model_dir, which):
+  for path in paths:
     checkpoints.restore(checkpoint, path, cfg)
     name = os.path.basename(path)
     target = os.path.join(output_dir, name)

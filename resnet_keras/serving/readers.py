@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import UsageError
+from common.files import kind_of
 from resnet_keras import evaluator
 from resnet_keras.data import imagenet
 from resnet_keras.serving import contract
@@ -131,7 +132,8 @@ def load(path: str) -> Deployed:
           f'model_dir/{contract.CLASSIFIER_DIR}')
     return _SavedModel(path)
   if not os.path.isfile(path):
-    raise UsageError(f'{path} does not exist')
+    raise UsageError(f'{path} {kind_of(path)}; give a SavedModel '
+                     'directory, an .onnx or a .tflite file')
   if path.endswith('.onnx'):
     return _Onnx(path)
   if path.endswith('.tflite'):
@@ -164,7 +166,8 @@ def class_names(labels: List[str], labels_file: Optional[str],
   export's `labels`, the rest as indices."""
   if labels_file:
     if not os.path.isfile(labels_file):
-      raise UsageError(f'--labels={labels_file} does not exist')
+      raise UsageError(f'--labels={labels_file} {kind_of(labels_file)}'
+                       '; give a file of class names, one per line')
     labels = imagenet.read_labels(labels_file)
   if len(labels) > num_classes:
     raise UsageError(f'{labels_file or "the export"} names {len(labels)} '

@@ -85,7 +85,9 @@ def test_multi_worker_horovod_uses_mpirun_and_the_large_batch_lr():
   out = dry_run(['--optimizer', 'LARS', '--use_horovod',
                  '--num_workers_per_hls', '2', '-bs', '8'])
   argv = command_of(out)
-  assert argv[:4] == ['mpirun', '--allow-run-as-root', '-np', '2']
+  # As root (mpirun refuses root without it) or not: unit/test_launcher.py.
+  as_root = ['--allow-run-as-root'] if os.geteuid() == 0 else []
+  assert argv[:3 + len(as_root)] == ['mpirun', *as_root, '-np', '2']
   assert '--tag-output' in argv and '--merge-stderr-to-stdout' in argv
   args = trainer_args(argv)
   assert values_of(args, 'base_learning_rate') == ['9.5']
@@ -110,6 +112,41 @@ def test_in_a_slurm_allocation_the_preset_counts_its_nodes():
 NO_ALLOCATION = {'SLURM_JOB_ID': '', 'MULTI_HLS_IPS': ''}
 
 
+def test_a_value_that_spells_a_launcher_flag_stays_the_trainers():
+  args = trainer_args(command_of(dry_run(['--model_dir', '--dry_run'])))
+  assert values_of(args, 'model_dir') == ['--dry_run']
+
+
+def test_a_batch_scripts_command_finds_the_users_relative_paths(
+    tmp_path, monkeypatch):
+  """The script cds into the checkout: what the user gave relative to where
+  the launcher ran (a recipe file, --model_dir, --data_dir in a flagfile,
+  the flagfile itself) still names the user's files from there."""
+  (tmp_path / 'my.yaml').write_text('batch_size: 6\n')
+  (tmp_path / 'data').mkdir()
+  (tmp_path / 'runs' / 'x').mkdir(parents=True)
+  (tmp_path / 'flags.txt').write_text('--data_dir=data\n--max_restarts=1\n')
+  monkeypatch.chdir(tmp_path)
+  result = launch(['--dry_run', '--launcher=slurm', '--config', 'my.yaml',
+                   '--model_dir', 'runs/x', '--flagfile', 'flags.txt'],
+                  env=NO_ALLOCATION)
+  assert result.returncode == 0, result.stderr
+  cd, command = result.stdout.splitlines()[-2:]
+  assert cd == f'cd {shlex.quote(runner.REPO_ROOT)}'
+  # The job runs the command from the checkout, in its allocation.
+  monkeypatch.chdir(runner.REPO_ROOT)
+  launcher_args = shlex.split(command)[3:]
+  assert launcher_args[-1] == '--launcher=slurm'
+  out = dry_run(launcher_args, env={'SLURM_JOB_ID': '5',
+                                    'SLURM_JOB_NODELIST': 'n1'})
+  args = trainer_args(command_of(out))
+  assert values_of(args, 'batch_size') == ['6']  # my.yaml was read.
+  for name, path in (('model_dir', 'runs/x'), ('data_dir', 'data')):
+    assert os.path.samefile(values_of(args, name)[0], tmp_path / path)
+  # The flagfile's launcher flag is the launcher's, not the trainer's.
+  assert not values_of(args, 'max_restarts')
+
+
 def test_outside_an_allocation_a_slurm_dry_run_prints_a_batch_script():
   args = ['--dry_run', '--launcher=slurm', '--slurm_nodes=3',
           '--num_workers_per_hls=2', '-ds', 'multi_worker_mirrored',
@@ -128,8 +165,8 @@ def test_outside_an_allocation_a_slurm_dry_run_prints_a_batch_script():
   assert f'cd {shlex.quote(runner.REPO_ROOT)}' in script.splitlines()
   assert shlex.split(script.splitlines()[-1]) == [
       'exec', sys.executable, 'demo_resnet_keras.py',
-      '--num_workers_per_hls=2', '-ds', 'multi_worker_mirrored', '-bs', '12',
-      '--optimizer', 'LARS', '-md', '/shared/my runs', '--launcher=slurm']
+      '--num_workers_per_hls=2', '-ds=multi_worker_mirrored', '-bs=12',
+      '--optimizer=LARS', '-md=/shared/my runs', '--launcher=slurm']
   syntax = subprocess.run(['bash', '-n'], input=script, text=True,
                           capture_output=True, check=False)
   assert syntax.returncode == 0, syntax.stderr

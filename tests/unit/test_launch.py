@@ -13,7 +13,8 @@ PROGRAM = ['python', 'resnet_ctl_imagenet_main.py', '-bs', '8']
 
 def _mpirun(**overrides):
   kwargs = dict(workers_per_host=2, hosts=[], physical_cores=8,
-                environ={'PATH': '/bin'}, hostfile_path='/tmp/hosts')
+                environ={'PATH': '/bin'}, hostfile_path='/tmp/hosts',
+                as_root=True)
   kwargs.update(overrides)
   return launch.mpirun_command(PROGRAM, **kwargs)
 
@@ -27,6 +28,11 @@ def test_single_host_binds_each_worker_to_its_share_of_cores():
   assert argv.endswith(' '.join(PROGRAM))
   assert '--hostfile' not in argv and '--oversubscribe' not in argv
   assert plan.files == {} and plan.notes == []
+
+
+def test_only_root_gets_allow_run_as_root():
+  assert _mpirun(as_root=False).argv[:3] == ['mpirun', '-np', '2']
+  assert _mpirun(as_root=True).argv[:2] == ['mpirun', '--allow-run-as-root']
 
 
 def test_more_workers_than_cores_oversubscribes_without_binding():
@@ -168,14 +174,15 @@ def test_data_service_servers_start_and_stop_over_ssh():
       ('h2', 'dispatcher', 5050), ('h2', 'worker', 5051),
       ('h3', 'worker', 5051)]
   dispatcher, _, worker = servers
-  assert dispatcher.argv[:4] == ['ssh', '-p', '3022', 'h2']
-  assert dispatcher.argv[4] == (
+  # '--': a host is never read as one of ssh's options.
+  assert dispatcher.argv[:5] == ['ssh', '-p', '3022', '--', 'h2']
+  assert dispatcher.argv[5] == (
       "cd '/repo dir' && exec /py/bin/python3 -m resnet_keras.data.service "
       'dispatcher --port 5050 --work_dir /tmp/journal')
-  assert worker.argv[4].endswith('worker --port 5051 --dispatcher h2:5050')
+  assert worker.argv[5].endswith('worker --port 5051 --dispatcher h2:5050')
   # Stopped by its own command line, anchored at both ends, this user's.
-  stop = worker.stop_argv[4]
-  assert worker.stop_argv[:4] == ['ssh', '-p', '3022', 'h3']
+  stop = worker.stop_argv[5]
+  assert worker.stop_argv[:5] == ['ssh', '-p', '3022', '--', 'h3']
   pattern = ("'^/py/bin/python3 -m resnet_keras\\.data\\.service worker "
              "--port 5051( |$)'")
   assert stop.startswith(f'pkill -U "$(id -u)" -f {pattern};')
@@ -200,3 +207,31 @@ def test_a_server_is_matched_by_its_whole_command_line_only():
   matched = subprocess.run(['grep', '-E', pattern], input='\n'.join(lines),
                            capture_output=True, text=True).stdout
   assert matched.splitlines() == lines[:2]
+
+
+@pytest.mark.parametrize('host', ['n1', 'node-7.cluster.local', 'r1_n2',
+                                  '10.0.0.1', 'fe80::1', '2001:db8::2'])
+def test_host_names_and_addresses_are_hosts(host):
+  assert launch.parse_hosts(f'h0,{host}') == ['h0', host]
+
+
+@pytest.mark.parametrize('host', ['-oProxyCommand=touch x', '-p1', 'a b',
+                                  'h;id', '$(id)', 'h`id`', "h'", 'h\n1',
+                                  'h/1', 'h:22'])
+def test_anything_else_is_refused_naming_where_it_came_from(host):
+  with pytest.raises(UsageError, match='^MULTI_HLS_IPS: .* is not a host '
+                                       'name or an IP address'):
+    launch.parse_hosts(f'h0,{host}')
+
+
+@pytest.mark.parametrize('value,workers', [('abc', 1), ('0', 1), ('-5', 1),
+                                           ('99999', 1), ('65535', 2)])
+def test_a_base_port_out_of_range_is_refused(value, workers):
+  with pytest.raises(UsageError, match=f'^TF_BASE_PORT={value}: .* give a '
+                                       'port number from 1 to'):
+    launch.tf_base_port({'TF_BASE_PORT': value}, workers)
+
+
+def test_the_base_port_and_the_ports_above_it_fit():
+  assert launch.tf_base_port({}, 8) == launch.DEFAULT_TF_BASE_PORT
+  assert launch.tf_base_port({'TF_BASE_PORT': '65534'}, 2) == 65534

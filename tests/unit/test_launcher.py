@@ -7,6 +7,7 @@ import os
 import re
 import signal
 import sys
+from unittest import mock
 
 import pytest
 from absl import flags
@@ -46,6 +47,45 @@ def test_the_launchers_flags_come_from_its_declarations():
     LaunchConfig(num_workers_per_hls=0).check()
 
 
+def _parsed(argv):
+  values = flags.FlagValues()
+  options.define_flags(values)
+  values(argv)
+  return values
+
+
+def test_the_command_line_is_forwarded_as_absl_read_it(tmp_path):
+  flagfile = tmp_path / 'flags.txt'
+  flagfile.write_text('--max_restarts=1\n--data_dir=data\n')
+  argv = ['prog', '--model_dir', '--dry_run', '--flagfile', str(flagfile),
+          '-bs', '4', '--use_horovod', '--nodry_run']
+  values = _parsed(argv)
+  assert values.model_dir == '--dry_run' and not values.dry_run
+  parsed = options.as_parsed(argv, values)
+  assert parsed == ['prog', '--model_dir=--dry_run', '--max_restarts=1',
+                    '--data_dir=data', '-bs=4', '--use_horovod',
+                    '--nodry_run']
+  # The value stays the trainer's; the flagfile's launcher flag does not.
+  assert options.strip(parsed[1:]) == ['--model_dir=--dry_run',
+                                       '--data_dir=data', '-bs=4',
+                                       '--use_horovod']
+
+
+def test_a_batch_script_gets_every_path_absolute(tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  (tmp_path / 'my.yaml').write_text('batch_size: 4\n')
+  argv = ['prog', '--config=my.yaml', '-md=runs/x', '--restore_from=/r/ckpt-8',
+          '--data_dir=gs://bucket/data', '-bs=4', '--dtype=fp32']
+  assert slurm.absolute_paths(argv, {'pretrained_checkpoint': 'p',
+                                     'batch_size': 4}) == [
+      'prog', f'--config={tmp_path}/my.yaml', f'-md={tmp_path}/runs/x',
+      '--restore_from=/r/ckpt-8', '--data_dir=gs://bucket/data', '-bs=4',
+      '--dtype=fp32', f'--pretrained_checkpoint={tmp_path}/p']
+  # A recipe's name is not a path.
+  argv = ['prog', '--config=fashion_mnist_fast']
+  assert slurm.absolute_paths(argv, {}) == argv
+
+
 def test_the_docs_quote_the_presets_from_the_recipes():
   assert presets.preset('LARS', 1)['base_learning_rate'] == 2.5
   assert presets.preset('LARS', 16)['base_learning_rate'] == 9.5
@@ -78,8 +118,11 @@ def test_commands_by_placement(tmp_path):
   one = _job(tmp_path, LaunchConfig()).command()
   assert one.argv == [sys.executable, job_lib.TRAINER, '--use_horovod', '-bs',
                       '4', '--warmup_epochs=3']
-  two = _job(tmp_path, LaunchConfig(num_workers_per_hls=2)).command()
-  assert two.argv[:4] == ['mpirun', '--allow-run-as-root', '-np', '2']
+  # --allow-run-as-root as root only: mpirun refuses root without it.
+  for euid, as_root in ((1000, []), (0, ['--allow-run-as-root'])):
+    with mock.patch.object(os, 'geteuid', return_value=euid):
+      two = _job(tmp_path, LaunchConfig(num_workers_per_hls=2)).command()
+    assert two.argv[:3 + len(as_root)] == ['mpirun', *as_root, '-np', '2']
   assert '--hostfile' not in two.argv
   assert two.env['HOROVOD_STALL_CHECK_TIME_SECONDS'] == '60'
   hosts = _job(tmp_path, LaunchConfig(), {'MULTI_HLS_IPS': HOSTS}).command()

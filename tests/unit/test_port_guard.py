@@ -150,7 +150,8 @@ def test_for_job_on_ssh_hosts_lets_the_hosts_and_the_launcher_in():
   assert set(guard.rules) == {'127.0.0.2', '127.0.0.3'}
   assert guard.rules['127.0.0.3'].sources == ('127.0.0.2', '127.0.0.3',
                                               '127.0.0.1')
-  assert guard.argv('127.0.0.2', 'x') == ['ssh', '-p', '22', '127.0.0.2', 'x']
+  assert guard.argv('127.0.0.2', 'x') == ['ssh', '-p', '22', '--', '127.0.0.2',
+                                           'x']
 
 
 def test_an_unknown_host_name_is_one_line():

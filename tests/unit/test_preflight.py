@@ -101,7 +101,8 @@ def test_a_host_that_cannot_be_reached_at_all_is_told_apart(tmp_path):
 def test_describe_lists_the_checks():
   lines = preflight.describe(['a', 'b'], ['ssh', '-p', '3022'], WANT,
                              {'a': [2410], 'b': [2410]})
-  assert lines[0].startswith('pre-flight on each of a, b: ssh -p 3022 HOST')
+  assert lines[0].startswith(
+      'pre-flight on each of a, b: ssh -p 3022 -- HOST')
   assert 'TensorFlow 2.20.0 and Horovod 0.28.1' in lines[0]
   assert lines[1:] == ['pre-flight on a: ports 2410 free',
                        'pre-flight on b: ports 2410 free']

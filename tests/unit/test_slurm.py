@@ -22,8 +22,12 @@ def test_node_lists_expand_as_slurm_writes_them(nodelist, nodes):
 def test_tasks_per_node_and_bad_lists():
   assert slurm.tasks_per_node('2(x3),1') == [2, 2, 2, 1]
   assert slurm.tasks_per_node('4') == [4]
-  for bad in ('s[a-b]', 's[1-x]'):
+  for bad in ('s[a-b]', 's[1-x]', 'n[1-', 'n[1-]', 'n1]', 'n[[1]]', 'n[1'):
     with pytest.raises(Exception, match='cannot read the Slurm node list'):
+      slurm.expand_nodelist(bad)
+  # What srun would read as an option, or a shell as more than a name.
+  for bad in ('-n1', 'n[1-2],-x', 'n 1'):
+    with pytest.raises(Exception, match='is not a host name'):
       slurm.expand_nodelist(bad)
 
 
