@@ -38,6 +38,14 @@ from resnet_keras import flags as flags_lib
 from resnet_keras.launcher import placement
 from resnet_keras.launcher.options import LaunchConfig
 
+# Each attempt's step shares the CPUs with the steps before it. After a lost
+# node the previous step stays RUNNING in slurmctld's view (its part on the
+# lost node never reports its end) and holds the CPUs of the nodes left, so
+# the restart's step waited for them for good ('Requested nodes are busy')
+# where multi_worker_mirrored's workers had already left it; with
+# --overlap it starts at once on those nodes.
+STEP_OVERLAP = '--overlap'
+
 def prints_batch_script(cfg: LaunchConfig, environ: Mapping[str, str]) -> bool:
   """Whether the launch prints a batch script (--dry_run --launcher=slurm
   outside an allocation) instead of planning or running its workers."""
@@ -168,7 +176,7 @@ class Slurm(placement.Placement):
             f'--ntasks-per-node={self.cfg.num_workers_per_hls}',
             f'--ntasks={len(nodes) * self.cfg.num_workers_per_hls}',
             '--kill-on-bad-exit=1', '--job-name=resnet_keras_train',
-            '--export=ALL']
+            '--export=ALL', STEP_OVERLAP]
     if self._use_horovod:
       argv.append('--mpi=pmix')
     env = {**extra_env, 'MULTI_HLS_IPS': ','.join(

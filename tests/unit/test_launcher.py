@@ -215,6 +215,8 @@ def test_inside_an_allocation_workers_start_with_srun(tmp_path, caplog):
                            '--kill-on-bad-exit=1',
                            '--job-name=resnet_keras_train']
   assert '--mpi=pmix' in plan.argv
+  # A restart's step is not held by the earlier one's CPUs (a lost node's).
+  assert slurm.STEP_OVERLAP in plan.argv
   assert plan.argv[plan.argv.index(job_lib.TRAINER) + 1:] == ['--use_horovod']
   # The tasks' TF_CONFIG (multi_worker_mirrored) name the nodes' addresses,
   # not MULTI_HLS_IPS.
