@@ -394,6 +394,9 @@ class Soak:
     self.compare_weights = compare_weights
     self.out = out
     self._references: Dict[Tuple[str, str, int], Tuple[str, float]] = {}
+    # TensorFlow, which reads checkpoints, imported before the first job's
+    # moment rather than at it.
+    from resnet_keras import checkpoints  # pylint: disable=g-import-not-at-top,unused-import
     self._stopped: List[int] = []
     self._mounts: List[str] = []
 
@@ -668,6 +671,7 @@ class Soak:
     rng = random.Random(f'{plan.index}-{plan.delay}')
     log = Log(os.path.join(job_dir, 'log.txt'))
     started = time.monotonic()
+    snapshot = os.path.join(job_dir, 'snapshot')
     job = self.start(plan, self.args(plan, model_dir), log.path)
     timers: List = []
     last_fault = started
@@ -688,10 +692,11 @@ class Soak:
             record.bound = 600
           break
         time.sleep(plan.delay if number == len(plan.faults) - 1 else 0)
+        if self.ended(plan, job) is not None:
+          break  # The fault came too late: 'missed'.
         if number == 0:
           record.files_before = _checkpoint_files(model_dir)
-          record.readable_before = _readable_copies(
-              model_dir, os.path.join(job_dir, 'snapshot'))
+          _copy_checkpoints(model_dir, snapshot)
         last_fault = time.monotonic()
         did = self.inject(plan, fault, job, model_dir, record, timers)
         _say(f'  job {plan.index}: {fault} at {moment} '
@@ -704,6 +709,7 @@ class Soak:
       if record.outcome == 'HANG':
         record.log_tail = '\n'.join(log.lines[-30:])
       if record.outcome != 'missed':
+        record.readable_before = _readable(snapshot)
         self._read_results(record, log, model_dir, last_fault)
     finally:
       self.stop_job(plan, job)
@@ -823,17 +829,12 @@ def _checkpoint_files(model_dir: str) -> Dict[str, str]:
   return found
 
 
-def _readable_copies(model_dir: str, into: str) -> List[int]:
-  """The steps of model_dir's readable checkpoints, read from a copy (the
-  job goes on writing)."""
-  if not os.path.isdir(model_dir):
-    return []
-  shutil.copytree(model_dir, into, ignore=shutil.ignore_patterns(
-      'saved_model*', 'worker_*', 'filler'))
-  try:
-    return _readable(into)
-  finally:
-    shutil.rmtree(into, ignore_errors=True)
+def _copy_checkpoints(model_dir: str, into: str) -> None:
+  """model_dir's checkpoints as they are (read later: reading takes long,
+  and the job goes on writing)."""
+  if os.path.isdir(model_dir):
+    shutil.copytree(model_dir, into, ignore=shutil.ignore_patterns(
+        'saved_model*', 'worker_*', 'filler', '*.json*', 'plots'))
 
 
 def _readable(model_dir: str) -> List[int]:
