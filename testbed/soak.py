@@ -939,6 +939,10 @@ def main(argv: Sequence[str]) -> int:
                       help='comma-separated, of ' + ','.join(PLACEMENTS))
   parser.add_argument('--backends', default=','.join(BACKENDS),
                       help='comma-separated, of ' + ','.join(BACKENDS))
+  parser.add_argument('--steps', default=','.join(map(str, STEP_CHOICES)),
+                      help='the training steps a job may get, '
+                      'comma-separated (each needs one uninterrupted '
+                      'reference run per placement and backend)')
   parser.add_argument('--out', help='a file to write one JSON line per job')
   parser.add_argument('--no_reference', action='store_true',
                       help='skip the uninterrupted runs the weights are '
@@ -946,13 +950,19 @@ def main(argv: Sequence[str]) -> int:
   flags = parser.parse_args(argv)
   placements = _names(flags.placements, PLACEMENTS, '--placements')
   backends = _names(flags.backends, BACKENDS, '--backends')
+  try:
+    steps = [int(n) for n in flags.steps.split(',')]
+  except ValueError:
+    steps = []
+  if not steps or min(steps) < 16 or any(n % 4 for n in steps):
+    parser.error(f'--steps {flags.steps!r}: give multiples of 4, at least 16')
   if flags.jobs < 1:
     parser.error(f'--jobs must be >= 1, got {flags.jobs}')
   if os.geteuid() != 0:
     print('error: the soak builds network namespaces and mounts: run it as '
           'root', file=sys.stderr)
     return 2
-  plans = draw_plan(flags.seed, flags.jobs, placements, backends)
+  plans = draw_plan(flags.seed, flags.jobs, placements, backends, steps)
   return run_plans(plans, use_slurm='slurm' in placements,
                    compare_weights=not flags.no_reference, out=flags.out)
 
