@@ -2,6 +2,8 @@
 catalogue's reach, and each invariant on hand-made job records."""
 
 import dataclasses
+import os
+import re
 
 import pytest
 
@@ -162,3 +164,17 @@ def test_bad_arguments_end_in_one_line(capsys):
   err = capsys.readouterr().err.strip().splitlines()
   assert err == ["error: --backends 'mpi': choose from horovod,"
                  'multi_worker_mirrored']
+
+
+def test_docs_testing_md_lists_the_catalogue():
+  with open(os.path.join(soak.REPO_ROOT, 'docs', 'testing.md')) as f:
+    rows = re.findall(r'^\| `(\w+)` \| [^|]+ \| ([^|]+) \| ([^|]+) \|$',
+                      f.read(), re.MULTILINE)
+  assert [name for name, _, _ in rows] == [f.name for f in soak.CATALOGUE]
+  for name, _, placements in rows:
+    fault = soak.FAULTS[name]
+    listed = placements.strip()
+    assert (listed == 'all') == (fault.placements == soak.PLACEMENTS), name
+    if listed != 'all':
+      assert listed.replace('this_host', 'this host').split(', ') == [
+          p.replace('this_host', 'this host') for p in fault.placements], name
