@@ -193,7 +193,7 @@ class JobRecord:
   world_changes_logged: int = 0
   summary_world_sizes: Optional[int] = None
   requeues_logged: int = 0
-  summary_starts: Optional[int] = None
+  summary_requeues: Optional[int] = None
   seconds_to_named: Optional[float] = None
   restart_to_step: Optional[float] = None
   goodput: Optional[float] = None
@@ -282,7 +282,7 @@ def check_attempts(record: JobRecord) -> List[str]:
       ('restarts', record.restarts_logged, record.summary_restarts),
       ('world sizes', record.world_changes_logged + 1,
        record.summary_world_sizes),
-      ('Slurm starts', record.requeues_logged + 1, record.summary_starts)):
+      ('requeues', record.requeues_logged, record.summary_requeues)):
     if recorded is not None and recorded != logged:
       broken.append(f'run_summary.json has {recorded} {what}, the log '
                     f'{logged}')
@@ -722,10 +722,13 @@ class Soak:
     lines = log.lines
     record.last_line = last_line(lines)
     record.resumes = resumes_in(lines)
-    record.restarts_logged = sum(bool(re.search(r'restart \d+ of', l))
-                                 for l in lines)
-    record.requeues_logged = sum(bool(re.search(
-        r'requeued \d+ time\(s\) by the scheduler', l)) for l in lines)
+    requeued = [i for i, l in enumerate(lines) if re.search(
+        r'requeued \d+ time\(s\) by the scheduler', l)]
+    record.requeues_logged = len(requeued)
+    # A requeued job's launcher starts counting its restarts again.
+    record.restarts_logged = sum(
+        bool(re.search(r'restart \d+ of', l))
+        for l in lines[requeued[-1] if requeued else 0:])
     changes = [l for l in lines if 'the job shrinks' in l or
                'the job grows' in l]
     record.world_changes_logged = len(changes)
@@ -747,7 +750,7 @@ class Soak:
       record.summary_restarts = summary.get('restarts')
       record.summary_world_sizes = len(summary.get('world_sizes') or []) or None
       scheduler = summary.get('scheduler') or {}
-      record.summary_starts = len(scheduler.get('starts') or []) or None
+      record.summary_requeues = scheduler.get('requeues')
       goodput = summary.get('goodput')
       if isinstance(goodput, dict):
         record.goodput = goodput.get('goodput')

@@ -103,8 +103,8 @@ def test_a_clean_record_breaks_no_invariant():
      'the log 1'),
     (dict(summary_world_sizes=2), 'attempts: run_summary.json has 2 world '
      'sizes, the log 1'),
-    (dict(requeues_logged=1, summary_starts=1), 'attempts: run_summary.json '
-     'has 1 Slurm starts, the log 2'),
+    (dict(requeues_logged=1, summary_requeues=0), 'attempts: '
+     'run_summary.json has 0 requeues, the log 1'),
 ])
 def test_each_invariant_fails_on_a_record_that_breaks_it(changes, broken):
   found = soak.broken_invariants(_record(**changes))
