@@ -96,6 +96,9 @@ MAX_DELAY = {'startup': 4.0, 'mid_step': 1.0, 'checkpoint': 0.3,
 # one uninterrupted job's duration per restart or requeue it may make.
 BOUND_AFTER_FAULT = 120
 STEP_CHOICES = (24, 32)
+# Seconds the job's processes get to be gone once it ended and every link
+# is back (Slurm's slurmd, reconnected, ends what it ran for an ended job).
+LEFT_GRACE = 30
 WORKERS = 3
 
 
@@ -714,6 +717,9 @@ class Soak:
     finally:
       self.stop_job(plan, job)
       self._resume_stopped()
+      # A host cut off cannot hear that its job ended: what is left there
+      # counts once its link is back (as a node's return on a cluster).
+      self._reconnect()
       record.left_processes = self._leftovers()
       self.heal()
     return record
@@ -759,8 +765,8 @@ class Soak:
       record.outcome = 'wrong end'
 
   def _leftovers(self) -> Dict[str, List[str]]:
-    """The job's processes that outlive it by 15 s (then killed)."""
-    deadline = time.monotonic() + 15
+    """The job's processes that outlive it by LEFT_GRACE s (then killed)."""
+    deadline = time.monotonic() + LEFT_GRACE
     while self._job_pids() and time.monotonic() < deadline:
       time.sleep(0.5)  # Processes being reaped: polled.
     found = {host: [self._cmdline(pid) for pid in pids]
@@ -776,9 +782,7 @@ class Soak:
   def heal(self) -> None:
     """The cluster as before a job: links up, no firewall, nodes idle,
     the job's processes and tmpfs gone."""
-    for host in self.cluster.hosts:
-      self.cluster.restore_link(host)
-      self.cluster.clear_firewall(host)
+    self._reconnect()
     for pids in self._job_pids().values():
       for pid in pids:
         try:
@@ -797,6 +801,11 @@ class Soak:
         self.slurm.wait_until_idle(timeout=90)
       except RuntimeError as e:
         _say(f'  Slurm not idle after the job: {e}')
+
+  def _reconnect(self) -> None:
+    for host in self.cluster.hosts:
+      self.cluster.restore_link(host)
+      self.cluster.clear_firewall(host)
 
   def close(self) -> None:
     self.heal()
