@@ -310,11 +310,6 @@ _NAMED = re.compile(r'job failed|job stopped by|^error:|the job ends|'
                     r'requeued|Slurm lost node|no space left')
 
 
-def steps_seen(lines: Sequence[str]) -> List[int]:
-  return [int(m.group(1)) for line in lines for m in [_STEP.search(line)]
-          if m]
-
-
 def resumes_in(lines: Sequence[str]) -> List[Tuple[int, int]]:
   """(last step logged before, step restored at) for each resume."""
   found, reached = [], 0
