@@ -193,7 +193,8 @@ class JobRecord:
   shrank: bool = False
   restarts_logged: int = 0
   summary_restarts: Optional[int] = None
-  world_changes_logged: int = 0
+  # The step each shrink or regrowth the log shows resumed at.
+  world_changes: List[int] = dataclasses.field(default_factory=list)
   summary_world_sizes: Optional[int] = None
   requeues_logged: int = 0
   summary_requeues: Optional[int] = None
@@ -275,6 +276,16 @@ def check_weights(record: JobRecord) -> List[str]:
   return []
 
 
+def expected_world_sizes(change_steps: Sequence[int]) -> int:
+  """How many shapes world_sizes.json keeps after changes at these steps:
+  a change drops the shapes at or after its step (resnet_keras/world.py),
+  as a shrink before the first checkpoint replaces the first shape."""
+  kept = [0]
+  for step in change_steps:
+    kept = [s for s in kept if s < step] + [step]
+  return len(kept)
+
+
 def check_attempts(record: JobRecord) -> List[str]:
   """run_summary.json counts the restarts, world sizes and requeues the
   log shows (where the job completed and wrote one)."""
@@ -283,7 +294,7 @@ def check_attempts(record: JobRecord) -> List[str]:
   broken = []
   for what, logged, recorded in (
       ('restarts', record.restarts_logged, record.summary_restarts),
-      ('world sizes', record.world_changes_logged + 1,
+      ('world sizes', expected_world_sizes(record.world_changes),
        record.summary_world_sizes),
       ('requeues', record.requeues_logged, record.summary_requeues)):
     if recorded is not None and recorded != logged:
@@ -322,6 +333,16 @@ def resumes_in(lines: Sequence[str]) -> List[Tuple[int, int]]:
       found.append((reached, int(resumed.group(1))))
       reached = 0
   return found
+
+
+_CHANGE = re.compile(r'the job (?:shrinks|grows) .*(?:resuming at step|from '
+                     r'step) (\d+)')
+
+
+def world_changes(lines: Sequence[str]) -> List[int]:
+  """The step each shrink or regrowth in the log resumes at."""
+  return [int(m.group(1)) for line in lines for m in [_CHANGE.search(line)]
+          if m]
 
 
 def last_line(lines: Sequence[str]) -> str:
@@ -730,10 +751,8 @@ class Soak:
     record.restarts_logged = sum(
         bool(re.search(r'restart \d+ of', l))
         for l in lines[requeued[-1] if requeued else 0:])
-    changes = [l for l in lines if 'the job shrinks' in l or
-               'the job grows' in l]
-    record.world_changes_logged = len(changes)
-    record.shrank = bool(changes)
+    record.world_changes = world_changes(lines)
+    record.shrank = bool(record.world_changes)
     named = log.first(r'job failed|job stopped by|Slurm lost node|requeued|'
                       r'no space left', after=last_fault)
     if named is not None:

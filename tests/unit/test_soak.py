@@ -129,8 +129,11 @@ def test_what_the_invariants_allow():
   # A shrunk job's weights are not the uninterrupted run's; a job that
   # ended on a named line wrote no summary to compare.
   assert soak.broken_invariants(_record(shrank=True, weights='v',
-                                        world_changes_logged=1,
+                                        world_changes=[12],
                                         summary_world_sizes=2)) == []
+  # A shrink before the first checkpoint replaces the first shape.
+  assert soak.broken_invariants(_record(shrank=True, world_changes=[0],
+                                        summary_world_sizes=1)) == []
   assert soak.broken_invariants(_record(outcome='named', weights=None,
                                         summary_restarts=None)) == []
 
@@ -144,6 +147,18 @@ def test_the_log_readers():
   assert soak.resumes_in(lines) == [(6, 4)]
   assert soak.last_line(lines) == '12:00:10 I step 6/24 | loss'
   assert soak.is_named(lines[2]) and not soak.is_named(lines[1])
+  assert soak.world_changes([
+      'E elastic: the job shrinks from 3 to 2 host(s) (a, b): ...; from step '
+      '0 (no checkpoint yet); 53 s lost',
+      'E elastic: the job grows from 2 to 3 host(s) (a, b, c): ...; resuming '
+      'at step 12; 9 s lost']) == [0, 12]
+
+
+def test_the_world_sizes_a_run_keeps():
+  assert soak.expected_world_sizes([]) == 1
+  assert soak.expected_world_sizes([0]) == 1
+  assert soak.expected_world_sizes([12, 20]) == 3
+  assert soak.expected_world_sizes([12, 12]) == 2
 
 
 def test_a_row_names_the_broken_invariant_and_the_table_counts_it():
