@@ -12,6 +12,7 @@ rerun.
 """
 
 import collections
+import ctypes
 import dataclasses
 import os
 import re
@@ -37,6 +38,11 @@ SLURM_RESTART_COUNT_VAR = 'SLURM_RESTART_COUNT'
 # Exit codes of failures a rerun cannot fix: bad input and a non-finite loss.
 NOT_RETRIED_EXIT_CODES = (UsageError.exit_code, NON_FINITE_EXIT_CODE)
 _TAIL_LINES = 400
+# Linux's prctl option: a signal the kernel sends a process when the thread
+# that started it dies.
+_PR_SET_PDEATHSIG = 1
+_LIBC = (ctypes.CDLL(None, use_errno=True)
+         if sys.platform.startswith('linux') else None)
 
 # srun's word when Slurm found a node of the step down.
 _NODE_FAILURE = re.compile(r'Node failure on (\S+)')
@@ -265,7 +271,8 @@ class Supervisor:
       self._job = subprocess.Popen(argv, env=env,
                                    stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT,
-                                   start_new_session=True)
+                                   start_new_session=True,
+                                   preexec_fn=_ends_with(os.getpid()))
       deadline = None
       for raw in self._job.stdout:
         sys.stdout.buffer.write(raw)
@@ -307,6 +314,20 @@ class Supervisor:
       self._stopped_by = signum
     if self._job is not None and self._job.poll() is None:
       self._job.send_signal(signum)
+
+
+def _ends_with(launcher: int) -> Callable[[], None]:
+  """What mpirun runs before it starts: SIGTERM to it once the launcher
+  dies. A launcher killed (kill -9, the OOM killer) would otherwise leave
+  mpirun, in a session of its own, training on unsupervised and writing
+  model_dir while a rerun writes it too (found by testbed/soak.py); SIGTERM
+  has the workers save and stop, as the launcher's own SIGTERM does."""
+  def preexec() -> None:
+    if _LIBC is not None:
+      _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != launcher:  # It died before the prctl.
+      os.kill(os.getpid(), signal.SIGTERM)
+  return preexec
 
 
 def session_processes(session_id: int) -> List[int]:

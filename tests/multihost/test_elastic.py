@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from testbed import cluster as cluster_lib
+from testbed import soak
 from tests.support import launcher
 from tests.support import runner
 from tests.support.records import write_dataset
@@ -338,3 +339,23 @@ def test_a_host_outside_the_job_cannot_reach_its_ports(healthy, tmp_path,
   assert 'job stopped by SIGTERM' in output
   assert not _chains(cluster, h1) and not _chains(cluster, h2)
   assert not launcher.wait_until_no_job_processes(cluster)
+
+
+# The fault soak's CI tier (testbed/soak.py, docs/testing.md): its first
+# jobs for a fixed seed on this host and over ssh, 16 steps each; the long
+# soak is a benchmark. The weights are compared with an uninterrupted run
+# in the restart tests above, not here.
+SOAK_SEED = 2
+
+
+@pytest.mark.parametrize('plan', soak.draw_plan(
+    SOAK_SEED, 2, ('this_host', 'ssh'), soak.BACKENDS, steps=(16,)),
+                         ids=lambda plan: f'{plan.placement}-{plan.fault}')
+def test_a_soak_job_keeps_every_invariant(healthy, tmp_path, plan):
+  started = time.monotonic()
+  record = soak.Soak(healthy, work_dir=str(tmp_path),
+                     compare_weights=False).run_job(plan)
+  print(soak.HEADER, soak.row(record), sep='\n')
+  print(f'{time.monotonic() - started:.0f} s')
+  assert record.outcome in soak.ENDED_WELL, record.last_line
+  assert soak.broken_invariants(record) == []

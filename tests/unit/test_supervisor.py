@@ -3,6 +3,7 @@
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 
@@ -10,6 +11,7 @@ import pytest
 
 from common import supervisor
 from common.errors import UsageError
+from tests.support.runner import REPO_ROOT
 
 HOSTS = ['10.0.0.1', '10.0.0.2']
 
@@ -290,3 +292,43 @@ def test_an_mpirun_that_exits_leaving_its_ssh_session_is_ended_after_the_grace(
   assert time.monotonic() - started < 60
   assert code == 1
   assert lines[0].startswith('mpirun did not end the job within 1 s')
+
+
+_LAUNCHER = '''
+import sys
+from common import supervisor
+job = """
+import signal, sys, time
+def stop(signum, frame):
+  open(sys.argv[1] + "/stopped", "w").write(str(signum))
+  sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+open(sys.argv[1] + "/started", "w").close()
+time.sleep(60)
+"""
+supervisor.Supervisor(
+    supervisor.Attempt([sys.executable, "-c", job, sys.argv[1]], {}),
+    max_restarts=0, workers_per_host=1, parse_output=True,
+    log=print).run()
+'''
+
+
+def test_a_launcher_killed_by_sigkill_takes_its_job_with_it(tmp_path):
+  """kill -9 of the launcher: its job (mpirun, in a session of its own)
+  gets SIGTERM from the kernel instead of training on unsupervised."""
+  launcher = subprocess.Popen([sys.executable, '-c', _LAUNCHER,
+                               str(tmp_path)], cwd=REPO_ROOT)
+  try:
+    deadline = time.monotonic() + 60
+    while not (tmp_path / 'started').exists():
+      assert launcher.poll() is None and time.monotonic() < deadline
+      time.sleep(0.1)  # Polls for the job's start.
+    launcher.kill()
+    launcher.wait(timeout=10)
+    while not (tmp_path / 'stopped').exists():
+      assert time.monotonic() < deadline, 'the job outlived its launcher'
+      time.sleep(0.1)  # Polls for the job's end.
+  finally:
+    if launcher.poll() is None:
+      launcher.kill()
+  assert (tmp_path / 'stopped').read_text() == str(int(signal.SIGTERM))
