@@ -258,7 +258,11 @@ class Cluster:
           '-o' if chain == 'OUTPUT' else '-i', 'eth0', '-j', 'DROP')
 
   def clear_firewall(self, host: Host) -> None:
-    _sh('ip', 'netns', 'exec', host.name, 'iptables', '-F')
+    """No rule and no chain of anyone's left, IPv4 and IPv6: a job's port
+    guard cannot remove its chain from a host it lost."""
+    for tool in ('iptables', 'ip6tables'):
+      _sh('ip', 'netns', 'exec', host.name, tool, '-F')
+      _sh('ip', 'netns', 'exec', host.name, tool, '-X')
 
   def kill_host_processes(self, host: Host) -> None:
     """Every process on `host` killed (sshd kept, to let a restart in)."""

@@ -17,7 +17,6 @@ import pytest
 
 from testbed import cluster as cluster_lib
 from testbed import slurm as slurm_lib
-from testbed import soak
 from tests.support import launcher
 from tests.support import runner
 
@@ -262,20 +261,3 @@ def test_a_lost_node_is_named_and_the_job_goes_on_without_it(slurm, tmp_path,
   assert [s['nodes'] for s in chief['scheduler']['starts']] == [
       [h.name for h in cluster.hosts], [h.name for h in cluster.hosts[:2]]]
 
-
-# The fault soak's CI tier under Slurm (testbed/soak.py): its first job for
-# a fixed seed, 16 steps.
-SOAK_SEED = 6
-
-
-@pytest.mark.parametrize('plan', soak.draw_plan(
-    SOAK_SEED, 1, ('slurm',), soak.BACKENDS, steps=(16,)),
-                         ids=lambda plan: f'{plan.backend}-{plan.fault}')
-def test_a_soak_job_keeps_every_invariant(slurm, tmp_path, plan):
-  started = time.monotonic()
-  record = soak.Soak(slurm.cluster, slurm, work_dir=str(tmp_path),
-                     compare_weights=False).run_job(plan)
-  print(soak.HEADER, soak.row(record), sep='\n')
-  print(f'{time.monotonic() - started:.0f} s')
-  assert record.outcome in soak.ENDED_WELL, record.last_line
-  assert soak.broken_invariants(record) == []
