@@ -785,24 +785,22 @@ class Soak:
       time.sleep(0.5)  # Processes being reaped: polled.
     found = {host: [self._cmdline(pid) for pid in pids]
              for host, pids in self._job_pids().items()}
+    self._kill_job_processes()
+    return found
+
+  def _kill_job_processes(self) -> None:
     for pids in self._job_pids().values():
       for pid in pids:
         try:
           os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
           pass
-    return found
 
   def heal(self) -> None:
     """The cluster as before a job: links up, no firewall, nodes idle,
     the job's processes and tmpfs gone."""
     self._reconnect()
-    for pids in self._job_pids().values():
-      for pid in pids:
-        try:
-          os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-          pass
+    self._kill_job_processes()
     while self._mounts:
       subprocess.run(['umount', '-l', self._mounts.pop()], check=False)
     if self.slurm is not None:
