@@ -22,7 +22,7 @@ import tensorflow as tf
 from official.common import distribute_utils
 from tensorflow.python.eager import context
 
-from common import launch
+from resnet_keras.launcher import commands as launch
 from common.errors import UsageError
 
 

@@ -10,7 +10,7 @@ import re
 import subprocess
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from common import launch
+from resnet_keras.launcher import commands as launch
 from common.errors import UsageError
 
 JOB_ID_VAR = 'SLURM_JOB_ID'

@@ -16,8 +16,8 @@ import tensorflow as tf
 from absl import logging
 
 from common import files
-from common import launch
-from common import supervisor
+from resnet_keras.launcher import commands as launch
+from resnet_keras.launcher import supervisor
 from resnet_keras import assembly
 from resnet_keras import curves
 from resnet_keras import metrics

@@ -27,8 +27,8 @@ import tensorflow as tf
 from absl import logging
 
 from common import distribution
-from common import launch
-from common import supervisor
+from resnet_keras.launcher import commands as launch
+from resnet_keras.launcher import supervisor
 from resnet_keras import assembly
 from resnet_keras import ema as ema_lib
 from resnet_keras import goodput

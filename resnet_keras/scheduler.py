@@ -12,7 +12,7 @@ import time
 from typing import Dict, List, Mapping, Optional
 
 from common import slurm
-from common import supervisor
+from resnet_keras.launcher import supervisor
 from common.files import write_json_atomically
 from resnet_keras import run_directory
 

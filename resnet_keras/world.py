@@ -14,7 +14,7 @@ import json
 import os
 from typing import Dict, List, Mapping, Optional
 
-from common import launch
+from resnet_keras.launcher import commands as launch
 from common.files import write_json_atomically
 from resnet_keras import run_directory
 from resnet_keras.plan import TrainingPlan

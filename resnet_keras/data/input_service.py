@@ -43,7 +43,7 @@ from urllib import parse
 
 import tensorflow as tf
 
-from common import launch
+from resnet_keras.launcher import commands as launch
 from common.errors import UsageError
 
 SHARDING = {'off': tf.data.experimental.service.ShardingPolicy.OFF,

@@ -8,8 +8,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 
-from common import launch
-from common import preflight
+from resnet_keras.launcher import commands as launch
+from resnet_keras.launcher import preflight
 from common.errors import UsageError
 from resnet_keras.config import RunConfig
 from resnet_keras.launcher import ssh_hosts

@@ -14,9 +14,9 @@ from typing import Dict, List, Optional, Sequence
 
 from absl import logging
 
-from common import elastic
-from common import launch
-from common import supervisor
+from resnet_keras.launcher import elastic
+from resnet_keras.launcher import commands as launch
+from resnet_keras.launcher import supervisor
 from common.errors import UsageError
 from resnet_keras import recipes
 from resnet_keras import run_directory

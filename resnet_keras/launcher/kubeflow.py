@@ -5,7 +5,7 @@ anything before it starts."""
 
 from typing import Dict, Sequence
 
-from common import launch
+from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import placement
 
 

@@ -21,10 +21,10 @@ from absl import flags
 from absl import logging
 
 from common import cli
-from common import launch as launch_lib
-from common import preflight
+from resnet_keras.launcher import commands as launch_lib
+from resnet_keras.launcher import preflight
 from common import slurm as slurm_env
-from common import supervisor
+from resnet_keras.launcher import supervisor
 from common.errors import STOPPED_AT_WARNING_EXIT_CODE, UsageError
 from resnet_keras import flags as flags_lib
 from resnet_keras import recipes

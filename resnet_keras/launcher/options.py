@@ -12,8 +12,8 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from absl import flags
 
-from common import elastic
-from common import launch
+from resnet_keras.launcher import elastic
+from resnet_keras.launcher import commands as launch
 from resnet_keras import flags as flags_lib
 from resnet_keras import options
 from resnet_keras.options import option

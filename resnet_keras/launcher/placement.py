@@ -25,8 +25,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from absl import logging
 
-from common import launch
-from common import preflight
+from resnet_keras.launcher import commands as launch
+from resnet_keras.launcher import preflight
 from common.errors import STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL
 from resnet_keras.launcher.options import LaunchConfig
 

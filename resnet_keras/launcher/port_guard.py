@@ -32,7 +32,7 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
 
-from common import launch
+from resnet_keras.launcher import commands as launch
 from common.errors import UsageError
 
 MODES = ('auto', 'on', 'off')

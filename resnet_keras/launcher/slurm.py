@@ -29,8 +29,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from absl import logging
 
-from common import launch
-from common import preflight
+from resnet_keras.launcher import commands as launch
+from resnet_keras.launcher import preflight
 from common import slurm
 from common.errors import (STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL,
                            UsageError)

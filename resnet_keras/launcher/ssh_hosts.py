@@ -5,8 +5,8 @@ TensorFlow, Horovod and project path, the TF_CONFIG ports free)."""
 
 from typing import Dict, List, Mapping, Sequence
 
-from common import launch
-from common import preflight
+from resnet_keras.launcher import commands as launch
+from resnet_keras.launcher import preflight
 from resnet_keras.launcher import placement
 
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from common import launch as launch_lib
+from resnet_keras.launcher import commands as launch_lib
 from resnet_keras.launcher import slurm
 from tests.support import runner
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from common import supervisor
+from resnet_keras.launcher import supervisor
 from resnet_keras import goodput
 from resnet_keras import guards
 from tests.support import runner

@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from common import launch
+from resnet_keras.launcher import commands as launch
 from common.errors import UsageError
 
 PROGRAM = ['python', 'resnet_ctl_imagenet_main.py', '-bs', '8']

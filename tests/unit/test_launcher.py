@@ -12,8 +12,8 @@ from unittest import mock
 import pytest
 from absl import flags
 
-from common import preflight
-from common import supervisor
+from resnet_keras.launcher import preflight
+from resnet_keras.launcher import supervisor
 from resnet_keras.config import RunConfig
 from resnet_keras.launcher import job as job_lib
 from resnet_keras.launcher import main as launcher

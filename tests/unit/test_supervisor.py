@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from common import supervisor
+from resnet_keras.launcher import supervisor
 from common.errors import UsageError
 from tests.support.runner import REPO_ROOT
 
@@ -296,7 +296,7 @@ def test_an_mpirun_that_exits_leaving_its_ssh_session_is_ended_after_the_grace(
 
 _LAUNCHER = '''
 import sys
-from common import supervisor
+from resnet_keras.launcher import supervisor
 job = """
 import signal, sys, time
 def stop(signum, frame):

@@ -16,7 +16,7 @@ import shlex
 import socket
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from common import supervisor
+from resnet_keras.launcher import supervisor
 from common.errors import UsageError
 
 
