@@ -11,7 +11,7 @@ import os
 import time
 from typing import Dict, List, Mapping, Optional
 
-from common import slurm
+from common import hosts as slurm
 from resnet_keras.launcher import supervisor
 from common.files import write_json_atomically
 from resnet_keras import run_directory

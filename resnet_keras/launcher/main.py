@@ -23,7 +23,7 @@ from absl import logging
 from common import cli
 from resnet_keras.launcher import commands as launch_lib
 from resnet_keras.launcher import preflight
-from common import slurm as slurm_env
+from common import hosts as slurm_env
 from resnet_keras.launcher import supervisor
 from common.errors import STOPPED_AT_WARNING_EXIT_CODE, UsageError
 from resnet_keras import flags as flags_lib

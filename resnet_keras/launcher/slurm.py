@@ -31,7 +31,7 @@ from absl import logging
 
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import preflight
-from common import slurm
+from common import hosts as slurm
 from common.errors import (STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL,
                            UsageError)
 from resnet_keras import flags as flags_lib

@@ -4,7 +4,7 @@ real Slurm: multihost/test_slurm.py."""
 
 import pytest
 
-from common import slurm
+from common import hosts as slurm
 from resnet_keras import scheduler
 
 
