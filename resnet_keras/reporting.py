@@ -16,8 +16,7 @@ import tensorflow as tf
 from absl import logging
 
 from common import files
-from resnet_keras.launcher import commands as launch
-from resnet_keras.launcher import supervisor
+from common import worker_contract
 from resnet_keras import assembly
 from resnet_keras import curves
 from resnet_keras import metrics
@@ -288,8 +287,8 @@ def _summary(basis: assembly.Basis, parts: assembly.Parts,
       'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       'weights_sha256': weights_digest(parts.model),
       'runtime': basis.runtime_record,
-      'host': launch.this_host(os.environ),
-      'restarts': supervisor.restart_count(os.environ),
+      'host': worker_contract.this_host(os.environ),
+      'restarts': worker_contract.restart_count(os.environ),
       # Slurm's job, its nodes and each start it requeued (None elsewhere).
       'scheduler': scheduler.summary(cfg.model_dir, os.environ),
       # Every shape the job trained in (workers, batches, LR scale), each

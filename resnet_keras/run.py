@@ -27,8 +27,7 @@ import tensorflow as tf
 from absl import logging
 
 from common import distribution
-from resnet_keras.launcher import commands as launch
-from resnet_keras.launcher import supervisor
+from common import worker_contract
 from resnet_keras import assembly
 from resnet_keras import ema as ema_lib
 from resnet_keras import goodput
@@ -86,8 +85,7 @@ def with_model_dir(cfg: RunConfig, environ) -> RunConfig:
   storage every host shares."""
   if cfg.model_dir:
     return cfg
-  ranks = launch.mpi_rank_and_size(environ)
-  if environ.get('TF_CONFIG') or (ranks and ranks[1] > 1):
+  if worker_contract.several_workers(environ):
     raise UsageError('a job of several workers needs --model_dir: name a '
                      'directory on storage every host shares')
   model_dir = tempfile.mkdtemp(prefix='resnet_keras_run_')
@@ -126,7 +124,7 @@ def _run(cfg: RunConfig, started: float) -> Dict:
   plan = assembly.plan_for(basis)
   start = start_lib.decide(cfg, plan)
   if backend.is_chief:
-    start_lib.check_announced(start, supervisor.resume_step(os.environ),
+    start_lib.check_announced(start, worker_contract.resume_step(os.environ),
                               cfg.model_dir)
   reporting.log_plan(basis, plan)
   parts = assembly.assemble_training(basis, plan, start)
@@ -149,7 +147,7 @@ def _run(cfg: RunConfig, started: float) -> Dict:
 def _set_up(cfg: RunConfig) -> assembly.Basis:
   """The run's runtime, backend and data; the chief's model_dir prepared."""
   cfg.check()
-  restarts = supervisor.earlier_attempts(os.environ)
+  restarts = worker_contract.earlier_attempts(os.environ)
   if cfg.clean and not restarts:
     # Before any work: --clean of a directory it may not clean stops here.
     run_directory.check_cleanable(cfg.model_dir)

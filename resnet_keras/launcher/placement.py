@@ -14,20 +14,26 @@ workers on some of them, as data: --dry_run prints it, the supervisor runs
 it. The job (job.py) owns what is placement-independent: the batch split on
 the hosts it gets, restarts, the trainer's flags, the tf.data service.
 A new way of starting workers is one module with a Placement subclass, and
-its line in main.placement_for.
+its place in registry.PLACEMENTS. A scheduler's placement also says when
+its environment is present (`chosen`), prints its batch script
+(`batch_nodes`, `batch_script`), reads its launcher's output
+(`launcher_output`) and asks for a requeue (`stopped_at_warning`): nothing
+outside its module names the scheduler.
 """
 
 import abc
 import json
 import os
 import tempfile
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from absl import logging
 
+from common import worker_contract
+from common.errors import STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import preflight
-from common.errors import STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL
+from resnet_keras.launcher import supervisor
 from resnet_keras.launcher.options import LaunchConfig
 
 # The trainer, which every placement starts on each worker (at the same
@@ -52,6 +58,40 @@ class Placement(abc.ABC):
   # How port_guard.py reaches its hosts (this_host, ssh_hosts), or why it
   # cannot (slurm, kubernetes).
   guard_kind = 'this_host'
+  # What the supervisor reads in the output of this placement's command,
+  # beyond mpirun's lines.
+  launcher_output = supervisor.LauncherOutput()
+
+  @classmethod
+  def chosen(cls, cfg: LaunchConfig, environ: Mapping[str, str],
+             hosts: Sequence[str]) -> bool:
+    """Whether this launch's options and environment (`hosts`: its
+    MULTI_HLS_IPS) ask for this placement; UsageError where they ask for it
+    but it cannot run here. registry.PLACEMENTS asks each in turn."""
+    del cfg, environ, hosts
+    return True
+
+  @classmethod
+  def create(cls, cfg: LaunchConfig, environ: Mapping[str, str],
+             hosts: Sequence[str], use_horovod: bool) -> 'Placement':
+    del use_horovod
+    return cls(cfg, environ, hosts)
+
+  @classmethod
+  def batch_nodes(cls, cfg: LaunchConfig, environ: Mapping[str, str]) -> int:
+    """The nodes of the scheduler's batch script this launch prints instead
+    of planning or running its workers (0: it prints none)."""
+    del cfg, environ
+    return 0
+
+  @classmethod
+  def batch_script(cls, argv: Sequence[str], recipe: Mapping[str, Any],
+                   cfg: LaunchConfig, nodes: int, cpus_per_task: int,
+                   python: str, repo_dir: str) -> str:
+    """The script that submits the launch `argv` (the launcher's command
+    line; `recipe`: what --config filled in) on `nodes` nodes, where
+    `batch_nodes` asks for one."""
+    raise NotImplementedError(f'{cls.__name__} has no batch script')
 
   def __init__(self, cfg: LaunchConfig, environ: Mapping[str, str],
                hosts: Sequence[str]):
@@ -97,8 +137,9 @@ class Placement(abc.ABC):
 
   def parses_output(self, plan: launch.Launch) -> bool:
     """Whether the supervisor reads `plan`'s output to name a failure
-    (mpirun's account of a lost rank or host, srun's of a lost node)."""
-    return plan.argv[0] in ('mpirun', 'srun')
+    (mpirun's account of a lost rank or host; a scheduler's placement adds
+    its launcher's)."""
+    return plan.argv[0] == 'mpirun'
 
   def stopped_at_warning(self, step: Optional[int]) -> int:
     """The workers saved at `step` and stopped at a scheduler's warning
@@ -111,8 +152,8 @@ class Placement(abc.ABC):
   def tf_configs(self, total_workers: int) -> List[str]:
     """multi_worker_mirrored: each rank's TF_CONFIG, as --dry_run shows
     them (the ranks derive theirs from their MPI rank)."""
-    return [f'TF_CONFIG rank {rank}: '
-            f'{json.dumps(launch.tf_config_from_env(rank, total_workers, self.environ))}'
+    return [f'{worker_contract.TF_CONFIG_VAR} rank {rank}: '
+            f'{json.dumps(worker_contract.tf_config_from_env(rank, total_workers, self.environ))}'
             for rank in range(total_workers)]
 
   def _one_process_or_mpirun(self, trainer_argv: Sequence[str],

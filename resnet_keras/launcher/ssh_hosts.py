@@ -8,6 +8,7 @@ from typing import Dict, List, Mapping, Sequence
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import preflight
 from resnet_keras.launcher import placement
+from resnet_keras.launcher.options import LaunchConfig
 
 
 def ssh(environ: Mapping[str, str]):
@@ -20,6 +21,12 @@ class SshHosts(placement.Placement):
 
   asks_hosts = True
   guard_kind = 'ssh_hosts'
+
+  @classmethod
+  def chosen(cls, cfg: LaunchConfig, environ: Mapping[str, str],
+             hosts: Sequence[str]) -> bool:
+    del cfg, environ
+    return bool(hosts)
 
   def check(self, hosts: Sequence[str], want: preflight.Expected,
             ports: Mapping[str, Sequence[int]]) -> preflight.Report:

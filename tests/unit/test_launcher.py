@@ -12,13 +12,15 @@ from unittest import mock
 import pytest
 from absl import flags
 
-from resnet_keras.launcher import preflight
-from resnet_keras.launcher import supervisor
+from common import worker_contract
 from resnet_keras.config import RunConfig
 from resnet_keras.launcher import job as job_lib
 from resnet_keras.launcher import main as launcher
 from resnet_keras.launcher import options
+from resnet_keras.launcher import preflight
 from resnet_keras.launcher import presets
+from resnet_keras.launcher import registry
+from resnet_keras.launcher import supervisor
 from resnet_keras.launcher import slurm
 from resnet_keras.launcher import ssh_hosts
 from resnet_keras.launcher.kubeflow import Kubeflow
@@ -103,13 +105,13 @@ def test_the_docs_quote_the_presets_from_the_recipes():
     (LaunchConfig(kubernetes_run=True), {'MULTI_HLS_IPS': HOSTS}, Kubeflow),
 ])
 def test_each_launch_gets_its_placement(launch_cfg, environ, kind):
-  assert type(launcher.placement_for(launch_cfg, environ)) is kind
+  assert type(registry.placement_for(launch_cfg, environ)) is kind
 
 
 def _job(tmp_path, launch_cfg, environ=None, **trainer):
   cfg = RunConfig(**{'model_dir': str(tmp_path / 'model'), 'use_horovod': True,
                      'batch_size': 4, **trainer})
-  placement = launcher.placement_for(launch_cfg, environ or {})
+  placement = registry.placement_for(launch_cfg, environ or {})
   return job_lib.Job(placement, cfg, ['demo', '--use_horovod', '-bs', '4'],
                      {'warmup_epochs': 3}, servers=[])
 
@@ -171,7 +173,8 @@ class _Lossy(SshHosts):
 
 def test_an_elastic_restart_shrinks_on_the_hosts_that_pass(tmp_path, caplog,
                                                           monkeypatch):
-  monkeypatch.setattr(launcher.ssh_hosts, 'SshHosts', _Lossy)
+  monkeypatch.setattr(registry, 'PLACEMENTS', tuple(
+      _Lossy if kind is SshHosts else kind for kind in registry.PLACEMENTS))
   monkeypatch.setattr(_Lossy, 'checks', 0)
   job = _job(tmp_path, LaunchConfig(min_hosts=2), {'MULTI_HLS_IPS': HOSTS})
   assert type(job.placement) is _Lossy and job.is_elastic
@@ -229,7 +232,7 @@ def test_inside_an_allocation_workers_start_with_srun(tmp_path, caplog):
 def test_the_warning_requeues_the_job_in_one_line(monkeypatch, caplog,
                                                   refused):
   asked = []
-  monkeypatch.setattr(slurm.slurm, 'requeue',
+  monkeypatch.setattr(slurm, 'requeue',
                       lambda job_id: asked.append(job_id) or refused)
   placement = slurm.Slurm(LaunchConfig(), ALLOCATION, [], use_horovod=False,
                           addresses=['a1', 'a2', 'a3'])
@@ -249,7 +252,7 @@ def test_the_warning_requeues_the_job_in_one_line(monkeypatch, caplog,
 
 
 def test_a_restart_runs_on_the_nodes_the_job_still_holds(monkeypatch):
-  monkeypatch.setattr(slurm.slurm, 'job_nodes', lambda job_id: ['n1', 'n3'])
+  monkeypatch.setattr(slurm, 'job_nodes', lambda job_id: ['n1', 'n3'])
   placement = slurm.Slurm(LaunchConfig(), ALLOCATION, [], use_horovod=False,
                           addresses=['a1', 'a2', 'a3'])
   report = placement.check(placement.hosts, None, {})
@@ -262,12 +265,12 @@ def test_a_restart_runs_on_the_nodes_the_job_still_holds(monkeypatch):
 
 
 def test_the_launcher_option_picks_slurm_or_refuses_outside_it():
-  auto = launcher.placement_for(LaunchConfig(), {**ALLOCATION})
+  auto = registry.placement_for(LaunchConfig(), {**ALLOCATION})
   assert type(auto) is slurm.Slurm and auto.hosts == ('n1', 'n2', 'n3')
-  assert type(launcher.placement_for(LaunchConfig(launcher='ssh'),
+  assert type(registry.placement_for(LaunchConfig(launcher='ssh'),
                                      ALLOCATION)) is SshHosts
   with pytest.raises(Exception, match='runs inside a Slurm allocation'):
-    launcher.placement_for(LaunchConfig(launcher='slurm'), {})
+    registry.placement_for(LaunchConfig(launcher='slurm'), {})
 
 
 def test_the_batch_script_runs_the_launch_again_inside_the_allocation():
@@ -322,7 +325,7 @@ def test_which_launches_print_a_batch_script():
 def test_a_requeued_job_resumes_whatever_its_script_says(tmp_path, caplog):
   """Slurm runs a requeued job's batch script again, --clean and all:
   the launcher resumes at the last checkpoint (and the trainer keeps
-  model_dir: supervisor.earlier_attempts)."""
+  model_dir: worker_contract.earlier_attempts)."""
   job = _job(tmp_path, LaunchConfig(),
              {'SLURM_RESTART_COUNT': '1'}, clean=True)
   _write_checkpoint_state(tmp_path / 'model', 8)

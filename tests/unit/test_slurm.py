@@ -1,11 +1,14 @@
-"""What a Slurm job tells its processes (common/slurm.py), read without a
-Slurm, and the trainer's record of a scheduled run (scheduler.py). The
-real Slurm: multihost/test_slurm.py."""
+"""Slurm read without a Slurm: its node lists (common/hosts.py), what a job
+tells its processes (common/worker_contract.py), what the launcher asks it
+(launcher/slurm.py), and the trainer's record of a scheduled run
+(scheduler.py). The real Slurm: multihost/test_slurm.py."""
 
 import pytest
 
-from common import hosts as slurm
+from common import hosts
+from common import worker_contract as contract
 from resnet_keras import scheduler
+from resnet_keras.launcher import slurm
 
 
 @pytest.mark.parametrize('nodelist,nodes', [
@@ -16,7 +19,7 @@ from resnet_keras import scheduler
     ('node7', ['node7']),
 ])
 def test_node_lists_expand_as_slurm_writes_them(nodelist, nodes):
-  assert slurm.expand_nodelist(nodelist) == nodes
+  assert hosts.expand_nodelist(nodelist) == nodes
 
 
 def test_tasks_per_node_and_bad_lists():
@@ -24,18 +27,18 @@ def test_tasks_per_node_and_bad_lists():
   assert slurm.tasks_per_node('4') == [4]
   for bad in ('s[a-b]', 's[1-x]', 'n[1-', 'n[1-]', 'n1]', 'n[[1]]', 'n[1'):
     with pytest.raises(Exception, match='cannot read the Slurm node list'):
-      slurm.expand_nodelist(bad)
+      hosts.expand_nodelist(bad)
   # What srun would read as an option, or a shell as more than a name.
   for bad in ('-n1', 'n[1-2],-x', 'n 1'):
     with pytest.raises(Exception, match='is not a host name'):
-      slurm.expand_nodelist(bad)
+      hosts.expand_nodelist(bad)
 
 
 def test_a_task_reads_its_step_nodes_and_a_batch_script_the_jobs():
   job = {'SLURM_JOB_NODELIST': 'n[1-3]'}
-  assert slurm.step_nodes(job) == ['n1', 'n2', 'n3']
+  assert contract.slurm_step_nodes(job) == ['n1', 'n2', 'n3']
   # After a node failure (--no-kill) the next step runs on fewer nodes.
-  assert slurm.step_nodes({**job, 'SLURM_STEP_NODELIST': 'n[1-2]'}) == [
+  assert contract.slurm_step_nodes({**job, 'SLURM_STEP_NODELIST': 'n[1-2]'}) == [
       'n1', 'n2']
 
 
