@@ -23,6 +23,7 @@ from official.common import distribute_utils
 from tensorflow.python.eager import context
 
 from common import worker_contract
+from common.batch_rule import BatchRule
 from common.errors import UsageError
 
 
@@ -66,7 +67,7 @@ class Backend:
   def num_programs(self) -> int:
     """Processes that each drive their own replicas: every Horovod worker;
     a tf.distribute job is one program (its strategy spans the workers)."""
-    return self.num_workers if self.hvd else 1
+    return BatchRule(self.num_workers, bool(self.hvd)).programs
 
   def input_context(self, ctx: tf.distribute.InputContext
                    ) -> tf.distribute.InputContext:

@@ -14,6 +14,7 @@ import json
 import os
 from typing import Dict, List, Mapping, Optional
 
+from common import batch_rule
 from common import worker_contract
 from common.files import write_json_atomically
 from resnet_keras import run_directory
@@ -27,7 +28,8 @@ def shape(num_workers: int, plan: TrainingPlan,
   return {'workers': num_workers,
           'hosts': worker_contract.hosts(environ),
           'global_batch_size': plan.global_batch_size,
-          'worker_batch_size': plan.global_batch_size // num_workers,
+          'worker_batch_size': batch_rule.worker_batch(plan.global_batch_size,
+                                                       num_workers),
           'micro_batches': plan.num_micro_batches,
           'lr_scale': plan.lr_scale}
 

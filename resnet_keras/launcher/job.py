@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence
 from absl import logging
 
 from common import worker_contract
+from common.batch_rule import BatchRule
 from common.errors import UsageError
 from resnet_keras import recipes
 from resnet_keras import run_directory
@@ -37,11 +38,7 @@ def check_workers(cfg: RunConfig, total_workers: int) -> None:
     raise UsageError(
         f'{total_workers} workers need a multi-worker backend: add '
         '--use_horovod or --distribution_strategy=multi_worker_mirrored')
-  if not cfg.use_horovod and cfg.batch_size % total_workers:
-    raise UsageError(
-        f'--batch_size={cfg.batch_size} is the global batch under '
-        f'tf.distribute and must be a multiple of the {total_workers} '
-        f'workers; use e.g. --batch_size={total_workers * max(1, cfg.batch_size // total_workers)}')
+  BatchRule(total_workers, cfg.use_horovod).check(cfg.batch_size)
 
 
 def trainer_command(argv: Sequence[str], cfg: RunConfig,
