@@ -16,6 +16,8 @@ TORCHELASTIC_RESTART_COUNT).
   RESNET_KERAS_COLLECTIVE_TIMEOUT, HOROVOD_STALL_*
                            when a stuck rank ends the job (`failure_env`)
   HOROVOD_HIERARCHICAL_ALLREDUCE
+  RESNET_KERAS_ONEDNN_DEFAULTED
+                           oneDNN on by our default, not the user's (env.py)
   SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_STEP_NODELIST,
   SLURM_TASKS_PER_NODE, SLURM_RESTART_COUNT
                            what a Slurm job tells its processes: the
@@ -46,6 +48,10 @@ RESUME_STEP_VAR = 'RESNET_KERAS_RESUME_STEP'
 ATTEMPT_VARS = (RESTARTS_VAR, RESUME_STEP_VAR)
 # multi_worker_mirrored's collective timeout (seconds).
 COLLECTIVE_TIMEOUT_VAR = 'RESNET_KERAS_COLLECTIVE_TIMEOUT'
+# Marks a TF_ENABLE_ONEDNN_OPTS this package set (common/env.py), as opposed
+# to the user. The launcher forwards it with the variable, so every rank it
+# starts reports the same reason.
+ONEDNN_DEFAULTED_VAR = 'RESNET_KERAS_ONEDNN_DEFAULTED'
 HIERARCHICAL_ALLREDUCE_VAR = 'HOROVOD_HIERARCHICAL_ALLREDUCE'
 SLURM_JOB_ID_VAR = 'SLURM_JOB_ID'
 SLURM_JOB_NODELIST_VAR = 'SLURM_JOB_NODELIST'

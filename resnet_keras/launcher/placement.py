@@ -3,7 +3,7 @@ per way, each in a module of its own.
 
   this_host.py   one process, or mpirun on this host
   ssh_hosts.py   mpirun over ssh on the hosts of MULTI_HLS_IPS, checked
-                 before anything starts (common/preflight.py)
+                 before anything starts (preflight.py)
   kubeflow.py    an external launcher (a Kubeflow MPIJob) started this rank:
                  run it in-process
   slurm.py       the tasks of an srun step, inside a Slurm allocation

@@ -4,13 +4,13 @@ step (no hostfile, no ssh between compute nodes), and Slurm notices a lost
 node and ends the step.
 
 Under multi_worker_mirrored each task derives its TF_CONFIG from its Slurm
-rank (SLURM_PROCID of SLURM_STEP_NUM_TASKS, common/launch.py) and the
-nodes' addresses, which the launcher passes as MULTI_HLS_IPS (Slurm's
+rank (SLURM_PROCID of SLURM_STEP_NUM_TASKS: common/worker_contract.py) and
+the nodes' addresses, which the launcher passes as MULTI_HLS_IPS (Slurm's
 NodeAddr: a node's name need not resolve). Horovod's ranks are started by
 `srun --mpi=pmix` (OpenMPI takes its rank from PMIx).
 
 What Slurm does it keeps doing: it notices a lost node (srun's "Node
-failure on X", which the supervisor names), and sends the warning signal
+failure on X", which `SrunOutput` reads for the supervisor), and sends the warning signal
 (--signal) to the workers, which save and stop; the launcher then requeues
 the job (`stopped_at_warning`). A job submitted with --no-kill keeps its
 other nodes: each restart runs on those it still holds (`check`), as an
@@ -20,6 +20,11 @@ Outside an allocation, --dry_run --launcher=slurm prints the batch script
 (`batch_script`) that submits the launch with sbatch. The tf.data service's
 servers start over ssh, which an allocation does not give between its
 nodes: under Slurm --data_service_hosts is refused, with what to do instead.
+
+All of Slurm the launcher knows is here (the worker contract names the
+variables): whether the launch is in an allocation (`Slurm.chosen`), the
+batch script, srun's lines, scontrol (node addresses, the nodes a job still
+holds, the requeue). registry.py lists the placement first.
 """
 
 import os
@@ -142,7 +147,7 @@ def batch_script(argv: Sequence[str], cfg: LaunchConfig, nodes: int,
 
 
 def tasks_per_node(value: str) -> List[int]:
-  """SLURM_TASKS_PER_NODE ('2(x3),1') as one count per node."""
+  """Slurm's tasks per node ('2(x3),1') as one count per node."""
   counts = []
   for part in value.split(','):
     match = re.fullmatch(r'(\d+)(?:\(x(\d+)\))?', part.strip())

@@ -1,6 +1,6 @@
 """Workers on the hosts of MULTI_HLS_IPS, started by mpirun over ssh
 (DOCKER_SSHD_PORT) from a hostfile; each host is checked over the same ssh
-before anything starts there (common/preflight.py: the same Python,
+before anything starts there (preflight.py: the same Python,
 TensorFlow, Horovod and project path, the TF_CONFIG ports free)."""
 
 from typing import Dict, List, Mapping, Sequence
