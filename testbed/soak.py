@@ -561,7 +561,7 @@ class Soak:
   def _victim_host(self, plan: JobPlan):
     return self.cluster.hosts[plan.victim]
 
-  def _signal_rank(self, plan: JobPlan, sig: int) -> str:
+  def signal_rank(self, plan: JobPlan, sig: int) -> str:
     ranks = self._ranks(plan)
     if not ranks:
       return 'no rank running'
@@ -591,11 +591,11 @@ class Soak:
     """Does `fault`; returns what it did (for the log)."""
     host = self._victim_host(plan)
     if fault == 'kill_rank':
-      return self._signal_rank(plan, signal.SIGKILL)
+      return self.signal_rank(plan, signal.SIGKILL)
     if fault == 'freeze_rank':
-      return self._signal_rank(plan, signal.SIGSTOP)
+      return self.signal_rank(plan, signal.SIGSTOP)
     if fault == 'pause_rank':
-      done = self._signal_rank(plan, signal.SIGSTOP)
+      done = self.signal_rank(plan, signal.SIGSTOP)
       timers.append((time.monotonic() + 3, self._resume_stopped))
       return done
     if fault == 'cut_link':
@@ -623,7 +623,7 @@ class Soak:
       timers.append((time.monotonic() + 10, lambda: os.remove(filler)))
       return f'{filler} fills {parent}'
     if fault == 'truncate_newest':
-      done = self._signal_rank(plan, signal.SIGKILL)
+      done = self.signal_rank(plan, signal.SIGKILL)
       record.truncated = self._truncate_newest(model_dir)
       return f'{done}; truncated {", ".join(record.truncated) or "nothing"}'
     if fault == 'slurm_usr1':
@@ -664,7 +664,7 @@ class Soak:
       started = time.monotonic()
       job = self.start(clean, self.args(clean, model_dir, reference=True),
                        log.path)
-      code = self._wait(clean, job, log, started + 900)
+      code = self.wait_for_end(clean, job, log, started + 900)
       seconds = time.monotonic() - started
       digest = None
       if code == 0:
@@ -675,7 +675,7 @@ class Soak:
       self._references[key] = (digest, seconds, model_dir)
     return self._references[key]
 
-  def _wait(self, plan, job, log, deadline, timers=()) -> Optional[int]:
+  def wait_for_end(self, plan, job, log, deadline, timers=()) -> Optional[int]:
     timers = list(timers)
     while time.monotonic() < deadline:
       log.poll()
@@ -741,7 +741,7 @@ class Soak:
              f'({time.monotonic() - started:.0f} s): {did}')
       else:
         record.bound = bound_seconds(plan, job_seconds)
-        code = self._wait(plan, job, log, last_fault + record.bound, timers)
+        code = self.wait_for_end(plan, job, log, last_fault + record.bound, timers)
         record.seconds = time.monotonic() - last_fault
         record.outcome = _outcome(code, plan, log.lines)
       if record.outcome == 'HANG':
