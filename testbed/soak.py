@@ -503,8 +503,9 @@ class Soak:
     if state == 'PENDING' and 'BeginTime' in self.slurm.run(
         ['scontrol', 'show', 'job', job]).stdout:
       # A requeued job is held 120 s; the test cluster starts it once the
-      # last start's steps are gone (as tests/multihost/test_slurm.py).
-      if not self._job_pids(('slurmstepd',)):
+      # last start's steps are gone (as tests/multihost/test_slurm.py):
+      # this job's, as a step another job left on a lost node may never go.
+      if not self._job_pids((f'slurmstepd: [{job}.',)):
         self.slurm.run(['scontrol', 'update', f'JobId={job}',
                         'StartTime=now'])
       return None
