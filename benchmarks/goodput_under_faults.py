@@ -7,7 +7,7 @@ kills a rank (`kill -9`, a worker other than the chief) every `--every`
 seconds, and prints the run's goodput block (run_summary.json) split into
 its parts. As root (namespaces), with nothing else running:
 
-  python benchmarks/goodput_under_faults.py --minutes 10 --every 120
+  python -m benchmarks.goodput_under_faults --minutes 10 --every 120
 """
 
 import argparse
@@ -20,10 +20,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from testbed import cluster as cluster_lib  # pylint: disable=g-import-not-at-top
-from testbed import soak as soak_lib  # pylint: disable=g-import-not-at-top
+from testbed import cluster as cluster_lib
+from testbed import soak as soak_lib
 
 _PARTS = ('productive', 'redone', 'startup', 'checkpoints', 'evaluation',
           'export', 'waiting', 'other')
