@@ -51,6 +51,12 @@ _PEER_GONE = re.compile(r'Peer host:\s+(\S+)')
 # hosts cut it then waited on them as it does after a rank's failure).
 _ABORTING = re.compile(r'the job has been aborted|mpirun noticed that process'
                        r'|ORTE has lost communication with a remote daemon')
+# The chief's line once the run's summary is written: the job's work is
+# done, and its workers only have to leave.
+_FINISHED = re.compile(r' I run summary: ')
+# The least time the workers get to leave after the chief finished before
+# the supervisor ends them (TensorFlow's teardown on a busy host).
+_LEAVE_GRACE = 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +209,11 @@ class Supervisor:
   rank's end, and a daemon whose link was cut while mpirun was writing to
   it holds the job for TCP's retransmission timeout (~15 min), which
   mpirun's keepalive probes do not shorten.
+  Once the chief says the run is finished (its summary written), the
+  workers get `abort_grace` (at least _LEAVE_GRACE) seconds to leave; a
+  worker stuck or frozen after the chief's last collective (Horovod's
+  ranks leave without one) would otherwise hold mpirun or srun forever.
+  The supervisor then ends the job, says so, and the job succeeded.
   """
 
   def __init__(self, attempt: Attempt, *, max_restarts: int,
@@ -223,6 +234,7 @@ class Supervisor:
     self._log = log
     self._job: Optional[subprocess.Popen] = None
     self._stopped_by: Optional[int] = None
+    self._ended_after_finish = False
 
   def run(self) -> int:
     """The job's exit code (that of its last attempt)."""
@@ -239,7 +251,7 @@ class Supervisor:
     while True:
       started = time.monotonic()
       exit_code, tail = self._run_once(restarts)
-      if exit_code == 0:
+      if exit_code == 0 or self._ended_after_finish:
         return 0
       failure = describe_failure(exit_code, tail, self._attempt.hosts,
                                  self._workers_per_host,
@@ -275,6 +287,7 @@ class Supervisor:
     env = {**self._attempt.env,
            **worker_contract.attempt_env(restarts, step)}
     tail: Deque[str] = collections.deque(maxlen=_TAIL_LINES)
+    self._ended_after_finish = False
     if not self._parse_output:
       self._job = subprocess.Popen(argv, env=env)
     else:
@@ -284,18 +297,19 @@ class Supervisor:
                                    stderr=subprocess.STDOUT,
                                    start_new_session=True,
                                    preexec_fn=_ends_with(os.getpid()))
-      deadline = None
+      timers = {}
       for raw in self._job.stdout:
         sys.stdout.buffer.write(raw)
         sys.stdout.flush()
         tail.append(raw.decode(errors='replace').rstrip('\n'))
-        if deadline is None and self._abort_grace and _ABORTING.search(
-            tail[-1]):
-          deadline = threading.Timer(self._abort_grace, self._end_job)
-          deadline.daemon = True
-          deadline.start()
-      if deadline is not None:
-        deadline.cancel()
+        if ('abort' not in timers and self._abort_grace and
+            _ABORTING.search(tail[-1])):
+          timers['abort'] = _start_timer(self._abort_grace, self._end_job)
+        if 'finish' not in timers and _FINISHED.search(tail[-1]):
+          timers['finish'] = _start_timer(
+              max(self._abort_grace, _LEAVE_GRACE), self._end_finished_job)
+      for timer in timers.values():
+        timer.cancel()
     exit_code = self._job.wait()
     # A job killed by a signal exits as a shell reports it: 128 + signal.
     return (128 - exit_code if exit_code < 0 else exit_code), list(tail)
@@ -306,12 +320,31 @@ class Supervisor:
     may have exited already: its ssh session to a host whose link was cut
     lives on and holds the job's output open, and the launcher, reading it,
     would wait for TCP to give up on that host (~15 min)."""
-    job = self._job
-    ended = lambda: job.poll() is not None and not session_processes(job.pid)
-    if job is None or ended():
+    if not self._job_ended():
+      self._log(f'mpirun did not end the job within {self._abort_grace:.0f} '
+                's of aborting it (a host stopped answering): ending mpirun')
+      self._end_session()
+
+  def _end_finished_job(self) -> None:
+    """The job ended (SIGTERM, then SIGKILL) once the chief finished the
+    run and the workers outlived their grace to leave."""
+    if self._job_ended():
       return
-    self._log(f'mpirun did not end the job within {self._abort_grace:.0f} s '
-              'of aborting it (a host stopped answering): ending mpirun')
+    self._ended_after_finish = True
+    grace = max(self._abort_grace, _LEAVE_GRACE)
+    self._log(f'the chief finished the run (run_summary.json written), but '
+              f'{grace:.0f} s later the job had not ended: a worker is stuck '
+              'or frozen; ending the job (its results are complete)')
+    self._end_session()
+
+  def _job_ended(self) -> bool:
+    job = self._job
+    return job is None or (job.poll() is not None and
+                           not session_processes(job.pid))
+
+  def _end_session(self) -> None:
+    job = self._job
+    ended = self._job_ended
     for sig in (signal.SIGTERM, signal.SIGKILL):
       _signal_session(job.pid, sig)
       deadline = time.monotonic() + 5
@@ -325,6 +358,14 @@ class Supervisor:
       self._stopped_by = signum
     if self._job is not None and self._job.poll() is None:
       self._job.send_signal(signum)
+
+
+def _start_timer(seconds: float, action: Callable[[], None]
+                 ) -> threading.Timer:
+  timer = threading.Timer(seconds, action)
+  timer.daemon = True
+  timer.start()
+  return timer
 
 
 def _ends_with(launcher: int) -> Callable[[], None]:

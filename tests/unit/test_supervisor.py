@@ -242,6 +242,35 @@ def test_an_mpirun_that_hangs_while_aborting_is_ended_after_the_grace(
   assert not supervisor.session_processes(session)
 
 
+def test_a_job_whose_chief_finished_but_a_worker_hangs_is_ended_as_done(
+    tmp_path, capfd, monkeypatch):
+  """The chief's summary line, then a worker that never leaves (frozen
+  during the export, after the last collective): the job is ended after
+  the workers' grace, the line says why, and the job succeeded: it is not
+  restarted."""
+  monkeypatch.setattr(supervisor, '_LEAVE_GRACE', 1)
+  frozen = _aborting_mpirun(
+      'print("12:00:00 I run summary: {}", flush=True)\n'
+      'time.sleep(600)\n', notice='')
+  code, lines = _supervise(tmp_path, frozen, max_restarts=2, abort_grace=1)
+  assert code == 0
+  assert lines == ['the chief finished the run (run_summary.json written), '
+                   'but 1 s later the job had not ended: a worker is stuck '
+                   'or frozen; ending the job (its results are complete)']
+  session = int(re.search(r'session (\d+)', capfd.readouterr().out).group(1))
+  deadline = time.monotonic() + 10
+  while supervisor.session_processes(session) and (
+      time.monotonic() < deadline):
+    time.sleep(0.1)
+  assert not supervisor.session_processes(session)
+
+
+def test_a_job_that_leaves_after_its_chief_finished_is_left_alone(tmp_path):
+  done = 'print("12:00:00 I run summary: {}", flush=True)\n'
+  code, lines = _supervise(tmp_path, done, max_restarts=0, abort_grace=1)
+  assert code == 0 and lines == []
+
+
 def test_a_usage_error_is_never_retried(tmp_path):
   script = ('import sys; open(sys.argv[1] + "/runs", "a").write("x");'
             'sys.exit(2)')
