@@ -31,6 +31,7 @@ import socket
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from common import hosts as hosts_lib
+from common import slurm
 from common.errors import UsageError
 
 HOSTS_VAR = 'MULTI_HLS_IPS'
@@ -267,14 +268,14 @@ def slurm_job_id(environ: Mapping[str, str]) -> str:
 
 def slurm_job_nodes(environ: Mapping[str, str]) -> List[str]:
   """The nodes of the Slurm job, as allocated."""
-  return hosts_lib.expand_nodelist(environ.get(SLURM_JOB_NODELIST_VAR, ''))
+  return slurm.expand_nodelist(environ.get(SLURM_JOB_NODELIST_VAR, ''))
 
 
 def slurm_step_nodes(environ: Mapping[str, str]) -> List[str]:
   """The nodes of the step this process is a task of (a batch script, in
   no step: the job's, as it was allocated)."""
-  return hosts_lib.expand_nodelist(environ.get('SLURM_STEP_NODELIST') or
-                                   environ.get(SLURM_JOB_NODELIST_VAR, ''))
+  return slurm.expand_nodelist(environ.get('SLURM_STEP_NODELIST') or
+                               environ.get(SLURM_JOB_NODELIST_VAR, ''))
 
 
 def slurm_tasks_per_node(environ: Mapping[str, str]) -> str:

@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
 
-from common import hosts as hosts_lib
+from common import slurm as node_lists
 from common import worker_contract as contract
 from common.errors import (STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL,
                            UsageError)
@@ -185,7 +185,7 @@ def job_nodes(job_id: str) -> Optional[List[str]]:
   loses a failed node and runs on), or None where Slurm cannot tell."""
   done, answer = _scontrol('show', 'job', '--oneliner', job_id)
   found = done and re.search(r'(?:^|\s)NodeList=(\S+)', answer)
-  return hosts_lib.expand_nodelist(found.group(1)) if found else None
+  return node_lists.expand_nodelist(found.group(1)) if found else None
 
 
 def requeue(job_id: str) -> Optional[str]:

@@ -212,7 +212,8 @@ class Supervisor:
   Once the chief says the run is finished (its summary written), the
   workers get `abort_grace` (at least _LEAVE_GRACE) seconds to leave; a
   worker stuck or frozen after the chief's last collective (Horovod's
-  ranks leave without one) would otherwise hold mpirun or srun forever.
+  ranks leave without one) would otherwise hold mpirun (or a scheduler's
+  launcher) forever.
   The supervisor then ends the job, says so, and the job succeeded.
   """
 

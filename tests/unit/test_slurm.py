@@ -1,11 +1,11 @@
-"""Slurm read without a Slurm: its node lists (common/hosts.py), what a job
+"""Slurm read without a Slurm: its node lists (common/slurm.py), what a job
 tells its processes (common/worker_contract.py), what the launcher asks it
 (launcher/slurm.py), and the trainer's record of a scheduled run
 (scheduler.py). The real Slurm: multihost/test_slurm.py."""
 
 import pytest
 
-from common import hosts
+from common import slurm as node_lists
 from common import worker_contract as contract
 from resnet_keras import scheduler
 from resnet_keras.launcher import slurm
@@ -19,7 +19,7 @@ from resnet_keras.launcher import slurm
     ('node7', ['node7']),
 ])
 def test_node_lists_expand_as_slurm_writes_them(nodelist, nodes):
-  assert hosts.expand_nodelist(nodelist) == nodes
+  assert node_lists.expand_nodelist(nodelist) == nodes
 
 
 def test_tasks_per_node_and_bad_lists():
@@ -27,11 +27,11 @@ def test_tasks_per_node_and_bad_lists():
   assert slurm.tasks_per_node('4') == [4]
   for bad in ('s[a-b]', 's[1-x]', 'n[1-', 'n[1-]', 'n1]', 'n[[1]]', 'n[1'):
     with pytest.raises(Exception, match='cannot read the Slurm node list'):
-      hosts.expand_nodelist(bad)
+      node_lists.expand_nodelist(bad)
   # What srun would read as an option, or a shell as more than a name.
   for bad in ('-n1', 'n[1-2],-x', 'n 1'):
     with pytest.raises(Exception, match='is not a host name'):
-      hosts.expand_nodelist(bad)
+      node_lists.expand_nodelist(bad)
 
 
 def test_a_task_reads_its_step_nodes_and_a_batch_script_the_jobs():

@@ -1,0 +1,64 @@
+"""Slurm's compressed node lists ('n[1-3,7]'), read alike by the trainer
+(common/worker_contract.py: the nodes of its job or step) and the launcher
+(resnet_keras/launcher/slurm.py: what scontrol answers). What Slurm's
+environment says is the worker contract's; what the launcher asks Slurm is
+the Slurm placement's.
+"""
+
+import re
+from typing import List
+
+from common import hosts
+from common.errors import UsageError
+
+_BRACKETS = re.compile(r'^([^\[]*)\[([^\]]*)\](.*)$')
+
+
+def expand_nodelist(nodelist: str) -> List[str]:
+  """Slurm's compressed host list ('s[1-3,7]', 'a1,b[01-02]',
+  'r[1-2]-n[1-2]') as the node names, in order."""
+  nodes = []
+  for item in _top_level_items(nodelist):
+    match = _BRACKETS.match(item)
+    if not match:
+      if '[' in item or ']' in item:
+        raise _unreadable(nodelist)
+      nodes.append(hosts.check_host(item, f'the Slurm node list '
+                                          f'{nodelist!r}'))
+      continue
+    prefix, ranges, rest = match.groups()
+    for number in _numbers(ranges, nodelist):
+      nodes += expand_nodelist(prefix + number + rest)
+  return nodes
+
+
+def _unreadable(nodelist: str) -> UsageError:
+  return UsageError(f'cannot read the Slurm node list {nodelist!r}: '
+                    'expected node names and ranges such as n1,n[2-4,7]')
+
+
+def _top_level_items(nodelist: str) -> List[str]:
+  items, depth, start = [], 0, 0
+  for i, char in enumerate(nodelist):
+    depth += {'[': 1, ']': -1}.get(char, 0)
+    if depth not in (0, 1):  # A ']' before its '[', or brackets nested.
+      raise _unreadable(nodelist)
+    if char == ',' and depth == 0:
+      items.append(nodelist[start:i])
+      start = i + 1
+  if depth:
+    raise _unreadable(nodelist)
+  items.append(nodelist[start:])
+  return [item for item in items if item]
+
+
+def _numbers(ranges: str, nodelist: str) -> List[str]:
+  numbers = []
+  for part in ranges.split(','):
+    first, dash, last = part.partition('-')
+    if not first.isdigit() or (dash and not last.isdigit()):
+      raise _unreadable(nodelist)
+    # Slurm pads each number to the width of the range's first.
+    numbers += [str(n).zfill(len(first))
+                for n in range(int(first), int(last or first) + 1)]
+  return numbers
