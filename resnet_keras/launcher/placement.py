@@ -51,7 +51,8 @@ class Placement(abc.ABC):
   # Whether `check` asks the hosts over the network: the job then also
   # names the ports the workers will listen on, for them to be checked free.
   asks_hosts = False
-  hosts_source = 'MULTI_HLS_IPS'  # Where the hosts come from, for messages.
+  # Where the hosts come from, for messages.
+  hosts_source = worker_contract.HOSTS_VAR
   # Whether a fail-stop job checks its hosts again before a restart (an
   # elastic job always does).
   checks_at_restart = False

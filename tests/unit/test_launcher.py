@@ -332,3 +332,11 @@ def test_a_requeued_job_resumes_whatever_its_script_says(tmp_path, caplog):
   job.first_attempt()
   assert 'requeued 1 time(s) by the scheduler: resuming at step 8' in \
       caplog.text
+
+
+@pytest.mark.parametrize('module', [launcher, supervisor])
+def test_the_launch_and_its_supervision_name_no_scheduler(module):
+  """A scheduler is its placement's module alone (slurm.py): main.py and
+  the supervisor go through the Placement's hooks."""
+  with open(module.__file__) as f:
+    assert not re.search(r'slurm|srun|sbatch|scontrol', f.read(), re.I)

@@ -2,6 +2,8 @@
 TF_CONFIG derived from a rank, as pure functions of the environment."""
 
 import json
+import pathlib
+import re
 
 import pytest
 
@@ -103,3 +105,47 @@ def test_the_attempt_variables_read_back_as_written():
   assert contract.resume_step({contract.RESUME_STEP_VAR: ''}) is None
   assert contract.resume_step({contract.RESUME_STEP_VAR: '0'}) == 0
   assert contract.resume_step({contract.RESUME_STEP_VAR: '12'}) == 12
+
+
+def test_hosts_written_by_the_launcher_read_back_in_order():
+  written = contract.hosts_env(['n2', 'n1'])
+  assert contract.hosts(written) == ['n2', 'n1']
+  assert contract.hosts({}) == []
+
+
+def test_a_tf_config_is_derived_from_the_rank_only_where_none_is_set():
+  environ = {'OMPI_COMM_WORLD_RANK': '1', 'OMPI_COMM_WORLD_SIZE': '2'}
+  derived = contract.ensure_tf_config(environ)
+  assert json.loads(derived)['task']['index'] == 1
+  assert contract.tf_config(environ) == derived
+  assert contract.several_workers(environ)
+  user_set = {contract.TF_CONFIG_VAR: '{"task": {"index": 0}}'}
+  assert contract.ensure_tf_config(user_set) is None
+  assert contract.tf_config(user_set) == '{"task": {"index": 0}}'
+  assert not contract.several_workers({'PMI_RANK': '0', 'PMI_SIZE': '1'})
+
+
+def test_a_slurm_job_is_read_from_its_environment():
+  job = {contract.SLURM_JOB_ID_VAR: '31',
+         contract.SLURM_JOB_NODELIST_VAR: 'n[1-3]',
+         contract.SLURM_TASKS_PER_NODE_VAR: '2(x3)'}
+  assert contract.in_slurm_allocation(job)
+  assert not contract.in_slurm_allocation({})
+  assert contract.slurm_job_id(job) == '31'
+  assert contract.slurm_job_nodes(job) == ['n1', 'n2', 'n3']
+  assert contract.slurm_tasks_per_node(job) == '2(x3)'
+  assert contract.slurm_tasks_per_node({}) == ''
+
+
+def test_no_other_module_names_a_worker_variable():
+  """The launcher writes them and the trainer reads them through this
+  module: a second spelling elsewhere would drift from it."""
+  repo = pathlib.Path(__file__).resolve().parents[2]
+  named = re.compile(r'''(['"])(SLURM_[A-Z_]+|TF_CONFIG|RESNET_KERAS_[A-Z_]+|'''
+                     r'''MULTI_HLS_IPS|TF_BASE_PORT)\1''')
+  found = {str(path.relative_to(repo)):
+               [name for _, name in named.findall(path.read_text())]
+           for folder in ('common', 'resnet_keras')
+           for path in (repo / folder).rglob('*.py')}
+  assert found.pop('common/worker_contract.py')
+  assert {path: names for path, names in found.items() if names} == {}
