@@ -3,7 +3,7 @@ the allocation in the environment (SLURM_JOB_ID, the compressed node
 lists, tasks per node), each node's address, the nodes a job holds now
 (a job submitted with --no-kill keeps running without a failed node), and
 the job's requeue. The launcher (resnet_keras/launcher/slurm.py) and the
-trainer's record of a scheduled run (resnet_keras/scheduler.py) read it.
+trainer's record of a scheduled run (resnet_keras/job_starts.py) read it.
 """
 
 import re

@@ -33,10 +33,10 @@ from resnet_keras import assembly
 from resnet_keras import ema as ema_lib
 from resnet_keras import goodput
 from resnet_keras import guards
+from resnet_keras import job_starts
 from resnet_keras import metrics
 from resnet_keras import reporting
 from resnet_keras import run_directory
-from resnet_keras import scheduler
 from resnet_keras import schedules
 from resnet_keras import start as start_lib
 from resnet_keras import tracking
@@ -189,7 +189,7 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
     start_lib.write_run_files(
         start, cfg, parts.plan, basis.runtime_record,
         world.shape(backend.num_workers, parts.plan, os.environ))
-    scheduler.record_start(cfg.model_dir, os.environ, start.step)
+    job_starts.record_start(cfg.model_dir, os.environ, start.step)
     reports.resume_at(start.step)
   parts.guard.install()
   watchdog = input_service.InputWatchdog(
@@ -247,7 +247,7 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                      path)
       attempt.write()
       if backend.is_chief:
-        scheduler.record_stop(cfg.model_dir, os.environ, str(stop), step)
+        job_starts.record_stop(cfg.model_dir, os.environ, str(stop), step)
       # No worker exits before the chief's checkpoint is written: a
       # scheduler (srun --kill-on-bad-exit, mpirun) ends the job's other
       # processes when one exits with an error.
