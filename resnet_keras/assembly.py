@@ -29,11 +29,11 @@ from common import distribution
 from resnet_keras import checkpoints
 from resnet_keras import guards
 from resnet_keras import hardware
+from resnet_keras import lr_schedules
 from resnet_keras import models
 from resnet_keras import optimizers
 from resnet_keras import run_directory
 from resnet_keras import runtime
-from resnet_keras import schedules
 from resnet_keras import start as start_lib
 from resnet_keras import ema as ema_lib
 from resnet_keras.config import RunConfig
@@ -133,7 +133,7 @@ def build_model(cfg: RunConfig, num_classes: int, machine: hardware.Machine,
 
 def build_optimizer(cfg: RunConfig, plan: TrainingPlan) -> Tuple[Any, Any]:
   """(schedule, optimizer) of the run `plan` describes."""
-  schedule = schedules.schedule_for_run(
+  schedule = lr_schedules.schedule_for_run(
       cfg, plan.schedule_batch_size, plan.steps_per_epoch,
       plan.total_train_steps, scale=plan.lr_scale)
   return schedule, optimizers.build_optimizer(cfg, schedule)
@@ -213,7 +213,7 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
       any_worker=backend.any_worker,
       last_checkpoint=lambda: manager and manager.latest_checkpoint,
       dtype=cfg.dtype, stopped_early=step_record.stopped_early)
-  train_image_size = schedules.image_size_for_run(
+  train_image_size = lr_schedules.image_size_for_run(
       cfg, start.step // plan.steps_per_epoch)
   trainer = Trainer(
       objective=objective, step_record=step_record,

@@ -630,7 +630,7 @@ class LoopConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleConfig:
-  """The learning rate: its peak, warmup and decay (schedules.py)."""
+  """The learning rate: its peak, warmup and decay (lr_schedules.py)."""
   base_learning_rate: float = option(
       0.1,
       'SGD, RMSProp, AdamW and LAMB: learning rate per 256 images '

@@ -34,10 +34,10 @@ from resnet_keras import ema as ema_lib
 from resnet_keras import goodput
 from resnet_keras import guards
 from resnet_keras import job_starts
+from resnet_keras import lr_schedules
 from resnet_keras import metrics
 from resnet_keras import reporting
 from resnet_keras import run_directory
-from resnet_keras import schedules
 from resnet_keras import start as start_lib
 from resnet_keras import tracking
 from resnet_keras import world
@@ -295,7 +295,7 @@ def _resize_training_input(cfg: RunConfig, parts: assembly.Parts, step: int,
   input of changing size would (exact resume); each size traces the
   training loop once."""
   epoch = step // parts.plan.steps_per_epoch
-  size = schedules.image_size_for_run(cfg, epoch)
+  size = lr_schedules.image_size_for_run(cfg, epoch)
   if size != parts.train_image_size:
     parts.trainer.train_dataset = parts.train_input(size, data_start)
     parts.train_image_size = size

@@ -13,9 +13,9 @@ import pytest
 import tensorflow as tf
 
 from resnet_keras import checkpoints
+from resnet_keras import lr_schedules
 from resnet_keras import models
 from resnet_keras import optimizers
-from resnet_keras import schedules
 from resnet_keras import start as start_lib
 from resnet_keras.plan import make_training_plan
 from common.errors import UsageError
@@ -28,7 +28,7 @@ def _run_objects(cfg):
   network, model = models.build_models(cfg, cfg.num_classes,
                                        use_regularizers=False)
   optimizer = optimizers.build_optimizer(
-      cfg, schedules.schedule_for_run(cfg, cfg.batch_size, 4, 8))
+      cfg, lr_schedules.schedule_for_run(cfg, cfg.batch_size, 4, 8))
   optimizers.create_slots(optimizer, model.trainable_variables)
   return network, model, optimizer
 

@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from resnet_keras import lr_schedules
 from resnet_keras import models
 from resnet_keras import optimizers
-from resnet_keras import schedules
 from resnet_keras.config import RunConfig
 
 
@@ -271,7 +271,7 @@ def test_adamw_decays_kernels_only_and_has_no_trust_ratio():
 def test_adam_optimizers_scale_the_learning_rate_per_256_images():
   # "ResNet strikes back" A1/A2: LAMB at 5e-3 for batch 2048.
   for name in ('AdamW', 'LAMB'):
-    assert schedules.peak_learning_rate(name, 6.25e-4, 2048) == (
+    assert lr_schedules.peak_learning_rate(name, 6.25e-4, 2048) == (
         pytest.approx(5e-3))
 
 
