@@ -1,6 +1,6 @@
 """The launch layer: demo_resnet_keras.py's library (main.launch).
 
-options.py      the launcher's options, declared once
+launch_config.py  the launcher's options, declared once
 presets.py      the reference's optimizer presets (from the recipes)
 job.py          a job across its attempts: hosts, batch split, restarts
 host_checks.py  the hosts checked before each attempt

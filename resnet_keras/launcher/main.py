@@ -32,13 +32,13 @@ from resnet_keras.config import RunConfig
 from resnet_keras.launcher import input_servers
 from resnet_keras.launcher import job as job_lib
 from resnet_keras.launcher import kubeflow
-from resnet_keras.launcher import options
+from resnet_keras.launcher import launch_config
 from resnet_keras.launcher import port_guard
 from resnet_keras.launcher import presets
 from resnet_keras.launcher import slurm
 from resnet_keras.launcher import ssh_hosts
 from resnet_keras.launcher import this_host
-from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher.launch_config import LaunchConfig
 from resnet_keras.launcher.placement import Placement
 
 
@@ -71,7 +71,7 @@ def apply_preset(values: flags.FlagValues, recipe: Dict[str, object],
       f'--optimizer={values.optimizer} preset', flags_lib.RUN_CONFIG_KEYS,
       skip=recipe)
   return {name: value for name, value in {**recipe, **preset}.items()
-          if name not in options.RECIPE_KEYS}
+          if name not in launch_config.RECIPE_KEYS}
 
 
 def data_service_servers(cfg: LaunchConfig, environ: Mapping[str, str]
@@ -183,10 +183,11 @@ def launch(argv: Sequence[str], values: flags.FlagValues,
   """Launches the job `argv` (the launcher's command line, parsed into
   `values`) describes; its exit code (its last attempt's)."""
   environ = dict(environ)
-  argv = options.as_parsed(argv, values)
+  argv = launch_config.as_parsed(argv, values)
   recipe = flags_lib.apply_config(  # The launcher's recipe keys too.
-      values, allowed=flags_lib.RUN_CONFIG_KEYS | set(options.RECIPE_KEYS))
-  launch_cfg = options.from_flags(values)
+      values,
+      allowed=flags_lib.RUN_CONFIG_KEYS | set(launch_config.RECIPE_KEYS))
+  launch_cfg = launch_config.from_flags(values)
   launch_lib.tf_base_port(environ, launch_cfg.num_workers_per_hls)
   if slurm.prints_batch_script(launch_cfg, environ):
     print_batch_script(argv, values, recipe, launch_cfg, environ)
@@ -200,7 +201,7 @@ def launch(argv: Sequence[str], values: flags.FlagValues,
   servers = data_service_servers(launch_cfg, environ)
   cfg = flags_lib.config_from_flags(values)  # Bad trainer flags fail first.
   if values.print_config:
-    print(recipes.dump(cfg, options.recipe_values(launch_cfg)), end='')
+    print(recipes.dump(cfg, launch_config.recipe_values(launch_cfg)), end='')
     return 0
   job = job_lib.Job(placement, cfg, argv, filled, servers)
   plan = job.command()

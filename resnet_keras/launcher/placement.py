@@ -28,7 +28,7 @@ from absl import logging
 from common import launch
 from common import preflight
 from common.errors import STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL
-from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher.launch_config import LaunchConfig
 
 # The trainer, which every placement starts on each worker (at the same
 # path on every host).

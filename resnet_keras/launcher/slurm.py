@@ -36,7 +36,7 @@ from common.errors import (STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL,
                            UsageError)
 from resnet_keras import flags as flags_lib
 from resnet_keras.launcher import placement
-from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher.launch_config import LaunchConfig
 
 # Each attempt's step shares the CPUs with the steps before it. After a lost
 # node the previous step stays RUNNING in slurmctld's view (its part on the
@@ -87,7 +87,7 @@ def _relative_path(name: str, value: Any) -> bool:
 
 def absolute_paths(argv: Sequence[str],
                    recipe: Mapping[str, Any]) -> List[str]:
-  """`argv` (options.as_parsed: each value joined to its flag) with every
+  """`argv` (launch_config.as_parsed: each value joined to its flag) with every
   path the user gave made absolute from the working directory, for a
   script that runs elsewhere: a path flag's, --config's file, and a path
   the recipe filled in (`recipe`: what it filled in), added as a flag.
