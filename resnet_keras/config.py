@@ -46,7 +46,7 @@ RELU_IMPLS = ('auto', 'native', 'bitwise', 'xla')
 # must be at least 8 x this many pixels for the last stage to see 1x1.
 STEM_STRIDES = {'imagenet': 4, 'small': 2, 'cifar': 1}
 STAGE_STRIDE = 8
-# How the stem's convolution starts (models.pca_stem_kernel).
+# How the stem's convolution starts (stem_init.pca_stem_kernel).
 STEM_INITS = ('random', 'pca')
 KERAS_APPLICATIONS_MODELS = ('ResNet50', 'ResNet101', 'ResNet152',
                              'ResNet50V2', 'ResNet101V2', 'ResNet152V2')
