@@ -60,7 +60,6 @@ from resnet_keras import stem_init
 from resnet_keras import world
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
-from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.plan import TrainingPlan
 
 FRESH, RESUMED, WARM = 'fresh', 'resumed', 'warm'
@@ -241,7 +240,7 @@ def restore(start: Start, weights: Weights, cfg: RunConfig,
     load_source(start.source, weights.network, weights.model,
                 weights.optimizer, cfg.restore_optimizer)
   elif start.fit_stem:
-    init_stem_from_training_images(cfg, info, weights.network)
+    stem_init.init_stem_from_training_images(cfg, info, weights.network)
   ema = weights.ema
   if ema:
     _start_ema(ema, start)
@@ -299,25 +298,6 @@ def _load_backbone(source: Source, network) -> None:
                       source.checkpoint, source.cfg)
   for layer in network_lib.backbone_layers(network):
     layer.set_weights(source_network.get_layer(layer.name).get_weights())
-
-
-def init_stem_from_training_images(cfg: RunConfig, info: datasets.DatasetInfo,
-                                   network: tf_keras.Model) -> None:
-  """--stem_init=pca: the stem's filters from patches of the first training
-  images in file order, preprocessed as evaluation does at the training
-  size; the same images on every worker (Horovod's then take the chief's
-  weights anyway)."""
-  kernel_size = network.get_layer(network_lib.STEM_CONV).kernel.shape[0]
-  count = stem_init.pca_image_count(cfg.image_size, kernel_size)
-  sized = dataclasses.replace(cfg, eval_image_size=cfg.image_size)
-  pixels, _ = next(iter(datasets.pixel_batches(
-      sized, info, count, from_training=True, limit=count)))
-  used, filters, held = stem_init.init_stem_from_images(
-      network, normalize_images(pixels))
-  logging.info('stem: %d of its %d filters start as +/- the %d principal '
-               'directions of %dx%d patches of %d training images (%.1f%% '
-               'of their variance)', 2 * used, filters, used, kernel_size,
-               kernel_size, int(pixels.shape[0]), 100 * held)
 
 
 def _start_ema(ema, start: Start) -> None:

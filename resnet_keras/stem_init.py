@@ -1,13 +1,19 @@
-"""--stem_init=pca: the stem's convolution started from the principal
-directions of image patches (network.STEM_CONV), rather than at random.
+"""--stem_init=pca: the stem's convolution (network.STEM_CONV) started from
+the principal directions of patches of the first training images, rather
+than at random; start.py decides when (a fresh run only).
 """
 
+import dataclasses
 from typing import Tuple
 
 import numpy as np
 import tensorflow as tf
 import tf_keras
+from absl import logging
 
+from resnet_keras.config import RunConfig
+from resnet_keras.data import datasets
+from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.network import STEM_CONV
 
 # Patches whose covariance --stem_init=pca estimates (dimensions <= 147).
@@ -70,3 +76,22 @@ def init_stem_from_images(network: tf_keras.Model, images: tf.Tensor
                                        conv.kernel.numpy())
   conv.kernel.assign(kernel)
   return used, kernel.shape[-1], held
+
+
+def init_stem_from_training_images(cfg: RunConfig, info: datasets.DatasetInfo,
+                                   network: tf_keras.Model) -> None:
+  """--stem_init=pca: the stem's filters from patches of the first training
+  images in file order, preprocessed as evaluation does at the training
+  size; the same images on every worker (Horovod's then take the chief's
+  weights anyway)."""
+  kernel_size = network.get_layer(STEM_CONV).kernel.shape[0]
+  count = pca_image_count(cfg.image_size, kernel_size)
+  sized = dataclasses.replace(cfg, eval_image_size=cfg.image_size)
+  pixels, _ = next(iter(datasets.pixel_batches(
+      sized, info, count, from_training=True, limit=count)))
+  used, filters, held = init_stem_from_images(
+      network, normalize_images(pixels))
+  logging.info('stem: %d of its %d filters start as +/- the %d principal '
+               'directions of %dx%d patches of %d training images (%.1f%% '
+               'of their variance)', 2 * used, filters, used, kernel_size,
+               kernel_size, int(pixels.shape[0]), 100 * held)
