@@ -51,7 +51,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 
 from common import cli  # pylint: disable=g-import-not-at-top
 from resnet_keras.launcher import main as launcher  # pylint: disable=g-import-not-at-top
-from resnet_keras.launcher.options import define_flags  # pylint: disable=g-import-not-at-top,unused-import
+from resnet_keras.launcher.launch_config import define_flags  # pylint: disable=g-import-not-at-top,unused-import
 
 
 def main(argv):

@@ -19,10 +19,10 @@ from common import files
 from common import worker_contract
 from resnet_keras import assembly
 from resnet_keras import curves
+from resnet_keras import job_starts
 from resnet_keras import metrics
 from resnet_keras import optimizers
 from resnet_keras import run_directory
-from resnet_keras import scheduler
 from resnet_keras import tracking
 from resnet_keras import trainer as trainer_lib
 from resnet_keras import world
@@ -290,7 +290,7 @@ def _summary(basis: assembly.Basis, parts: assembly.Parts,
       'host': worker_contract.this_host(os.environ),
       'restarts': worker_contract.restart_count(os.environ),
       # Slurm's job, its nodes and each start it requeued (None elsewhere).
-      'scheduler': scheduler.summary(cfg.model_dir, os.environ),
+      'scheduler': job_starts.summary(cfg.model_dir, os.environ),
       # Every shape the job trained in (workers, batches, LR scale), each
       # from its step: an elastic job's shrinks and regrowths.
       'world_sizes': world.read(cfg.model_dir),

@@ -32,11 +32,11 @@ from resnet_keras import assembly
 from resnet_keras import ema as ema_lib
 from resnet_keras import goodput
 from resnet_keras import guards
+from resnet_keras import job_starts
+from resnet_keras import lr_schedules
 from resnet_keras import metrics
 from resnet_keras import reporting
 from resnet_keras import run_directory
-from resnet_keras import scheduler
-from resnet_keras import schedules
 from resnet_keras import start as start_lib
 from resnet_keras import tracking
 from resnet_keras import world
@@ -187,7 +187,7 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
     start_lib.write_run_files(
         start, cfg, parts.plan, basis.runtime_record,
         world.shape(backend.num_workers, parts.plan, os.environ))
-    scheduler.record_start(cfg.model_dir, os.environ, start.step)
+    job_starts.record_start(cfg.model_dir, os.environ, start.step)
     reports.resume_at(start.step)
   parts.guard.install()
   watchdog = input_service.InputWatchdog(
@@ -245,7 +245,7 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                      path)
       attempt.write()
       if backend.is_chief:
-        scheduler.record_stop(cfg.model_dir, os.environ, str(stop), step)
+        job_starts.record_stop(cfg.model_dir, os.environ, str(stop), step)
       # No worker exits before the chief's checkpoint is written: a
       # scheduler (srun --kill-on-bad-exit, mpirun) ends the job's other
       # processes when one exits with an error.
@@ -293,7 +293,7 @@ def _resize_training_input(cfg: RunConfig, parts: assembly.Parts, step: int,
   input of changing size would (exact resume); each size traces the
   training loop once."""
   epoch = step // parts.plan.steps_per_epoch
-  size = schedules.image_size_for_run(cfg, epoch)
+  size = lr_schedules.image_size_for_run(cfg, epoch)
   if size != parts.train_image_size:
     parts.trainer.train_dataset = parts.train_input(size, data_start)
     parts.train_image_size = size

@@ -2,7 +2,7 @@
 module here is the launcher's alone; what the trainer shares with it is in
 common/ (the worker contract, the batch rule, host names).
 
-options.py      the launcher's options, declared once
+launch_config.py  the launcher's options, declared once
 presets.py      the reference's optimizer presets (from the recipes)
 job.py          a job across its attempts: hosts, batch split, restarts
 elastic.py      the batch split of a job on fewer (or more) hosts

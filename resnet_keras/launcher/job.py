@@ -23,7 +23,7 @@ from resnet_keras.config import RunConfig
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import elastic
 from resnet_keras.launcher import host_checks
-from resnet_keras.launcher import options
+from resnet_keras.launcher import launch_config
 from resnet_keras.launcher import supervisor
 from resnet_keras.launcher.placement import FILES_DIR_PREFIX, TRAINER, Placement
 
@@ -48,7 +48,7 @@ def trainer_command(argv: Sequence[str], cfg: RunConfig,
   then the settings a recipe or preset filled in; `layout`: an elastic
   job's batch split, when it is not the command line's."""
   check_workers(cfg, total_workers)
-  forwarded = options.strip(argv[1:])
+  forwarded = launch_config.strip(argv[1:])
   if layout:
     forwarded = launch.strip_flags(forwarded, (), elastic.BATCH_FLAGS)
     filled = {k: v for k, v in filled.items() if k not in elastic.BATCH_FLAGS}

@@ -7,7 +7,7 @@ from typing import Dict, Mapping, Sequence
 
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import placement
-from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher.launch_config import LaunchConfig
 
 
 class Kubeflow(placement.Placement):

@@ -30,13 +30,13 @@ from resnet_keras.config import RunConfig
 from resnet_keras.launcher import commands as launch_lib
 from resnet_keras.launcher import input_servers
 from resnet_keras.launcher import job as job_lib
-from resnet_keras.launcher import options
+from resnet_keras.launcher import launch_config
 from resnet_keras.launcher import port_guard
 from resnet_keras.launcher import preflight
 from resnet_keras.launcher import presets
 from resnet_keras.launcher import ssh_hosts
 from resnet_keras.launcher import supervisor
-from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher.launch_config import LaunchConfig
 from resnet_keras.launcher.placement import Placement
 from resnet_keras.launcher import registry
 
@@ -52,7 +52,7 @@ def apply_preset(values: flags.FlagValues, recipe: Dict[str, object],
       f'--optimizer={values.optimizer} preset', flags_lib.RUN_CONFIG_KEYS,
       skip=recipe)
   return {name: value for name, value in {**recipe, **preset}.items()
-          if name not in options.RECIPE_KEYS}
+          if name not in launch_config.RECIPE_KEYS}
 
 
 def data_service_servers(cfg: LaunchConfig, environ: Mapping[str, str]
@@ -162,10 +162,10 @@ def launch(argv: Sequence[str], values: flags.FlagValues,
   """Launches the job `argv` (the launcher's command line, parsed into
   `values`) describes; its exit code (its last attempt's)."""
   environ = dict(environ)
-  argv = options.as_parsed(argv, values)
+  argv = launch_config.as_parsed(argv, values)
   recipe = flags_lib.apply_config(  # The launcher's recipe keys too.
-      values, allowed=flags_lib.RUN_CONFIG_KEYS | set(options.RECIPE_KEYS))
-  launch_cfg = options.from_flags(values)
+      values, allowed=flags_lib.RUN_CONFIG_KEYS | set(launch_config.RECIPE_KEYS))
+  launch_cfg = launch_config.from_flags(values)
   worker_contract.tf_base_port(environ, launch_cfg.num_workers_per_hls)
   batch = registry.batch_script_of(launch_cfg, environ)
   if batch:
@@ -180,7 +180,7 @@ def launch(argv: Sequence[str], values: flags.FlagValues,
   servers = data_service_servers(launch_cfg, environ)
   cfg = flags_lib.config_from_flags(values)  # Bad trainer flags fail first.
   if values.print_config:
-    print(recipes.dump(cfg, options.recipe_values(launch_cfg)), end='')
+    print(recipes.dump(cfg, launch_config.recipe_values(launch_cfg)), end='')
     return 0
   job = job_lib.Job(placement, cfg, argv, filled, servers)
   plan = job.command()

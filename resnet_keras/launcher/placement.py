@@ -34,7 +34,7 @@ from common.errors import STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import preflight
 from resnet_keras.launcher import supervisor
-from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher.launch_config import LaunchConfig
 
 # The trainer, which every placement starts on each worker (at the same
 # path on every host).

@@ -10,7 +10,7 @@ from resnet_keras.launcher import kubeflow
 from resnet_keras.launcher import slurm
 from resnet_keras.launcher import ssh_hosts
 from resnet_keras.launcher import this_host
-from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher.launch_config import LaunchConfig
 from resnet_keras.launcher.placement import Placement
 
 # A scheduler's allocation first (it says where the job runs), then an

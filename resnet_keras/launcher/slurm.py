@@ -45,7 +45,7 @@ from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import placement
 from resnet_keras.launcher import preflight
 from resnet_keras.launcher import supervisor
-from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher.launch_config import LaunchConfig
 
 # Each attempt's step shares the CPUs with the steps before it. After a lost
 # node the previous step stays RUNNING in slurmctld's view (its part on the
@@ -102,7 +102,7 @@ def _relative_path(name: str, value: Any) -> bool:
 
 def absolute_paths(argv: Sequence[str],
                    recipe: Mapping[str, Any]) -> List[str]:
-  """`argv` (options.as_parsed: each value joined to its flag) with every
+  """`argv` (launch_config.as_parsed: each value joined to its flag) with every
   path the user gave made absolute from the working directory, for a
   script that runs elsewhere: a path flag's, --config's file, and a path
   the recipe filled in (`recipe`: what it filled in), added as a flag.

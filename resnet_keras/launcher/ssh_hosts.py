@@ -8,7 +8,7 @@ from typing import Dict, List, Mapping, Sequence
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import preflight
 from resnet_keras.launcher import placement
-from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher.launch_config import LaunchConfig
 
 
 def ssh(environ: Mapping[str, str]):

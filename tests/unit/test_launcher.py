@@ -15,8 +15,8 @@ from absl import flags
 from common import worker_contract
 from resnet_keras.config import RunConfig
 from resnet_keras.launcher import job as job_lib
+from resnet_keras.launcher import launch_config
 from resnet_keras.launcher import main as launcher
-from resnet_keras.launcher import options
 from resnet_keras.launcher import preflight
 from resnet_keras.launcher import presets
 from resnet_keras.launcher import registry
@@ -24,7 +24,7 @@ from resnet_keras.launcher import supervisor
 from resnet_keras.launcher import slurm
 from resnet_keras.launcher import ssh_hosts
 from resnet_keras.launcher.kubeflow import Kubeflow
-from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher.launch_config import LaunchConfig
 from resnet_keras.launcher.ssh_hosts import SshHosts
 from resnet_keras.launcher.this_host import ThisHost
 from tests.support import runner
@@ -34,24 +34,25 @@ HOSTS = '192.0.2.1,192.0.2.2,192.0.2.3'
 
 def test_the_launchers_flags_come_from_its_declarations():
   values = flags.FlagValues()
-  options.define_flags(values)
+  launch_config.define_flags(values)
   values(['prog', '--min_hosts=2', '--data_service_hosts=a,b', '-bs', '4'])
-  cfg = options.from_flags(values)
+  cfg = launch_config.from_flags(values)
   assert cfg.min_hosts == 2 and cfg.data_service_hosts == ('a', 'b')
-  assert options.RECIPE_KEYS == ('num_workers_per_hls',
-                                 'horovod_hierarchical_allreduce',
-                                 'kubernetes_run')
+  assert launch_config.RECIPE_KEYS == ('num_workers_per_hls',
+                                       'horovod_hierarchical_allreduce',
+                                       'kubernetes_run')
   # Never forwarded: every launcher option, and --config/--print_config.
-  assert options.strip(['--min_hosts', '2', '--nodry_run', '--config=x',
-                        '--print_config', '--elastic_batch=scale', '-bs',
-                        '4']) == ['-bs', '4']
+  assert launch_config.strip(['--min_hosts', '2', '--nodry_run',
+                              '--config=x', '--print_config',
+                              '--elastic_batch=scale', '-bs',
+                              '4']) == ['-bs', '4']
   with pytest.raises(Exception, match='num_workers_per_hls must be >= 1'):
     LaunchConfig(num_workers_per_hls=0).check()
 
 
 def _parsed(argv):
   values = flags.FlagValues()
-  options.define_flags(values)
+  launch_config.define_flags(values)
   values(argv)
   return values
 
@@ -63,14 +64,14 @@ def test_the_command_line_is_forwarded_as_absl_read_it(tmp_path):
           '-bs', '4', '--use_horovod', '--nodry_run']
   values = _parsed(argv)
   assert values.model_dir == '--dry_run' and not values.dry_run
-  parsed = options.as_parsed(argv, values)
+  parsed = launch_config.as_parsed(argv, values)
   assert parsed == ['prog', '--model_dir=--dry_run', '--max_restarts=1',
                     '--data_dir=data', '-bs=4', '--use_horovod',
                     '--nodry_run']
   # The value stays the trainer's; the flagfile's launcher flag does not.
-  assert options.strip(parsed[1:]) == ['--model_dir=--dry_run',
-                                       '--data_dir=data', '-bs=4',
-                                       '--use_horovod']
+  assert launch_config.strip(parsed[1:]) == ['--model_dir=--dry_run',
+                                             '--data_dir=data', '-bs=4',
+                                             '--use_horovod']
 
 
 def test_a_batch_script_gets_every_path_absolute(tmp_path, monkeypatch):

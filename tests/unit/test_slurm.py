@@ -1,13 +1,13 @@
 """Slurm read without a Slurm: its node lists (common/slurm.py), what a job
 tells its processes (common/worker_contract.py), what the launcher asks it
 (launcher/slurm.py), and the trainer's record of a scheduled run
-(scheduler.py). The real Slurm: multihost/test_slurm.py."""
+(job_starts.py). The real Slurm: multihost/test_slurm.py."""
 
 import pytest
 
 from common import slurm as node_lists
 from common import worker_contract as contract
-from resnet_keras import scheduler
+from resnet_keras import job_starts
 from resnet_keras.launcher import slurm
 
 
@@ -64,11 +64,11 @@ SLURM_JOB = {'SLURM_JOB_ID': '31', 'SLURM_JOB_NODELIST': 'n[1-3]',
 def test_a_scheduled_run_records_each_start_and_the_signal_that_stopped_it(
     tmp_path):
   model_dir = str(tmp_path)
-  scheduler.record_start(model_dir, SLURM_JOB, step=0)
-  scheduler.record_stop(model_dir, SLURM_JOB, 'SIGUSR1', step=12)
+  job_starts.record_start(model_dir, SLURM_JOB, step=0)
+  job_starts.record_stop(model_dir, SLURM_JOB, 'SIGUSR1', step=12)
   requeued = {**SLURM_JOB, 'SLURM_RESTART_COUNT': '1'}
-  scheduler.record_start(model_dir, requeued, step=12)
-  summary = scheduler.summary(model_dir, requeued)
+  job_starts.record_start(model_dir, requeued, step=12)
+  summary = job_starts.summary(model_dir, requeued)
   assert (summary['name'], summary['job_id'], summary['requeues']) == (
       'slurm', '31', 1)
   assert summary['nodes'] == ['n1', 'n2', 'n3']
@@ -80,7 +80,7 @@ def test_a_scheduled_run_records_each_start_and_the_signal_that_stopped_it(
 
 
 def test_outside_slurm_nothing_is_recorded(tmp_path):
-  scheduler.record_start(str(tmp_path), {}, step=0)
-  scheduler.record_stop(str(tmp_path), {}, 'SIGTERM', step=3)
-  assert scheduler.summary(str(tmp_path), {}) is None
+  job_starts.record_start(str(tmp_path), {}, step=0)
+  job_starts.record_stop(str(tmp_path), {}, 'SIGTERM', step=3)
+  assert job_starts.summary(str(tmp_path), {}) is None
   assert not list(tmp_path.iterdir())
