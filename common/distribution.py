@@ -9,13 +9,16 @@ under tf.distribute (one program drives every replica) and the per-worker
 batch under Horovod (every process is a worker with its own program).
 """
 
+import contextlib
 import dataclasses
 import functools
 import json
 import os
 import socket
 import sys
-from typing import Any, Optional, Sequence, Tuple
+import threading
+import time
+from typing import Any, Iterator, Optional, Sequence, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -33,6 +36,38 @@ _LEAVE_TIMEOUT = worker_contract.stuck_rank_timeout(
     worker_contract.DEFAULT_FAILURE_TIMEOUT)
 
 
+class Progress:
+  """When this worker last saw the job's collectives move on, while it is
+  inside them: `waiting()` around code that waits on the other workers,
+  `beat()` each time they answered (the training loop's stop poll, before
+  each step). A watchdog polls `waiting_since` (resnet_keras/watchdog.py).
+  Thread-safe; cheap enough to call every step."""
+
+  def __init__(self):
+    self._lock = threading.Lock()
+    self._depth = 0
+    self._last = 0.0
+
+  @contextlib.contextmanager
+  def waiting(self) -> Iterator[None]:
+    with self._lock:
+      self._depth += 1
+      if self._depth == 1:
+        self._last = time.time()
+    try:
+      yield
+    finally:
+      with self._lock:
+        self._depth -= 1
+
+  def beat(self) -> None:
+    self._last = time.time()
+
+  def waiting_since(self) -> float:
+    """Wall time of the last answer while waiting; 0 when not waiting."""
+    return self._last if self._depth else 0.0
+
+
 @dataclasses.dataclass
 class Backend:
   """The strategy a process builds its model under, and its place in the job.
@@ -47,6 +82,7 @@ class Backend:
   worker_index: int = 0
   num_workers: int = 1
   hvd: Any = None
+  progress: Progress = dataclasses.field(default_factory=Progress)
 
   @property
   def is_chief(self) -> bool:
@@ -119,7 +155,8 @@ class Backend:
   def any_worker(self, *flags: bool) -> Tuple[bool, ...]:
     """Per flag, True if it is true on any worker: one collective for all
     of them, which every worker must call."""
-    counts = self._count_flags(tf.constant(flags)).numpy()
+    with self.progress.waiting():
+      counts = self._count_flags(tf.constant(flags)).numpy()
     return tuple(bool(count > 0) for count in counts)
 
   def wait_for_all(self) -> None:
@@ -141,16 +178,18 @@ class Backend:
     (tf.distribute metrics already aggregate over every replica.)"""
     if not self.hvd:
       return
-    for metric in metrics:
-      for variable in metric.variables:
-        variable.assign(self.sum_over_workers(
-            variable.value(), f'{metric.name}_{variable.name}'))
+    with self.progress.waiting():
+      for metric in metrics:
+        for variable in metric.variables:
+          variable.assign(self.sum_over_workers(
+              variable.value(), f'{metric.name}_{variable.name}'))
 
   def sync_from_chief(self, variables) -> None:
     """Horovod: every worker takes the chief's values (fresh init or the
     checkpoint only the chief restored)."""
     if self.hvd:
-      self.hvd.broadcast_variables(variables, root_rank=0)
+      with self.progress.waiting():
+        self.hvd.broadcast_variables(variables, root_rank=0)
 
   def leave(self) -> None:
     """The end of a successful run, after its last write.

@@ -17,6 +17,11 @@ class UsageError(Exception):
 # never retries it.
 NON_FINITE_EXIT_CODE = 3
 
+# A worker that ended itself after the job's collectives waited too long for
+# a frozen or stuck worker (resnet_keras/watchdog.py); the launcher restarts
+# the job.
+STUCK_EXIT_CODE = 4
+
 # A scheduler's warning before it takes the nodes (Slurm's --signal, sent
 # ahead of a time limit or a preemption): the workers save at the next
 # step and exit with the shell's code for it, which tells the launcher the

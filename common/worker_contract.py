@@ -49,6 +49,11 @@ RESUME_STEP_VAR = 'RESNET_KERAS_RESUME_STEP'
 ATTEMPT_VARS = (RESTARTS_VAR, RESUME_STEP_VAR)
 # multi_worker_mirrored's collective timeout (seconds).
 COLLECTIVE_TIMEOUT_VAR = 'RESNET_KERAS_COLLECTIVE_TIMEOUT'
+# Horovod's stall check: seconds before it names a rank missing from a
+# collective, and before it shuts the job down (and ours: the trainer's
+# collective watchdog, resnet_keras/watchdog.py, ends a worker then).
+HOROVOD_STALL_CHECK_VAR = 'HOROVOD_STALL_CHECK_TIME_SECONDS'
+HOROVOD_STALL_SHUTDOWN_VAR = 'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS'
 # Marks a TF_ENABLE_ONEDNN_OPTS this package set (common/env.py), as opposed
 # to the user. The launcher forwards it with the variable, so every rank it
 # starts reports the same reason.
@@ -150,8 +155,8 @@ def failure_env(failure_timeout: int, use_horovod: bool) -> Dict[str, str]:
   """
   shutdown = str(stuck_rank_timeout(failure_timeout))
   if use_horovod:
-    return {'HOROVOD_STALL_CHECK_TIME_SECONDS': str(failure_timeout),
-            'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS': shutdown}
+    return {HOROVOD_STALL_CHECK_VAR: str(failure_timeout),
+            HOROVOD_STALL_SHUTDOWN_VAR: shutdown}
   return {COLLECTIVE_TIMEOUT_VAR: shutdown}
 
 
@@ -167,12 +172,24 @@ def stuck_rank_timeout(failure_timeout: int) -> int:
 
 def collective_timeout(environ: Mapping[str, str]) -> Optional[float]:
   """multi_worker_mirrored's collective timeout in seconds (None: none)."""
-  value = environ.get(COLLECTIVE_TIMEOUT_VAR)
+  return _seconds(environ, COLLECTIVE_TIMEOUT_VAR)
+
+
+def stuck_worker_timeout(environ: Mapping[str, str],
+                         use_horovod: bool) -> Optional[float]:
+  """Seconds after which a worker waiting on a stuck one ends (None: the
+  launcher set none): Horovod's stall shutdown time, multi_worker_mirrored's
+  collective timeout."""
+  return _seconds(environ, HOROVOD_STALL_SHUTDOWN_VAR if use_horovod
+                  else COLLECTIVE_TIMEOUT_VAR)
+
+
+def _seconds(environ: Mapping[str, str], name: str) -> Optional[float]:
+  value = environ.get(name)
   try:
     return float(value) if value else None
   except ValueError:
-    raise UsageError(f'{COLLECTIVE_TIMEOUT_VAR}={value} is not a number of '
-                     'seconds') from None
+    raise UsageError(f'{name}={value} is not a number of seconds') from None
 
 
 def mpi_rank_and_size(environ: Mapping[str, str]):

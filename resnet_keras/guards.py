@@ -79,10 +79,15 @@ def stop_poll(stop_requested: Callable[[], bool],
               backend: distribution.Backend) -> Callable[[], tf.Tensor]:
   """A predicate for inside the training loop's tf.function: whether
   `stop_requested` (host code) is true on any worker. A collective that
-  every worker evaluates before each step."""
+  every worker evaluates before each step; each poll tells the backend's
+  `progress` that the job's collectives still move."""
+
+  def asked() -> bool:
+    backend.progress.beat()  # The last step's collectives answered.
+    return stop_requested()
 
   def any_worker_asks():
-    requested = tf.py_function(stop_requested, [], tf.bool)
+    requested = tf.py_function(asked, [], tf.bool)
     return backend.count_workers(tf.reshape(requested, [1]),
                                  'stop_requested')[0] > 0
 

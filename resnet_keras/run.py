@@ -39,6 +39,7 @@ from resnet_keras import reporting
 from resnet_keras import run_directory
 from resnet_keras import start as start_lib
 from resnet_keras import tracking
+from resnet_keras import watchdog
 from resnet_keras import world
 from resnet_keras.config import RunConfig
 from resnet_keras.plan import TrainingPlan
@@ -120,6 +121,28 @@ def _run(cfg: RunConfig, started: float) -> Dict:
   from the process's `started`."""
   run_started = time.time()
   basis = _set_up(cfg)
+  stuck = watchdog.Watchdog(
+      _stuck_worker_timeout(basis.backend),
+      basis.backend.progress.waiting_since,
+      watchdog.end_stuck_worker(basis.backend.worker_index)).start()
+  try:
+    return _run_on(basis, started, run_started)
+  finally:
+    stuck.stop()
+
+
+def _stuck_worker_timeout(backend: distribution.Backend) -> float:
+  """Seconds a Horovod worker waits on the others' collectives before it
+  ends itself (0: it waits; multi_worker_mirrored's collectives time out by
+  themselves)."""
+  if not backend.hvd or backend.num_workers < 2:
+    return 0
+  return worker_contract.stuck_worker_timeout(os.environ,
+                                              use_horovod=True) or 0
+
+
+def _run_on(basis: assembly.Basis, started: float,
+            run_started: float) -> Dict:
   cfg, backend = basis.effective_cfg, basis.backend
   plan = assembly.plan_for(basis)
   start = start_lib.decide(cfg, plan)
@@ -190,7 +213,7 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
     job_starts.record_start(cfg.model_dir, os.environ, start.step)
     reports.resume_at(start.step)
   parts.guard.install()
-  watchdog = input_service.InputWatchdog(
+  input_watchdog = watchdog.Watchdog(
       cfg.tf_data_service_timeout if cfg.tf_data_service else 0,
       parts.step_record.input_waiting_since,
       input_service.end_stalled_run(cfg.tf_data_service)).start()
@@ -208,7 +231,7 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
       raise
     raise error from None
   finally:
-    watchdog.stop()
+    input_watchdog.stop()
     parts.guard.uninstall()
     reports.close()
   return outcome, reports.logger
@@ -233,7 +256,7 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                              start.batches_read_at(outcome.step),
                              announce=outcome.step == start.step)
     try:
-      with attempt.timing('training'):
+      with attempt.timing('training'), backend.progress.waiting():
         controller.train(plan.next_stop(outcome.step),
                          checkpoint_at_completion=False)
     except guards.SignalReceived as stop:

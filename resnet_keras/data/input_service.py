@@ -37,7 +37,6 @@ import signal
 import socket
 import sys
 import threading
-import time
 from typing import Callable, Optional, Tuple
 from urllib import parse
 
@@ -123,49 +122,11 @@ def reader(address: str, dataset_id: str, element_spec, job: str,
       dataset_id=dataset_id, element_spec=element_spec, job_name=job)
 
 
-class InputWatchdog:
-  """Calls `on_timeout(seconds)` (which must end the process) once training
-  has waited `timeout` seconds for one batch.
-
-  A stalled service read blocks inside the training loop's tf.function,
-  where nothing in Python can interrupt it; so a thread polls
-  `waiting_since()`: the wall time (time.time()) at which the current step
-  started waiting for its input, 0 while it is not waiting (the trainer
-  records both around its `next(iterator)`). Slow steps, evaluation and
-  checkpoints never count: only time blocked on the input does.
-  """
-
-  def __init__(self, timeout: float, waiting_since: Callable[[], float],
-               on_timeout: Callable[[float], None], poll: float = 1.0):
-    self.timeout = timeout
-    self._waiting_since, self._on_timeout = waiting_since, on_timeout
-    self._poll = poll
-    self._stop = threading.Event()
-    self._thread: Optional[threading.Thread] = None
-
-  def start(self) -> 'InputWatchdog':
-    if self.timeout and self._thread is None:
-      self._thread = threading.Thread(target=self._watch, daemon=True,
-                                      name='input-watchdog')
-      self._thread.start()
-    return self
-
-  def stop(self) -> None:
-    self._stop.set()
-
-  def _watch(self):
-    while not self._stop.wait(self._poll):
-      since = self._waiting_since()
-      if since and time.time() - since > self.timeout:
-        self._on_timeout(time.time() - since)
-        return
-
-
 STALLED_EXIT_CODE = 1
 
 
 def end_stalled_run(address: str) -> Callable[[float], None]:
-  """InputWatchdog's `on_timeout` for a service run: one line, then the
+  """The input watchdog's `on_timeout` for a service run (watchdog.py): one line, then the
   process ends (from the watchdog's thread: the training thread is stuck in
   the service read). Checkpoints already written are intact."""
 

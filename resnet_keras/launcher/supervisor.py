@@ -25,7 +25,7 @@ from typing import Callable, Deque, List, Mapping, Optional, Sequence, Tuple
 
 from common import worker_contract
 from common.errors import (NON_FINITE_EXIT_CODE, STOPPED_AT_WARNING_EXIT_CODE,
-                           WARNING_SIGNAL, UsageError)
+                           STUCK_EXIT_CODE, WARNING_SIGNAL, UsageError)
 
 # Exit codes of failures a rerun cannot fix: bad input and a non-finite loss.
 NOT_RETRIED_EXIT_CODES = (UsageError.exit_code, NON_FINITE_EXIT_CODE)
@@ -184,6 +184,9 @@ def _meaning(exit_code: int) -> str:
     return ' (a usage error: see its error line above)'
   if exit_code == NON_FINITE_EXIT_CODE:
     return ' (a non-finite loss: see its line above)'
+  if exit_code == STUCK_EXIT_CODE:
+    return (' (it waited too long on a frozen or stuck worker: see its line '
+            'above)')
   if 128 < exit_code <= 128 + 64:
     return f' ({_signal_name(exit_code - 128)})'
   return ''

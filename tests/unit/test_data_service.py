@@ -4,7 +4,6 @@ service cannot serve is told, the input watchdog, and in-process servers
 feeding the input fn. (A run through the service: e2e/; the servers as
 processes, and faults: processes/.)"""
 
-import collections
 import time
 
 import pytest
@@ -70,23 +69,6 @@ def test_no_dispatcher_is_one_line_and_quick():
   assert str(raised.value).startswith(
       f'no tf.data service dispatcher at grpc://127.0.0.1:{port} '
       '(Connection refused)')
-
-
-def test_watchdog_ends_only_a_long_wait_for_input():
-  now = time.time()
-  waits = {'none': lambda: 0.0, 'short': lambda: time.time() - 0.05,
-           'long': lambda: now - 10}
-  fired = collections.defaultdict(list)
-  dogs = [input_service.InputWatchdog(1.0, since, fired[name].append,
-                                poll=0.02).start()
-          for name, since in waits.items()]
-  time.sleep(0.3)
-  for dog in dogs:
-    dog.stop()
-  assert not fired['none'] and not fired['short']
-  assert len(fired['long']) == 1 and fired['long'][0] >= 10
-  # timeout 0: never watches.
-  assert input_service.InputWatchdog(0, waits['long'], None).start()._thread is None
 
 
 def _colours(batches):

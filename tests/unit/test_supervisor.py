@@ -59,6 +59,7 @@ def test_a_killed_rank_names_rank_host_and_signal():
 
 @pytest.mark.parametrize('code,retry,meaning', [
     (2, False, 'a usage error'), (3, False, 'a non-finite loss'),
+    (4, True, 'it waited too long on a frozen or stuck worker'),
     (143, True, 'SIGTERM (15)'), (1, True, None)])
 def test_a_rank_exit_code_decides_whether_to_retry(code, retry, meaning):
   failure = supervisor.describe_failure(

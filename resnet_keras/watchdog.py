@@ -1,0 +1,74 @@
+"""Watchdogs: a thread that ends the process when a wait it watches has
+lasted too long, where the waiting thread itself cannot be interrupted.
+
+Two waits are watched. The training input from a tf.data service whose
+workers are gone (data/input_service.py: the read blocks inside the
+training loop's tf.function). And, under Horovod, a collective that waits
+for a worker frozen or stuck: Horovod's own stall check runs in the same
+background loop as its negotiation, which waits for that worker too, so it
+never fires, and the job would wait forever. multi_worker_mirrored's
+collectives time out by themselves (--failure_timeout). What the
+collective watchdog polls is the backend's `Progress` (common/distribution.py).
+"""
+
+import os
+import sys
+import threading
+import time
+from typing import Callable, Optional
+
+from absl import logging
+
+from common.errors import STUCK_EXIT_CODE
+
+
+class Watchdog:
+  """Calls `on_timeout(seconds)` (which must end the process) once a wait
+  has lasted `timeout` seconds.
+
+  A thread polls `waiting_since()`: the wall time (time.time()) at which
+  the current wait began, 0 while nothing waits. timeout 0: never watches.
+  """
+
+  def __init__(self, timeout: float, waiting_since: Callable[[], float],
+               on_timeout: Callable[[float], None], poll: float = 1.0):
+    self.timeout = timeout
+    self._waiting_since, self._on_timeout = waiting_since, on_timeout
+    self._poll = poll
+    self._stop = threading.Event()
+    self._thread: Optional[threading.Thread] = None
+
+  def start(self) -> 'Watchdog':
+    if self.timeout and self._thread is None:
+      self._thread = threading.Thread(target=self._watch, daemon=True,
+                                      name='watchdog')
+      self._thread.start()
+    return self
+
+  def stop(self) -> None:
+    self._stop.set()
+
+  def _watch(self):
+    while not self._stop.wait(self._poll):
+      since = self._waiting_since()
+      if since and time.time() - since > self.timeout:
+        self._on_timeout(time.time() - since)
+        return
+
+
+def end_stuck_worker(worker_index: int) -> Callable[[float], None]:
+  """The collective watchdog's `on_timeout`: one line, then this worker
+  ends, so that the launcher sees the job fail and restarts it."""
+
+  def end(waited: float) -> None:
+    logging.error(
+        'worker %d: the job\'s collectives have not moved for %.0f s (the '
+        'stuck-worker timeout, 10 x --failure_timeout): another worker is '
+        'frozen or stuck; ending this one so that the job ends (the '
+        'launcher restarts it from the last checkpoint)', worker_index,
+        waited)
+    logging.flush()
+    sys.stderr.flush()
+    os._exit(STUCK_EXIT_CODE)  # pylint: disable=protected-access
+
+  return end
