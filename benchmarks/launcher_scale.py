@@ -87,9 +87,10 @@ def launcher_args(backend: str, hosts: int, model_dir: str):
                  ['--distribution_strategy=multi_worker_mirrored'])
 
 
-def sample(process: subprocess.Popen, records: str):
-  """The launcher's peaks until the workers start, sampled every 20 ms,
-  and its peak after (mpirun's sessions among its descendants)."""
+def sample(process: subprocess.Popen):
+  """The launcher's peaks until its first mpirun or srun (a child of that
+  name: a script's process is named after it), sampled every 50 ms, and
+  its peaks after (mpirun's sessions among its descendants)."""
   launcher = psutil.Process(process.pid)
   before = {'threads': 0, 'processes': 0, 'rss': 0}
   after = dict(before)
@@ -100,14 +101,14 @@ def sample(process: subprocess.Popen, records: str):
       figures = {'threads': launcher.num_threads(),
                  'processes': len(children),
                  'rss': launcher.memory_info().rss}
+      started = started or any(child.name() in ('mpirun', 'srun')
+                               for child in launcher.children())
     except psutil.NoSuchProcess:
       break
-    started = started or any(e['kind'] in ('mpirun', 'srun')
-                             for e in standins.events(records)[-3:])
     peaks = after if started else before
     for name, value in figures.items():
       peaks[name] = max(peaks[name], value)
-    time.sleep(0.02)
+    time.sleep(0.05)
   return before, after
 
 
@@ -123,11 +124,10 @@ def one_case(placement, backend, hosts, bin_dir):
                                stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True)
     began = psutil.Process(process.pid).create_time()
-    before, after = sample(process, records)
+    before, after = sample(process)
     stderr = process.stderr.read()
-    if process.wait() != 0:
-      raise SystemExit(f'{placement} {backend} {hosts}: the launch failed:\n'
-                       f'{stderr[-2000:]}')
+    if process.wait() != 0:  # A row that says why, the others go on.
+      return {'failed': stderr.strip().splitlines()[-1][:300]}
     events = standins.events(records)
     jobs = [e for e in events if e['kind'] in ('mpirun', 'srun')]
     first_start, first_end, second_start = (jobs[0]['time'], jobs[1]['time'],
@@ -162,6 +162,10 @@ def main(argv):
       for placement in FLAGS.placements:
         for backend in FLAGS.backends:
           r = one_case(placement, backend, hosts, bin_dir)
+          if 'failed' in r:
+            print(f'| {placement} | {backend} | {hosts} | the launch failed: '
+                  f'{r["failed"]} |', flush=True)
+            continue
           print(f'| {placement} | {backend} | {hosts} | {r["start"]:.2f} | '
                 f'{r["replan"]:.2f} | {r["threads"]} | {r["processes"]} | '
                 f'{r["rss"]:.0f} | {r["ssh"]} | {r["dry_bytes"]:,} | '
