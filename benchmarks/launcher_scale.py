@@ -6,6 +6,8 @@ backend. Each case is one launch whose first attempt loses its last host
 (elastic, --min_hosts one fewer, --max_restarts=1), sampled with psutil:
 
   start     seconds from the launcher's start to its first mpirun/srun
+  CPU       the launcher's own CPU seconds until then (the stand-ins, 60 ms
+            of Python each, share the 2 cores and lengthen `start`)
   replan    seconds from that attempt's end to the next one's start (the
             supervisor's reading, the hosts checked again, the new split)
   threads, processes (all its descendants), RSS MiB: the launcher's peaks
@@ -14,8 +16,9 @@ backend. Each case is one launch whose first attempt loses its last host
   dry run   --dry_run's output, bytes, and its seconds
 
 The stand-in hosts are 127.0.0.0/8 addresses and Slurm node names; nothing
-leaves this host. --sessions also starts mpirun's one ssh per host for the
-job's life (OpenMPI's rsh launch), to count what that holds.
+leaves this host. --sessions also starts the ssh sessions mpirun keeps for
+the job's life (OpenMPI's rsh launch: 64 with its tree spawn, one per host
+with --no_tree_spawn), to count what they hold.
 
   python -m benchmarks.launcher_scale --hosts=3,100,1000
 """
@@ -43,7 +46,10 @@ flags.DEFINE_list('backends', list(BACKENDS),
                   'horovod, multi_worker_mirrored.')
 flags.DEFINE_float('delay', 0.2, 'Seconds each stand-in takes to answer.')
 flags.DEFINE_bool('sessions', False,
-                  'mpirun keeps one ssh per host for the job (ssh only).')
+                  'mpirun keeps its ssh sessions for the job (ssh only).')
+flags.DEFINE_bool('no_tree_spawn', False,
+                  'With --sessions: OpenMPI without its tree spawn, one '
+                  'ssh session per host on the launcher\'s host.')
 flags.DEFINE_float('job_seconds', 3, 'How long the job runs with --sessions.')
 FLAGS = flags.FLAGS
 
@@ -92,7 +98,7 @@ def sample(process: subprocess.Popen):
   name: a script's process is named after it), sampled every 50 ms, and
   its peaks after (mpirun's sessions among its descendants)."""
   launcher = psutil.Process(process.pid)
-  before = {'threads': 0, 'processes': 0, 'rss': 0}
+  before = {'threads': 0, 'processes': 0, 'rss': 0, 'cpu': 0}
   after = dict(before)
   started = False
   while process.poll() is None:
@@ -100,7 +106,8 @@ def sample(process: subprocess.Popen):
       children = launcher.children(recursive=True)
       figures = {'threads': launcher.num_threads(),
                  'processes': len(children),
-                 'rss': launcher.memory_info().rss}
+                 'rss': launcher.memory_info().rss,
+                 'cpu': sum(launcher.cpu_times()[:2])}
       started = started or any(child.name() in ('mpirun', 'srun')
                                for child in launcher.children())
     except psutil.NoSuchProcess:
@@ -119,6 +126,8 @@ def one_case(placement, backend, hosts, bin_dir):
     if FLAGS.sessions and placement == 'ssh':
       env['STANDIN_SESSIONS'] = '1'
       env['STANDIN_JOB_SECONDS'] = str(FLAGS.job_seconds)
+      if FLAGS.no_tree_spawn:
+        env['OMPI_MCA_plm_rsh_no_tree_spawn'] = '1'
     args = launcher_args(backend, hosts, os.path.join(records, 'run'))
     process = subprocess.Popen(args, cwd=REPO, env=env,
                                stdout=subprocess.DEVNULL,
@@ -142,7 +151,7 @@ def one_case(placement, backend, hosts, bin_dir):
     if dry.returncode:
       raise SystemExit(dry.stderr.decode()[-2000:])
   return {'start': first_start - began, 'replan': second_start - first_end,
-          'threads': before['threads'], 'processes': before['processes'],
+          'cpu': before['cpu'], 'threads': before['threads'], 'processes': before['processes'],
           'rss': before['rss'] / 2**20, 'ssh': ssh_open,
           'dry_bytes': len(dry.stdout), 'dry_seconds': dry_seconds,
           'after_processes': after['processes'],
@@ -153,9 +162,10 @@ def main(argv):
   del argv
   print(f'CPU: {cpu_name()}, {os.cpu_count()} cores; stand-ins answer after '
         f'{FLAGS.delay} s')
-  print('| placement | backend | hosts | start s | replan s | threads | '
-        'processes | RSS MiB | ssh at once | dry run bytes | dry run s |')
-  print('|---|---|---|---|---|---|---|---|---|---|---|')
+  print('| placement | backend | hosts | start s | CPU s | replan s | '
+        'threads | processes | RSS MiB | ssh at once | dry run bytes | '
+        'dry run s |')
+  print('|---|---|---|---|---|---|---|---|---|---|---|---|')
   with tempfile.TemporaryDirectory(prefix='standins_') as bin_dir:
     standins.install(bin_dir)
     for hosts in map(int, FLAGS.hosts):
@@ -167,7 +177,7 @@ def main(argv):
                   f'{r["failed"]} |', flush=True)
             continue
           print(f'| {placement} | {backend} | {hosts} | {r["start"]:.2f} | '
-                f'{r["replan"]:.2f} | {r["threads"]} | {r["processes"]} | '
+                f'{r["cpu"]:.2f} | {r["replan"]:.2f} | {r["threads"]} | {r["processes"]} | '
                 f'{r["rss"]:.0f} | {r["ssh"]} | {r["dry_bytes"]:,} | '
                 f'{r["dry_seconds"]:.2f} |', flush=True)
           if FLAGS.sessions and placement == 'ssh':

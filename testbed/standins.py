@@ -8,9 +8,11 @@ put DIR first on PATH. Nothing contacts the network.
             guard's rules (never this host's iptables), stays for the job
             as a host's OpenMPI daemon session (`orted`), runs any other
             command here; a host in the down file gets ssh's own failure
-  mpirun    with STANDIN_SESSIONS set, starts one ssh session per host of
-            its hostfile (OpenMPI's rsh launch, flat: no tree spawn),
-            which last the job; the job ends
+  mpirun    with STANDIN_SESSIONS set, starts the ssh sessions OpenMPI's
+            rsh launch keeps for the job: one to each of the first 64
+            hosts of its hostfile (its tree spawn, routed_radix 64: their
+            daemons reach the rest), or to every host with
+            OMPI_MCA_plm_rsh_no_tree_spawn=1; the job ends
             at once, or after STANDIN_JOB_SECONDS; with STANDIN_LOSE=HOST
             its first run loses HOST (mpirun's lines for a lost daemon,
             HOST in the down file)
@@ -61,6 +63,7 @@ def events(directory: str):
       return sorted((json.loads(line) for line in f), key=lambda e: e['time'])
   except FileNotFoundError:
     return []
+_RADIX = 64  # OpenMPI 4.1's routed_radix: the daemons mpirun starts itself.
 # Options of ssh that take a value (as `ssh -p PORT -o X=Y -- HOST CMD`).
 _SSH_VALUED = set('BbcDEeFIiJLlmOoPpQRSWw')
 
@@ -178,7 +181,9 @@ def _first_run(kind: str) -> bool:
 
 
 def _sessions(hosts, seconds):
-  """One ssh session per host, as OpenMPI's rsh launch keeps them."""
+  """The ssh sessions mpirun's host keeps, as OpenMPI's rsh launch does."""
+  if os.environ.get('OMPI_MCA_plm_rsh_no_tree_spawn') not in ('1', 'true'):
+    hosts = hosts[:_RADIX]
   agent = os.environ.get('OMPI_MCA_plm_rsh_agent', 'ssh').split(':')[0]
   return [subprocess.Popen(shlex.split(agent) + ['--', host,
                                                  f'orted {seconds}'],
