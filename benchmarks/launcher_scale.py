@@ -16,7 +16,8 @@ backend. Each case is one launch whose first attempt loses its last host
   dry run   --dry_run's output, bytes, and its seconds
 
 The stand-in hosts are 127.0.0.0/8 addresses and Slurm node names; nothing
-leaves this host. --sessions also starts the ssh sessions mpirun keeps for
+leaves this host. The launches pass --port_guard=off: as root the guard's
+ssh to each host would be a second pre-flight (under the same cap). --sessions also starts the ssh sessions mpirun keeps for
 the job's life (OpenMPI's rsh launch: 64 with its tree spawn, one per host
 with --no_tree_spawn), to count what they hold.
 
@@ -102,6 +103,7 @@ def sample(process: subprocess.Popen):
   after = dict(before)
   started = False
   while process.poll() is None:
+    time.sleep(0.05)
     try:
       children = launcher.children(recursive=True)
       figures = {'threads': launcher.num_threads(),
@@ -110,12 +112,11 @@ def sample(process: subprocess.Popen):
                  'cpu': sum(launcher.cpu_times()[:2])}
       started = started or any(child.name() in ('mpirun', 'srun')
                                for child in launcher.children())
-    except psutil.NoSuchProcess:
-      break
+    except psutil.NoSuchProcess:  # A child that ended meanwhile.
+      continue
     peaks = after if started else before
     for name, value in figures.items():
       peaks[name] = max(peaks[name], value)
-    time.sleep(0.05)
   return before, after
 
 
