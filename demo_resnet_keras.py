@@ -33,7 +33,7 @@ lost rank or host; --max_restarts starts it again from the last checkpoint.
 --min_hosts N makes the job elastic: hosts that fail the check (at the start
 or at a restart) are left out while N remain, the global batch is re-split
 over the workers left (--elastic_batch), and a host that passes again
-rejoins at the next restart (common/elastic.py).
+rejoins at the next restart (resnet_keras/launcher/elastic.py).
 --data_service_hosts starts a tf.data service (a dispatcher on the first
 host, a data worker on each) over the same ssh before the job, points the
 trainer at it and stops it when the job ends (resnet_keras/launcher/input_servers.py).
@@ -51,7 +51,7 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 
 from common import cli  # pylint: disable=g-import-not-at-top
 from resnet_keras.launcher import main as launcher  # pylint: disable=g-import-not-at-top
-from resnet_keras.launcher.options import define_flags  # pylint: disable=g-import-not-at-top,unused-import
+from resnet_keras.launcher.launch_config import define_flags  # pylint: disable=g-import-not-at-top,unused-import
 
 
 def main(argv):

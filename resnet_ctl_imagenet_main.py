@@ -20,7 +20,7 @@ from common import cli  # pylint: disable=g-import-not-at-top
 from resnet_keras import flags as flags_lib  # pylint: disable=g-import-not-at-top
 from resnet_keras import recipes  # pylint: disable=g-import-not-at-top
 from resnet_keras.flags import define_flags  # pylint: disable=g-import-not-at-top
-from resnet_keras.launcher import options as launcher_options  # pylint: disable=g-import-not-at-top
+from resnet_keras.launcher import launch_config  # pylint: disable=g-import-not-at-top
 
 
 def main(argv):
@@ -29,7 +29,7 @@ def main(argv):
     cli.fail(f'unexpected arguments {argv[1:]}; flags take the form --name=value')
   cli.configure_logging()
   flags_lib.apply_config(flags.FLAGS,
-                         launcher_keys=launcher_options.RECIPE_KEYS)
+                         launcher_keys=launch_config.RECIPE_KEYS)
   # Bad values fail before TensorFlow loads.
   cfg = flags_lib.config_from_flags(flags.FLAGS)
   if flags.FLAGS.print_config:

@@ -70,11 +70,11 @@ def resnet50_exports(work_dir: str) -> str:
   """ResNet-50 (random weights, 1000 classes, 224 px) in every format."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tf_keras  # pylint: disable=g-import-not-at-top
-  from resnet_keras import models  # pylint: disable=g-import-not-at-top
+  from resnet_keras import network as network_lib  # pylint: disable=g-import-not-at-top
   from resnet_keras.config import RunConfig  # pylint: disable=g-import-not-at-top
   tf_keras.utils.set_random_seed(0)
   cfg = RunConfig(resnet_depth=50, image_size=224, dtype='fp32')
-  network = models.build_network(cfg, 1000, use_regularizers=False)
+  network = network_lib.build_network(cfg, 1000, use_regularizers=False)
   # Natural-looking statistics are not needed for timing; a smooth random
   # field keeps int8 calibration from seeing only noise.
   rng = np.random.RandomState(0)

@@ -6,8 +6,8 @@
 For each stride, output map (2x2, 4x4, 7x7) and input channel count (the
 output has stride x as many), the input and weight gradients of one 'same'
 convolution, in one tf.function: natively (Conv2DBackpropInput and
-Conv2DBackpropFilter), and as models.MatmulConv2D computes them where
-models.kernel_grad_by_patches says so (the same input gradient, the weight
+Conv2DBackpropFilter), and as layers.MatmulConv2D computes them where
+layers.kernel_grad_by_patches says so (the same input gradient, the weight
 gradient as im2col patches x one matmul). Best of 3 rounds of 20 calls after
 a warm-up. Prints a Markdown table with the rule's choice beside each row.
 """
@@ -19,7 +19,7 @@ from benchmarks import hardware
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-order
 
-from resnet_keras import models  # pylint: disable=g-import-not-at-top
+from resnet_keras import layers  # pylint: disable=g-import-not-at-top
 
 _DTYPES = {'bf16': tf.bfloat16, 'fp32': tf.float32}
 
@@ -68,9 +68,9 @@ def main():
         native = _milliseconds(_gradients(
             lambda x, k, s=stride: tf.nn.conv2d(x, k, s, 'SAME')), x, k)
         patches = _milliseconds(_gradients(
-            lambda x, k, s=stride: models.conv_with_patch_matmul_kernel_grad(
+            lambda x, k, s=stride: layers.conv_with_patch_matmul_kernel_grad(
                 x, k, s)), x, k)
-        picks = models.kernel_grad_by_patches(out * out, channels, stride,
+        picks = layers.kernel_grad_by_patches(out * out, channels, stride,
                                               dtype.name)
         print(f'| {stride} | {out}x{out} | {channels} | {native:.2f} | '
               f'{patches:.2f} | {native / patches:.2f}x | '

@@ -4,7 +4,7 @@
 Each setting runs in its own process (peak RSS is per process), alternating
 off/on for --pairs pairs: these machines are shared, so only ratios from
 alternating runs compare. A child builds the trainer's network
-(models.build_network) and optimizer, then times training steps on one
+(network.build_network) and optimizer, then times training steps on one
 synthetic batch. It reports RSS once the weights and optimizer slots exist,
 the peak RSS after the steps (their difference is what the steps' tensors
 added), and on a GPU tf.config.experimental.get_memory_info's peak.
@@ -39,7 +39,7 @@ def child(args) -> dict:
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tf_keras  # pylint: disable=g-import-not-at-top
   from resnet_keras import hardware  # pylint: disable=g-import-not-at-top
-  from resnet_keras import models  # pylint: disable=g-import-not-at-top
+  from resnet_keras import network as network_lib  # pylint: disable=g-import-not-at-top
   from resnet_keras import optimizers  # pylint: disable=g-import-not-at-top
   from resnet_keras.config import RunConfig  # pylint: disable=g-import-not-at-top
 
@@ -49,8 +49,8 @@ def child(args) -> dict:
   machine = hardware.detect()
   tf_keras.mixed_precision.set_global_policy(
       {'fp32': 'float32', 'bf16': 'mixed_bfloat16'}[args.dtype])
-  model = models.build_network(cfg, 1000, use_regularizers=False,
-                               machine=machine)
+  model = network_lib.build_network(cfg, 1000, use_regularizers=False,
+                                    machine=machine)
   optimizer = optimizers.build_optimizer(cfg, 0.01)
   optimizers.create_slots(optimizer, model.trainable_variables)
   images = tf.random.uniform([args.batch, args.image_size, args.image_size, 3])

@@ -1,7 +1,7 @@
 """The fastest a ResNet-50 training step can run on this machine, vs ours.
 
 A roofline model of one training step, built from the real model's layer
-shapes (`resnet_keras.models.resnet`) and two limits measured in the same
+shapes (`resnet_keras.network.resnet`) and two limits measured in the same
 run (hardware.py): the matmul peak in the step's dtype and the memory
 bandwidth TensorFlow's elementwise kernels reach (adds on 1 GiB tensors).
 Every op of the step (forward, both gradients of each convolution, batch
@@ -37,7 +37,8 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import tf_keras  # pylint: disable=g-import-not-at-top
 
 from benchmarks import hardware  # pylint: disable=g-import-not-at-top
-from resnet_keras import models  # pylint: disable=g-import-not-at-top
+from resnet_keras import layers  # pylint: disable=g-import-not-at-top
+from resnet_keras import network as network_lib  # pylint: disable=g-import-not-at-top
 
 VARIABLE_BYTES = 4  # float32 variables, gradients and momentum.
 # Bytes per parameter per step outside the layers: SGD momentum reads the
@@ -92,7 +93,7 @@ def step_costs(model, batch, act_bytes, mixed_precision, weight_decay=True):
       # Forward: statistics, then normalise (3 passes); backward: two
       # reductions over x and dy, then dx (5 passes).
       costs.append(Cost('batch norm', 0, 8 * out_bytes))
-    elif isinstance(layer, (tf_keras.layers.Activation, models.ResidualRelu)):
+    elif isinstance(layer, (tf_keras.layers.Activation, layers.ResidualRelu)):
       # oneDNN fuses a ReLU into the batch norm before it (forward only);
       # the others read and write once, and every gradient reads dy and y.
       fused = isinstance(_producer(inputs[0]),
@@ -152,7 +153,7 @@ def main():
                                  for name, rate in bandwidths.items()) +
         ' GB/s')
   mixed = args.dtype == 'bf16'
-  model = models.resnet(50, 1000, 224)
+  model = network_lib.resnet(50, 1000, 224)
   costs = step_costs(model, args.batch, 2 if mixed else 4, mixed)
   serial, overlapped, per_kind = ceilings(costs, peak, bandwidth)
   flop = sum(c.flop for c in costs)

@@ -19,7 +19,7 @@ from benchmarks import hardware
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-order
 import tf_keras  # pylint: disable=g-import-not-at-top,wrong-import-order
 
-from resnet_keras import models  # pylint: disable=g-import-not-at-top
+from resnet_keras import network as network_lib  # pylint: disable=g-import-not-at-top
 
 # Name -> (depth, stage widths).
 SHAPES = {
@@ -35,8 +35,8 @@ POLICIES = {'fp32': 'float32', 'bf16': 'mixed_bfloat16'}
 
 
 def images_per_second(depth, widths, batch: int, matmul: bool) -> float:
-  network = models.resnet(depth, 10, 28, stem='small', matmul_convs=matmul,
-                          filters=widths)
+  network = network_lib.resnet(depth, 10, 28, stem='small',
+                               matmul_convs=matmul, filters=widths)
   optimizer = tf_keras.optimizers.legacy.SGD(0.1, momentum=0.9)
   images = tf.random.uniform((batch, 28, 28, 3))
   labels = tf.one_hot(tf.random.uniform((batch,), 0, 10, tf.int32), 10)

@@ -22,13 +22,15 @@ import tensorflow as tf
 from official.common import distribute_utils
 from tensorflow.python.eager import context
 
-from common import launch
+from common import worker_contract
+from common.batch_rule import BatchRule
 from common.errors import UsageError
 
 
 # Seconds the workers wait for each other at the end of a run when the
 # launcher set no collective timeout.
-_LEAVE_TIMEOUT = launch.stuck_rank_timeout(launch.DEFAULT_FAILURE_TIMEOUT)
+_LEAVE_TIMEOUT = worker_contract.stuck_rank_timeout(
+    worker_contract.DEFAULT_FAILURE_TIMEOUT)
 
 
 @dataclasses.dataclass
@@ -65,7 +67,7 @@ class Backend:
   def num_programs(self) -> int:
     """Processes that each drive their own replicas: every Horovod worker;
     a tf.distribute job is one program (its strategy spans the workers)."""
-    return self.num_workers if self.hvd else 1
+    return BatchRule(self.num_workers, bool(self.hvd)).programs
 
   def input_context(self, ctx: tf.distribute.InputContext
                    ) -> tf.distribute.InputContext:
@@ -160,7 +162,7 @@ class Backend:
     """
     if self.hvd or self.num_workers == 1:
       return
-    timeout = launch.collective_timeout(os.environ) or _LEAVE_TIMEOUT
+    timeout = worker_contract.collective_timeout(os.environ) or _LEAVE_TIMEOUT
     context.context().wait_at_barrier('resnet_keras_leave',
                                       int(timeout * 1000))
     if not self.is_chief:
@@ -187,7 +189,7 @@ def build_backend(name: str, num_gpus: int = -1,
         devices=[cpu.name for cpu in cpus]))
   if name == 'multi_worker_mirrored':
     _ensure_tf_config()
-    _check_own_port_is_free(os.environ.get('TF_CONFIG', ''))
+    _check_own_port_is_free(worker_contract.tf_config(os.environ))
   gpus = len(tf.config.list_physical_devices('GPU'))
   if num_gpus < 0:
     num_gpus = gpus
@@ -199,7 +201,7 @@ def build_backend(name: str, num_gpus: int = -1,
     # after the launcher's timeout instead of waiting forever.
     strategy = tf.distribute.MultiWorkerMirroredStrategy(
         communication_options=tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=launch.collective_timeout(os.environ)))
+            timeout_seconds=worker_contract.collective_timeout(os.environ)))
   else:
     strategy = distribute_utils.get_distribution_strategy(
         distribution_strategy=name, num_gpus=num_gpus)
@@ -215,11 +217,8 @@ def build_backend(name: str, num_gpus: int = -1,
 def _ensure_tf_config() -> None:
   """Sets TF_CONFIG from the MPI rank when the launcher started us via
   mpirun and none is set; a TF_CONFIG the user set is used as is."""
-  if os.environ.get('TF_CONFIG'):
-    return
-  tf_config = launch.tf_config_from_mpi(os.environ)
+  tf_config = worker_contract.ensure_tf_config(os.environ)
   if tf_config:
-    os.environ['TF_CONFIG'] = tf_config
     logging.info('TF_CONFIG from the MPI rank: %s', tf_config)
 
 

@@ -4,11 +4,10 @@ import os
 import platform
 from typing import Dict, Mapping, Optional
 
+from common import worker_contract
+
 ONEDNN_VAR = 'TF_ENABLE_ONEDNN_OPTS'
-# Marks a TF_ENABLE_ONEDNN_OPTS this package set, as opposed to the user. The
-# launcher forwards it with the variable, so every rank it starts reports the
-# same reason.
-ONEDNN_DEFAULTED_VAR = 'RESNET_KERAS_ONEDNN_DEFAULTED'
+ONEDNN_DEFAULTED_VAR = worker_contract.ONEDNN_DEFAULTED_VAR
 _X86_64 = ('x86_64', 'amd64')
 
 

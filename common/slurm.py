@@ -1,24 +1,17 @@
-"""What a Slurm job tells its processes, and what the launcher asks Slurm:
-the allocation in the environment (SLURM_JOB_ID, the compressed node
-lists, tasks per node), each node's address, the nodes a job holds now
-(a job submitted with --no-kill keeps running without a failed node), and
-the job's requeue. The launcher (resnet_keras/launcher/slurm.py) and the
-trainer's record of a scheduled run (resnet_keras/scheduler.py) read it.
+"""Slurm's compressed node lists ('n[1-3,7]'), read alike by the trainer
+(common/worker_contract.py: the nodes of its job or step) and the launcher
+(resnet_keras/launcher/slurm.py: what scontrol answers). What Slurm's
+environment says is the worker contract's; what the launcher asks Slurm is
+the Slurm placement's.
 """
 
 import re
-import subprocess
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import List, Sequence
 
-from common import launch
+from common import hosts
 from common.errors import UsageError
 
-JOB_ID_VAR = 'SLURM_JOB_ID'
 _BRACKETS = re.compile(r'^([^\[]*)\[([^\]]*)\](.*)$')
-
-
-def in_allocation(environ: Mapping[str, str]) -> bool:
-  return bool(environ.get(JOB_ID_VAR))
 
 
 def expand_nodelist(nodelist: str) -> List[str]:
@@ -30,8 +23,8 @@ def expand_nodelist(nodelist: str) -> List[str]:
     if not match:
       if '[' in item or ']' in item:
         raise _unreadable(nodelist)
-      nodes.append(launch.check_host(item, f'the Slurm node list '
-                                           f'{nodelist!r}'))
+      nodes.append(hosts.check_host(item, f'the Slurm node list '
+                                          f'{nodelist!r}'))
       continue
     prefix, ranges, rest = match.groups()
     for number in _numbers(ranges, nodelist):
@@ -106,58 +99,3 @@ def _numbers(ranges: str, nodelist: str) -> List[str]:
     numbers += [str(n).zfill(len(first))
                 for n in range(int(first), int(last or first) + 1)]
   return numbers
-
-
-def tasks_per_node(value: str) -> List[int]:
-  """SLURM_TASKS_PER_NODE ('2(x3),1') as one count per node."""
-  counts = []
-  for part in value.split(','):
-    match = re.fullmatch(r'(\d+)(?:\(x(\d+)\))?', part.strip())
-    if not match:
-      raise UsageError(f'cannot read SLURM_TASKS_PER_NODE={value!r}')
-    counts += [int(match.group(1))] * int(match.group(2) or 1)
-  return counts
-
-
-def node_addresses(nodes: Sequence[str]) -> List[str]:
-  """Each node's address as Slurm knows it (its NodeAddr); their names
-  where Slurm cannot be asked (a dry run away from it)."""
-  done, answer = _scontrol('show', 'node', ','.join(nodes))
-  found = dict(re.findall(r'NodeName=(\S+).*?NodeAddr=(\S+)', answer, re.S)
-               if done else [])
-  return [found.get(node, node) for node in nodes]
-
-
-def step_nodes(environ: Mapping[str, str]) -> List[str]:
-  """The nodes of the step this process is a task of (a batch script, in
-  no step: the job's, as it was allocated)."""
-  return expand_nodelist(environ.get('SLURM_STEP_NODELIST') or
-                         environ.get('SLURM_JOB_NODELIST', ''))
-
-
-def _scontrol(*args: str) -> Tuple[bool, str]:
-  """(whether scontrol did it, its answer or why not)."""
-  try:
-    answer = subprocess.run(['scontrol', *args], capture_output=True,
-                            text=True, timeout=60)
-  except (OSError, subprocess.TimeoutExpired) as e:
-    return False, str(e)
-  if answer.returncode:
-    return False, (answer.stderr.strip() or
-                   f'scontrol exited with code {answer.returncode}')
-  return True, answer.stdout
-
-
-def job_nodes(job_id: str) -> Optional[List[str]]:
-  """The nodes job `job_id` holds now (a job submitted with --no-kill
-  loses a failed node and runs on), or None where Slurm cannot tell."""
-  done, answer = _scontrol('show', 'job', '--oneliner', job_id)
-  found = done and re.search(r'(?:^|\s)NodeList=(\S+)', answer)
-  return expand_nodelist(found.group(1)) if found else None
-
-
-def requeue(job_id: str) -> Optional[str]:
-  """Puts job `job_id` back in the queue (it starts again from its batch
-  script, SLURM_RESTART_COUNT one higher); None, or why Slurm refused."""
-  done, answer = _scontrol('requeue', job_id)
-  return None if done else answer

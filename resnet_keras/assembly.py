@@ -29,11 +29,11 @@ from common import distribution
 from resnet_keras import checkpoints
 from resnet_keras import guards
 from resnet_keras import hardware
-from resnet_keras import models
+from resnet_keras import lr_schedules
+from resnet_keras import network as network_lib
 from resnet_keras import optimizers
 from resnet_keras import run_directory
 from resnet_keras import runtime
-from resnet_keras import schedules
 from resnet_keras import start as start_lib
 from resnet_keras import ema as ema_lib
 from resnet_keras.config import RunConfig
@@ -126,14 +126,14 @@ def build_model(cfg: RunConfig, num_classes: int, machine: hardware.Machine,
                 ) -> Tuple[tf_keras.Model, tf_keras.Model]:
   """(network, model) of a run; per-layer regularisers only where they
   apply the run's weight decay (they hold no variables)."""
-  return models.build_models(
+  return network_lib.build_models(
       cfg, num_classes, use_regularizers=weight_decay_path == 'regularizers',
-      machine=machine, hvd=hvd)
+      pipeline_output=datasets.pipeline_output(cfg), machine=machine, hvd=hvd)
 
 
 def build_optimizer(cfg: RunConfig, plan: TrainingPlan) -> Tuple[Any, Any]:
   """(schedule, optimizer) of the run `plan` describes."""
-  schedule = schedules.schedule_for_run(
+  schedule = lr_schedules.schedule_for_run(
       cfg, plan.schedule_batch_size, plan.steps_per_epoch,
       plan.total_train_steps, scale=plan.lr_scale)
   return schedule, optimizers.build_optimizer(cfg, schedule)
@@ -166,8 +166,10 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
                                  wd_path, backend.hvd)
     # --loss=bce trains on the logits; evaluation and exports keep the
     # softmax of `model` and `network`.
-    logits_model = (models.build_logits_model(cfg, network)
-                    if cfg.loss == 'bce' else None)
+    logits_model = (
+        network_lib.build_logits_model(cfg, network,
+                                       datasets.pipeline_output(cfg))
+        if cfg.loss == 'bce' else None)
     schedule, optimizer = build_optimizer(cfg, plan)
     optimizers.create_slots(optimizer, model.trainable_variables)
     ema = build_ema(cfg, model)
@@ -213,7 +215,7 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
       any_worker=backend.any_worker,
       last_checkpoint=lambda: manager and manager.latest_checkpoint,
       dtype=cfg.dtype, stopped_early=step_record.stopped_early)
-  train_image_size = schedules.image_size_for_run(
+  train_image_size = lr_schedules.image_size_for_run(
       cfg, start.step // plan.steps_per_epoch)
   trainer = Trainer(
       objective=objective, step_record=step_record,

@@ -46,7 +46,7 @@ RELU_IMPLS = ('auto', 'native', 'bitwise', 'xla')
 # must be at least 8 x this many pixels for the last stage to see 1x1.
 STEM_STRIDES = {'imagenet': 4, 'small': 2, 'cifar': 1}
 STAGE_STRIDE = 8
-# How the stem's convolution starts (models.pca_stem_kernel).
+# How the stem's convolution starts (stem_init.pca_stem_kernel).
 STEM_INITS = ('random', 'pca')
 KERAS_APPLICATIONS_MODELS = ('ResNet50', 'ResNet101', 'ResNet152',
                              'ResNet50V2', 'ResNet101V2', 'ResNet152V2')
@@ -630,7 +630,7 @@ class LoopConfig:
 
 @dataclasses.dataclass(frozen=True)
 class ScheduleConfig:
-  """The learning rate: its peak, warmup and decay (schedules.py)."""
+  """The learning rate: its peak, warmup and decay (lr_schedules.py)."""
   base_learning_rate: float = option(
       0.1,
       'SGD, RMSProp, AdamW and LAMB: learning rate per 256 images '

@@ -167,7 +167,7 @@ def _cc(capability: Tuple[int, int]) -> str:
 
 
 def uses_matmul_convs(conv_impl: str, dtype: str, machine: Machine) -> bool:
-  """Whether models.MatmulConv2D runs the convolutions. auto, by levers.py
+  """Whether layers.MatmulConv2D runs the convolutions. auto, by levers.py
   (benchmarks/HISTORY.md): on CPUs for bf16 (AMX 1.13x, AVX2 1.22x), and
   for fp32 on CPUs without AVX-512 (AVX2: 1.02-1.16x; no gain with
   AVX-512); GPUs keep cuDNN."""
@@ -179,7 +179,7 @@ def uses_matmul_convs(conv_impl: str, dtype: str, machine: Machine) -> bool:
 
 def residual_relu(relu_impl: str, dtype: str, machine: Machine) -> str:
   """How the ReLUs after the residual adds train: native, bitwise or xla
-  (models.ResidualRelu). auto: xla for bf16 on CPUs (levers.py: AMX
+  (layers.ResidualRelu). auto: xla for bf16 on CPUs (levers.py: AMX
   1.07x, AVX2 1.05x; fp32 0.90x on AVX2), else tf.nn.relu."""
   if relu_impl == 'auto':
     return 'xla' if dtype == 'bf16' and not machine.has_gpu else 'native'

@@ -4,7 +4,7 @@ The forward pass of the training model; the loss (`--loss`) as this
 replica's share of the mean over the batch its strategy trains: the
 cross-entropy of the softmax (with label smoothing), or a sigmoid
 cross-entropy per class on the logits (`binary_cross_entropy`, through the
-logits twin of the training model, models.build_logits_model), summed over
+logits twin of the training model, network.build_logits_model), summed over
 the classes; weight decay on the path the optimizer's configuration chose
 (optimizers.weight_decay_path: per-layer regularisers, one L2 term, or
 inside LARS, AdamW or LAMB, where it adds nothing here); fp16's loss
@@ -24,7 +24,7 @@ import tensorflow as tf
 import tf_keras
 
 from common import distribution
-from resnet_keras import models
+from resnet_keras import layers
 from resnet_keras import optimizers as optimizers_lib
 from resnet_keras.data import augment
 
@@ -103,13 +103,13 @@ class Objective:
     step together (plan.TrainingPlan: the global batch, or one Horovod
     worker's), which each replica's loss is a share of the mean over.
     `loss` 'bce' trains on `logits_model`'s outputs: `model` up to its
-    logits, sharing its variables (models.build_logits_model).
+    logits, sharing its variables (network.build_logits_model).
     `drop_path_seed`: the run's seed, when the model has drop path: each
     forward pass draws from (seed, step, micro-batch, replica), so a
     resumed run drops what the uninterrupted one did (None: unseeded)."""
     if loss == 'bce' and logits_model is None:
       raise ValueError("loss 'bce' needs the model's logits: pass "
-                       'logits_model (models.build_logits_model)')
+                       'logits_model (network.build_logits_model)')
     self.model = model
     self.optimizer = optimizer
     self.backend = backend
@@ -164,10 +164,10 @@ class Objective:
     return loss, count_correct(labels, outputs)
 
   def _draws(self, micro_batch=0):
-    """The forward and backward pass's random draws (models.drop_path_seed):
+    """The forward and backward pass's random draws (layers.drop_path_seed):
     from (run seed, step, micro-batch, replica), or unseeded."""
     if self.drop_path_seed is None:
-      return models.drop_path_seed(None)
+      return layers.drop_path_seed(None)
     pass_index = (tf.cast(self.optimizer.iterations, tf.int64) *
                   self.num_accumulation_steps + tf.cast(micro_batch, tf.int64))
     seed = tf.stack([tf.constant(self.drop_path_seed, tf.int64), pass_index])
@@ -176,7 +176,7 @@ class Objective:
     worker = self.backend.worker_index if self.backend.hvd else 0
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
     fold_in = tf.random.experimental.stateless_fold_in
-    return models.drop_path_seed(
+    return layers.drop_path_seed(
         fold_in(fold_in(seed, worker), tf.cast(replica, tf.int64)))
 
   def _scaled(self, loss):

@@ -3,8 +3,8 @@ and the job's layout; it owns every batch size of a run.
 
 `--batch_size` is per worker under Horovod (each worker is a program of its
 own, feeding its own replicas) and global for a tf.distribute job (one
-program whose strategy spans every replica of every worker); the rule is
-applied here, once, in make_training_plan. The plan also decides when the
+program whose strategy spans every replica of every worker): the rule is
+common/batch_rule.py's, which make_training_plan applies. The plan also decides when the
 host stops a loop to checkpoint or evaluate. Pure arithmetic: no
 TensorFlow.
 """
@@ -12,6 +12,7 @@ TensorFlow.
 import dataclasses
 import math
 
+from common import batch_rule
 from common.errors import UsageError
 from resnet_keras.config import RunConfig
 
@@ -104,12 +105,12 @@ def make_training_plan(cfg: RunConfig, num_train_examples: int,
 
   `--batch_size` is per worker under Horovod (num_programs > 1 processes
   that each see a shard) and global for a tf.distribute job (one program
-  drives every replica): the rule is applied here, once. Training drops the
+  drives every replica): common/batch_rule.py. Training drops the
   last partial batch of an epoch; evaluation covers every example. With
   --planned_global_batch the epochs are counted in steps of that batch (the
   planned run's steps), each step taking the job's own batch.
   """
-  global_batch = cfg.batch_size * num_programs
+  global_batch = batch_rule.global_batch(cfg.batch_size, num_programs)
   planned = cfg.planned_global_batch or global_batch
   steps_per_epoch = num_train_examples // planned
   if steps_per_epoch == 0:

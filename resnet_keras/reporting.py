@@ -16,14 +16,13 @@ import tensorflow as tf
 from absl import logging
 
 from common import files
-from common import launch
-from common import supervisor
+from common import worker_contract
 from resnet_keras import assembly
 from resnet_keras import curves
+from resnet_keras import job_starts
 from resnet_keras import metrics
 from resnet_keras import optimizers
 from resnet_keras import run_directory
-from resnet_keras import scheduler
 from resnet_keras import tracking
 from resnet_keras import trainer as trainer_lib
 from resnet_keras import world
@@ -288,10 +287,10 @@ def _summary(basis: assembly.Basis, parts: assembly.Parts,
       'peak_rss_mib': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
       'weights_sha256': weights_digest(parts.model),
       'runtime': basis.runtime_record,
-      'host': launch.this_host(os.environ),
-      'restarts': supervisor.restart_count(os.environ),
+      'host': worker_contract.this_host(os.environ),
+      'restarts': worker_contract.restart_count(os.environ),
       # Slurm's job, its nodes and each start it requeued (None elsewhere).
-      'scheduler': scheduler.summary(cfg.model_dir, os.environ),
+      'scheduler': job_starts.summary(cfg.model_dir, os.environ),
       # Every shape the job trained in (workers, batches, LR scale), each
       # from its step: an elastic job's shrinks and regrowths.
       'world_sizes': world.read(cfg.model_dir),

@@ -27,17 +27,16 @@ import tensorflow as tf
 from absl import logging
 
 from common import distribution
-from common import launch
-from common import supervisor
+from common import worker_contract
 from resnet_keras import assembly
 from resnet_keras import ema as ema_lib
 from resnet_keras import goodput
 from resnet_keras import guards
+from resnet_keras import job_starts
+from resnet_keras import lr_schedules
 from resnet_keras import metrics
 from resnet_keras import reporting
 from resnet_keras import run_directory
-from resnet_keras import scheduler
-from resnet_keras import schedules
 from resnet_keras import start as start_lib
 from resnet_keras import tracking
 from resnet_keras import world
@@ -86,8 +85,7 @@ def with_model_dir(cfg: RunConfig, environ) -> RunConfig:
   storage every host shares."""
   if cfg.model_dir:
     return cfg
-  ranks = launch.mpi_rank_and_size(environ)
-  if environ.get('TF_CONFIG') or (ranks and ranks[1] > 1):
+  if worker_contract.several_workers(environ):
     raise UsageError('a job of several workers needs --model_dir: name a '
                      'directory on storage every host shares')
   model_dir = tempfile.mkdtemp(prefix='resnet_keras_run_')
@@ -126,7 +124,7 @@ def _run(cfg: RunConfig, started: float) -> Dict:
   plan = assembly.plan_for(basis)
   start = start_lib.decide(cfg, plan)
   if backend.is_chief:
-    start_lib.check_announced(start, supervisor.resume_step(os.environ),
+    start_lib.check_announced(start, worker_contract.resume_step(os.environ),
                               cfg.model_dir)
   reporting.log_plan(basis, plan)
   parts = assembly.assemble_training(basis, plan, start)
@@ -149,7 +147,7 @@ def _run(cfg: RunConfig, started: float) -> Dict:
 def _set_up(cfg: RunConfig) -> assembly.Basis:
   """The run's runtime, backend and data; the chief's model_dir prepared."""
   cfg.check()
-  restarts = supervisor.earlier_attempts(os.environ)
+  restarts = worker_contract.earlier_attempts(os.environ)
   if cfg.clean and not restarts:
     # Before any work: --clean of a directory it may not clean stops here.
     run_directory.check_cleanable(cfg.model_dir)
@@ -189,7 +187,7 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
     start_lib.write_run_files(
         start, cfg, parts.plan, basis.runtime_record,
         world.shape(backend.num_workers, parts.plan, os.environ))
-    scheduler.record_start(cfg.model_dir, os.environ, start.step)
+    job_starts.record_start(cfg.model_dir, os.environ, start.step)
     reports.resume_at(start.step)
   parts.guard.install()
   watchdog = input_service.InputWatchdog(
@@ -247,7 +245,7 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                      path)
       attempt.write()
       if backend.is_chief:
-        scheduler.record_stop(cfg.model_dir, os.environ, str(stop), step)
+        job_starts.record_stop(cfg.model_dir, os.environ, str(stop), step)
       # No worker exits before the chief's checkpoint is written: a
       # scheduler (srun --kill-on-bad-exit, mpirun) ends the job's other
       # processes when one exits with an error.
@@ -295,7 +293,7 @@ def _resize_training_input(cfg: RunConfig, parts: assembly.Parts, step: int,
   input of changing size would (exact resume); each size traces the
   training loop once."""
   epoch = step // parts.plan.steps_per_epoch
-  size = schedules.image_size_for_run(cfg, epoch)
+  size = lr_schedules.image_size_for_run(cfg, epoch)
   if size != parts.train_image_size:
     parts.trainer.train_dataset = parts.train_input(size, data_start)
     parts.train_image_size = size

@@ -9,7 +9,7 @@ serving/contract.py.
                          (checkpoints.py; every tool rebuilds the run from it)
   world_sizes.json       the job's shape from each start (world.py)
   scheduler.json         each start of a Slurm job, and the signal that
-                         stopped it (scheduler.py)
+                         stopped it (job_starts.py)
   warm_start.json        where a warm start began (start.py)
   goodput.json           each attempt's timings, the job's goodput
                          (goodput.py)

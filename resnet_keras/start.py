@@ -54,12 +54,12 @@ from common import distribution
 from common.errors import UsageError
 from common.files import write_json_atomically
 from resnet_keras import checkpoints
-from resnet_keras import models
+from resnet_keras import network as network_lib
 from resnet_keras import run_directory
+from resnet_keras import stem_init
 from resnet_keras import world
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
-from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.plan import TrainingPlan
 
 FRESH, RESUMED, WARM = 'fresh', 'resumed', 'warm'
@@ -240,7 +240,7 @@ def restore(start: Start, weights: Weights, cfg: RunConfig,
     load_source(start.source, weights.network, weights.model,
                 weights.optimizer, cfg.restore_optimizer)
   elif start.fit_stem:
-    init_stem_from_training_images(cfg, info, weights.network)
+    stem_init.init_stem_from_training_images(cfg, info, weights.network)
   ema = weights.ema
   if ema:
     _start_ema(ema, start)
@@ -291,31 +291,13 @@ def load_source(source: Source, network, model, optimizer,
 
 
 def _load_backbone(source: Source, network) -> None:
-  source_network, source_model = models.build_models(
-      source.cfg, source.cfg.num_classes, use_regularizers=False)
+  source_network, source_model = network_lib.build_models(
+      source.cfg, source.cfg.num_classes, use_regularizers=False,
+      pipeline_output=datasets.pipeline_output(source.cfg))
   checkpoints.restore(tf.train.Checkpoint(model=source_model),
                       source.checkpoint, source.cfg)
-  for layer in models.backbone_layers(network):
+  for layer in network_lib.backbone_layers(network):
     layer.set_weights(source_network.get_layer(layer.name).get_weights())
-
-
-def init_stem_from_training_images(cfg: RunConfig, info: datasets.DatasetInfo,
-                                   network: tf_keras.Model) -> None:
-  """--stem_init=pca: the stem's filters from patches of the first training
-  images in file order, preprocessed as evaluation does at the training
-  size; the same images on every worker (Horovod's then take the chief's
-  weights anyway)."""
-  kernel_size = network.get_layer(models.STEM_CONV).kernel.shape[0]
-  count = models.pca_image_count(cfg.image_size, kernel_size)
-  sized = dataclasses.replace(cfg, eval_image_size=cfg.image_size)
-  pixels, _ = next(iter(datasets.pixel_batches(
-      sized, info, count, from_training=True, limit=count)))
-  used, filters, held = models.init_stem_from_images(
-      network, normalize_images(pixels))
-  logging.info('stem: %d of its %d filters start as +/- the %d principal '
-               'directions of %dx%d patches of %d training images (%.1f%% '
-               'of their variance)', 2 * used, filters, used, kernel_size,
-               kernel_size, int(pixels.shape[0]), 100 * held)
 
 
 def _start_ema(ema, start: Start) -> None:

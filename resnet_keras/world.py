@@ -14,7 +14,8 @@ import json
 import os
 from typing import Dict, List, Mapping, Optional
 
-from common import launch
+from common import batch_rule
+from common import worker_contract
 from common.files import write_json_atomically
 from resnet_keras import run_directory
 from resnet_keras.plan import TrainingPlan
@@ -25,9 +26,10 @@ def shape(num_workers: int, plan: TrainingPlan,
   """The shape of a job of `num_workers` that trains `plan` (without the
   step it starts at), on the hosts of `environ`'s MULTI_HLS_IPS."""
   return {'workers': num_workers,
-          'hosts': launch.parse_hosts(environ.get('MULTI_HLS_IPS')),
+          'hosts': worker_contract.hosts(environ),
           'global_batch_size': plan.global_batch_size,
-          'worker_batch_size': plan.global_batch_size // num_workers,
+          'worker_batch_size': batch_rule.worker_batch(plan.global_batch_size,
+                                                       num_workers),
           'micro_batches': plan.num_micro_batches,
           'lr_scale': plan.lr_scale}
 

@@ -28,6 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import numpy as np
 from typing import Dict, List, Optional, Sequence, Tuple
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -99,6 +101,11 @@ STEP_CHOICES = (24, 32)
 # Seconds the job's processes get to be gone once it ended and every link
 # is back (Slurm's slurmd, reconnected, ends what it ran for an ended job).
 LEFT_GRACE = 30
+# How far a shrunk job may end from the uninterrupted run's weights, as a
+# share of the distance that run's weights moved after its first
+# checkpoint: the global batch is kept, but batch norm sees larger
+# per-worker batches after a shrink, so the paths part a little.
+SHRUNK_DRIFT = 0.25
 WORKERS = 3
 
 
@@ -191,6 +198,9 @@ class JobRecord:
   weights: Optional[str] = None
   reference_weights: Optional[str] = None
   shrank: bool = False
+  # A shrunk job's final weights against the uninterrupted run's: the
+  # distance between them over the distance the uninterrupted run moved.
+  drift: Optional[float] = None
   restarts_logged: int = 0
   summary_restarts: Optional[int] = None
   # The step each shrink or regrowth the log shows resumed at.
@@ -266,7 +276,13 @@ def check_data(record: JobRecord) -> List[str]:
 
 
 def check_weights(record: JobRecord) -> List[str]:
-  if record.outcome != 'completed' or record.shrank:
+  if record.outcome != 'completed':
+    return []
+  if record.shrank:
+    if record.drift is not None and record.drift > SHRUNK_DRIFT:
+      return [f'a shrunk job ended {record.drift:.3f} of the uninterrupted '
+              f'run\'s own travel away from its weights (at most '
+              f'{SHRUNK_DRIFT})']
     return []
   if record.reference_weights is None or record.weights is None:
     return []
@@ -412,7 +428,9 @@ class Soak:
     self.work_dir = work_dir or tempfile.mkdtemp(prefix='resnet_keras_soak_')
     self.compare_weights = compare_weights
     self.out = out
-    self._references: Dict[Tuple[str, str, int], Tuple[str, float]] = {}
+    # (placement, backend, steps) -> (weights digest, seconds, model_dir).
+    self._references: Dict[Tuple[str, str, int],
+                           Tuple[Optional[str], float, str]] = {}
     # TensorFlow, which reads checkpoints, imported before the first job's
     # moment rather than at it.
     from resnet_keras import checkpoints  # pylint: disable=g-import-not-at-top,unused-import
@@ -485,8 +503,9 @@ class Soak:
     if state == 'PENDING' and 'BeginTime' in self.slurm.run(
         ['scontrol', 'show', 'job', job]).stdout:
       # A requeued job is held 120 s; the test cluster starts it once the
-      # last start's steps are gone (as tests/multihost/test_slurm.py).
-      if not self._job_pids(('slurmstepd',)):
+      # last start's steps are gone (as tests/multihost/test_slurm.py):
+      # this job's, as a step another job left on a lost node may never go.
+      if not self._job_pids((f'slurmstepd: [{job}.',)):
         self.slurm.run(['scontrol', 'update', f'JobId={job}',
                         'StartTime=now'])
       return None
@@ -543,7 +562,7 @@ class Soak:
   def _victim_host(self, plan: JobPlan):
     return self.cluster.hosts[plan.victim]
 
-  def _signal_rank(self, plan: JobPlan, sig: int) -> str:
+  def signal_rank(self, plan: JobPlan, sig: int) -> str:
     ranks = self._ranks(plan)
     if not ranks:
       return 'no rank running'
@@ -573,11 +592,11 @@ class Soak:
     """Does `fault`; returns what it did (for the log)."""
     host = self._victim_host(plan)
     if fault == 'kill_rank':
-      return self._signal_rank(plan, signal.SIGKILL)
+      return self.signal_rank(plan, signal.SIGKILL)
     if fault == 'freeze_rank':
-      return self._signal_rank(plan, signal.SIGSTOP)
+      return self.signal_rank(plan, signal.SIGSTOP)
     if fault == 'pause_rank':
-      done = self._signal_rank(plan, signal.SIGSTOP)
+      done = self.signal_rank(plan, signal.SIGSTOP)
       timers.append((time.monotonic() + 3, self._resume_stopped))
       return done
     if fault == 'cut_link':
@@ -605,7 +624,7 @@ class Soak:
       timers.append((time.monotonic() + 10, lambda: os.remove(filler)))
       return f'{filler} fills {parent}'
     if fault == 'truncate_newest':
-      done = self._signal_rank(plan, signal.SIGKILL)
+      done = self.signal_rank(plan, signal.SIGKILL)
       record.truncated = self._truncate_newest(model_dir)
       return f'{done}; truncated {", ".join(record.truncated) or "nothing"}'
     if fault == 'slurm_usr1':
@@ -634,8 +653,9 @@ class Soak:
 
   # --- one job -----------------------------------------------------------
 
-  def reference(self, plan: JobPlan) -> Tuple[Optional[str], float]:
-    """(weights digest, seconds) of an uninterrupted run of the layout."""
+  def reference(self, plan: JobPlan) -> Tuple[Optional[str], float, str]:
+    """(weights digest, seconds, model_dir) of an uninterrupted run of the
+    layout."""
     key = (plan.placement, plan.backend, plan.steps)
     if key not in self._references:
       job_dir = tempfile.mkdtemp(dir=self.work_dir, prefix='reference_')
@@ -645,7 +665,7 @@ class Soak:
       started = time.monotonic()
       job = self.start(clean, self.args(clean, model_dir, reference=True),
                        log.path)
-      code = self._wait(clean, job, log, started + 900)
+      code = self.wait_for_end(clean, job, log, started + 900)
       seconds = time.monotonic() - started
       digest = None
       if code == 0:
@@ -653,10 +673,10 @@ class Soak:
       else:
         self.stop_job(clean, job)
       self.heal()
-      self._references[key] = (digest, seconds)
+      self._references[key] = (digest, seconds, model_dir)
     return self._references[key]
 
-  def _wait(self, plan, job, log, deadline, timers=()) -> Optional[int]:
+  def wait_for_end(self, plan, job, log, deadline, timers=()) -> Optional[int]:
     timers = list(timers)
     while time.monotonic() < deadline:
       log.poll()
@@ -684,8 +704,8 @@ class Soak:
                       parent], check=True)
       self._mounts.append(parent)
     model_dir = os.path.join(parent, 'model')
-    reference, job_seconds = (self.reference(plan) if self.compare_weights
-                              else (None, 150.0))
+    reference, job_seconds, reference_dir = (
+        self.reference(plan) if self.compare_weights else (None, 150.0, None))
     record = JobRecord(plan, outcome='missed', reference_weights=reference)
     rng = random.Random(f'{plan.index}-{plan.delay}')
     log = Log(os.path.join(job_dir, 'log.txt'))
@@ -722,7 +742,7 @@ class Soak:
              f'({time.monotonic() - started:.0f} s): {did}')
       else:
         record.bound = bound_seconds(plan, job_seconds)
-        code = self._wait(plan, job, log, last_fault + record.bound, timers)
+        code = self.wait_for_end(plan, job, log, last_fault + record.bound, timers)
         record.seconds = time.monotonic() - last_fault
         record.outcome = _outcome(code, plan, log.lines)
       if record.outcome == 'HANG':
@@ -730,6 +750,8 @@ class Soak:
       if record.outcome != 'missed':
         record.readable_before = _readable(snapshot)
         self._read_results(record, log, model_dir, last_fault)
+        if record.shrank and record.outcome == 'completed' and reference:
+          record.drift = weights_drift(model_dir, reference_dir)
     finally:
       self.stop_job(plan, job)
       self._resume_stopped()
@@ -869,6 +891,34 @@ def _readable(model_dir: str) -> List[int]:
                 if checkpoints.unreadable(c.prefix) is None)
 
 
+def _model_weights(prefix: str) -> Dict[str, np.ndarray]:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  reader = tf.train.load_checkpoint(prefix)
+  return {name: reader.get_tensor(name)
+          for name, _ in tf.train.list_variables(prefix)
+          if name.startswith('model/') and 'OPTIMIZER_SLOT' not in name}
+
+
+def weights_drift(model_dir: str, reference_dir: str) -> Optional[float]:
+  """|w - w_ref| / |w_ref - w_ref(oldest checkpoint)| over the model's
+  variables at each run's latest checkpoint (None: one does not read)."""
+  from resnet_keras import run_directory  # pylint: disable=g-import-not-at-top
+  kept = run_directory.kept_checkpoints(reference_dir)
+  newest = run_directory.latest_checkpoint(model_dir)
+  if len(kept) < 2 or newest is None:
+    return None
+  try:
+    final, first, ours = (_model_weights(p) for p in (
+        kept[0].prefix, kept[-1].prefix, newest.prefix))
+  except Exception:  # pylint: disable=broad-except
+    return None  # An unreadable checkpoint is check_data's to report.
+  squared = lambda pairs: sum(float(((a - b) ** 2).sum()) for a, b in pairs)
+  travel = squared((final[n], first[n]) for n in final)
+  if not travel or set(ours) != set(final):
+    return None
+  return (squared((ours[n], final[n]) for n in final) / travel) ** 0.5
+
+
 def _read_summary(model_dir: str) -> Dict:
   try:
     with open(os.path.join(model_dir, 'run_summary.json')) as f:
@@ -880,8 +930,8 @@ def _read_summary(model_dir: str) -> Dict:
 # --- reporting -------------------------------------------------------------
 
 ROW = ('{job:>3} {placement:<9} {backend:<21} {fault:<17} {moment:<10} '
-       '{outcome:<9} {named:>6} {first_step:>6} {redone:>6} {goodput:>7}  '
-       '{broken}')
+       '{outcome:<9} {named:>6} {first_step:>6} {redone:>6} {goodput:>7} '
+       '{drift:>5}  {broken}')
 
 
 def _fmt(value, spec='.1f') -> str:
@@ -897,14 +947,14 @@ def row(record: JobRecord) -> str:
       moment=plan.moment, outcome=record.outcome,
       named=_fmt(record.seconds_to_named),
       first_step=_fmt(record.restart_to_step), redone=_fmt(redone, 'd'),
-      goodput=_fmt(record.goodput, '.2f'),
+      goodput=_fmt(record.goodput, '.2f'), drift=_fmt(record.drift, '.2f'),
       broken='; '.join(broken_invariants(record)) or 'ok')
 
 
 HEADER = ROW.format(job='#', placement='placement', backend='backend',
                     fault='fault', moment='moment', outcome='outcome',
                     named='named', first_step='1st', redone='redone',
-                    goodput='goodput', broken='invariants')
+                    goodput='goodput', drift='drift', broken='invariants')
 
 
 def summary_table(records: Sequence[JobRecord]) -> List[str]:

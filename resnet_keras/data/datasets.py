@@ -20,6 +20,7 @@ from resnet_keras.data import augment
 from resnet_keras.data import cifar
 from resnet_keras.data import imagenet
 from resnet_keras.data import synthetic
+from resnet_keras.data.preprocessing import normalize_images
 from common.errors import UsageError
 
 LOADER_DTYPES = {'fp32': tf.float32, 'bf16': tf.bfloat16, 'uint8': tf.uint8}
@@ -38,6 +39,14 @@ class DatasetInfo:
 
 def loader_dtype(cfg: RunConfig) -> tf.DType:
   return LOADER_DTYPES[cfg.data_loader_image_type]
+
+
+def pipeline_output(cfg: RunConfig) -> Tuple[tf.DType, Optional[Callable]]:
+  """What the training model takes from the pipeline (network.build_models):
+  the images' dtype, and the normalisation left to the device, which uint8
+  images need (else None: the pipeline normalised them)."""
+  dtype = loader_dtype(cfg)
+  return dtype, normalize_images if dtype == tf.uint8 else None
 
 
 def describe(cfg: RunConfig) -> DatasetInfo:

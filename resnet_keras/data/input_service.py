@@ -43,7 +43,7 @@ from urllib import parse
 
 import tensorflow as tf
 
-from common import launch
+from common import hosts
 from common.errors import UsageError
 
 SHARDING = {'off': tf.data.experimental.service.ShardingPolicy.OFF,
@@ -252,7 +252,7 @@ def start_worker(port: int, dispatcher: str, worker_address: Optional[str]):
   config = tf.data.experimental.service.WorkerConfig(
       dispatcher_address=f'{host}:{dispatcher_port}', port=port,
       worker_address=(worker_address or
-                      f'{launch.address_toward(host, dispatcher_port)}:{port}'))
+                      f'{hosts.address_toward(host, dispatcher_port)}:{port}'))
   return tf.data.experimental.service.WorkerServer(config), config
 
 

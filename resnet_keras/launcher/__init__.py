@@ -1,12 +1,21 @@
-"""The launch layer: demo_resnet_keras.py's library (main.launch).
+"""The launch layer: demo_resnet_keras.py's library (main.launch). Every
+module here is the launcher's alone; what the trainer shares with it is in
+common/ (the worker contract, the batch rule, host names).
 
-options.py      the launcher's options, declared once
+launch_config.py  the launcher's options, declared once
 presets.py      the reference's optimizer presets (from the recipes)
 job.py          a job across its attempts: hosts, batch split, restarts
-host_checks.py  the hosts checked before each attempt
+elastic.py      the batch split of a job on fewer (or more) hosts
+host_checks.py  the hosts checked before each attempt (preflight.py: the
+                checks over ssh)
 placement.py    the seam to the ways workers start: this_host.py,
-                ssh_hosts.py, kubeflow.py, slurm.py
+                ssh_hosts.py, kubeflow.py, slurm.py (one module a way,
+                a scheduler's whole); registry.py picks one
+commands.py     the commands it builds, as data: mpirun, the tf.data
+                service's servers
 input_servers.py  the tf.data service's servers on other hosts
 fanout.py       a command on many hosts over ssh, at most 64 at once
+port_guard.py   the job's ports closed to all but its hosts
+supervisor.py   the attempts run: output read, failure named, restarts
 main.py         flags -> configs -> placement -> job -> dry run or run
 """

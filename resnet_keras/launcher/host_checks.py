@@ -1,17 +1,17 @@
 """The hosts a job checks before each attempt: training's, through its
 placement (ssh hosts are asked over ssh; the others are ready), and the
 tf.data service's, over ssh. Each problem is one line naming the host and
-what to fix (common/preflight.py)."""
+what to fix (preflight.py)."""
 
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
 
-from common import launch
-from common import preflight
+from common import worker_contract
 from common.errors import UsageError
 from resnet_keras.config import RunConfig
+from resnet_keras.launcher import preflight
 from resnet_keras.launcher import ssh_hosts
 from resnet_keras.launcher.placement import TRAINER, Placement
 
@@ -38,7 +38,7 @@ class HostChecks:
       ports = {}
       if (placement.asks_hosts and
           self._cfg.distribution_strategy == 'multi_worker_mirrored'):
-        tf_config = launch.tf_config_from_env(0, placement.total_workers,
+        tf_config = worker_contract.tf_config_from_env(0, placement.total_workers,
                                               placement.environ)
         ports = preflight.ports_by_host(tf_config['cluster']['worker'])
       training = (placement.hosts,

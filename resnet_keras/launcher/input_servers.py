@@ -20,7 +20,7 @@ import time
 from typing import Callable, List, Optional
 
 from common.errors import UsageError
-from common.launch import DataServer
+from resnet_keras.launcher.commands import DataServer
 
 READY = 'ready at'
 _STOP_TIMEOUT = 15

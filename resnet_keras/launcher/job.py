@@ -1,7 +1,7 @@
 """A training job across its attempts: the hosts each attempt runs on (all
 of them, or with --min_hosts those that pass a new check: host_checks.py),
-the global batch split on them (common/elastic.py), the trainer's command
-line, and where each restart resumes. The supervisor (common/supervisor.py)
+the global batch split on them (elastic.py), the trainer's command
+line, and where each restart resumes. The supervisor (supervisor.py)
 runs the attempts; the placement (placement.py) checks hosts and starts
 workers.
 """
@@ -14,15 +14,17 @@ from typing import Dict, List, Optional, Sequence
 
 from absl import logging
 
-from common import elastic
-from common import launch
-from common import supervisor
+from common import worker_contract
+from common.batch_rule import BatchRule
 from common.errors import UsageError
 from resnet_keras import recipes
 from resnet_keras import run_directory
 from resnet_keras.config import RunConfig
+from resnet_keras.launcher import commands as launch
+from resnet_keras.launcher import elastic
 from resnet_keras.launcher import host_checks
-from resnet_keras.launcher import options
+from resnet_keras.launcher import launch_config
+from resnet_keras.launcher import supervisor
 from resnet_keras.launcher.placement import FILES_DIR_PREFIX, TRAINER, Placement
 
 
@@ -36,11 +38,7 @@ def check_workers(cfg: RunConfig, total_workers: int) -> None:
     raise UsageError(
         f'{total_workers} workers need a multi-worker backend: add '
         '--use_horovod or --distribution_strategy=multi_worker_mirrored')
-  if not cfg.use_horovod and cfg.batch_size % total_workers:
-    raise UsageError(
-        f'--batch_size={cfg.batch_size} is the global batch under '
-        f'tf.distribute and must be a multiple of the {total_workers} '
-        f'workers; use e.g. --batch_size={total_workers * max(1, cfg.batch_size // total_workers)}')
+  BatchRule(total_workers, cfg.use_horovod).check(cfg.batch_size)
 
 
 def trainer_command(argv: Sequence[str], cfg: RunConfig,
@@ -50,7 +48,7 @@ def trainer_command(argv: Sequence[str], cfg: RunConfig,
   then the settings a recipe or preset filled in; `layout`: an elastic
   job's batch split, when it is not the command line's."""
   check_workers(cfg, total_workers)
-  forwarded = options.strip(argv[1:])
+  forwarded = launch_config.strip(argv[1:])
   if layout:
     forwarded = launch.strip_flags(forwarded, (), elastic.BATCH_FLAGS)
     filled = {k: v for k, v in filled.items() if k not in elastic.BATCH_FLAGS}
@@ -105,12 +103,12 @@ class Job:
     extra_env = {}
     if layout:
       hosts = list(layout.hosts)
-      extra_env['MULTI_HLS_IPS'] = ','.join(hosts)
+      extra_env.update(worker_contract.hosts_env(hosts))
     if self.placement.workers_on(hosts) > 1:
-      extra_env.update(launch.failure_env(launch_cfg.failure_timeout,
-                                          self._cfg.use_horovod))
+      extra_env.update(worker_contract.failure_env(
+          launch_cfg.failure_timeout, self._cfg.use_horovod))
     if launch_cfg.horovod_hierarchical_allreduce:
-      extra_env['HOROVOD_HIERARCHICAL_ALLREDUCE'] = '1'
+      extra_env.update(worker_contract.hierarchical_allreduce_env())
     return self.placement.command(trainer_argv, hosts, extra_env,
                                   hosts_per_machine)
 
@@ -133,7 +131,7 @@ class Job:
                        'directory on storage every host shares')
     # --clean applies to the job's first attempt only: it starts from step
     # 0. A job the scheduler requeued resumes, whatever its script says.
-    requeues = supervisor.requeues(self.placement.environ)
+    requeues = worker_contract.requeues(self.placement.environ)
     cleans = self._cfg.clean and not requeues
     if cleans:
       # The trainer's chief cleans; a model_dir it would refuse to clean

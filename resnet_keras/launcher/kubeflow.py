@@ -3,15 +3,22 @@
 (MULTI_HLS_IPS) count the workers, for the batch checks; nobody is asked
 anything before it starts."""
 
-from typing import Dict, Sequence
+from typing import Dict, Mapping, Sequence
 
-from common import launch
+from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import placement
+from resnet_keras.launcher.launch_config import LaunchConfig
 
 
 class Kubeflow(placement.Placement):
 
   guard_kind = 'kubernetes'
+
+  @classmethod
+  def chosen(cls, cfg: LaunchConfig, environ: Mapping[str, str],
+             hosts: Sequence[str]) -> bool:
+    del environ, hosts
+    return cfg.kubernetes_run
 
   def command(self, trainer_argv: Sequence[str], hosts: Sequence[str],
               extra_env: Dict[str, str],

@@ -4,8 +4,9 @@ Parsed flags -> the trainer's settings a recipe (--config) and the
 optimizer preset fill in -> LaunchConfig and RunConfig -> the placement
 (how workers start) -> the Job -> --print_config, --dry_run, or the
 supervised attempts with the tf.data service's servers around them.
---dry_run --launcher=slurm outside an allocation prints a batch script
-instead, once the flags are checked for the workers it asks for.
+A scheduler's placement may print its batch script instead (--dry_run
+outside its allocation), once the flags are checked for the workers the
+script asks for (registry.batch_script_of).
 """
 
 import importlib.util
@@ -15,49 +16,29 @@ import shutil
 import sys
 import tempfile
 import uuid
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Type
 
 from absl import flags
 from absl import logging
 
 from common import cli
-from common import launch as launch_lib
-from common import preflight
-from common import slurm as slurm_env
-from common import supervisor
+from common import worker_contract
 from common.errors import STOPPED_AT_WARNING_EXIT_CODE, UsageError
 from resnet_keras import flags as flags_lib
 from resnet_keras import recipes
 from resnet_keras.config import RunConfig
+from resnet_keras.launcher import commands as launch_lib
 from resnet_keras.launcher import input_servers
 from resnet_keras.launcher import job as job_lib
-from resnet_keras.launcher import kubeflow
-from resnet_keras.launcher import options
+from resnet_keras.launcher import launch_config
 from resnet_keras.launcher import port_guard
+from resnet_keras.launcher import preflight
 from resnet_keras.launcher import presets
-from resnet_keras.launcher import slurm
 from resnet_keras.launcher import ssh_hosts
-from resnet_keras.launcher import this_host
-from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher import supervisor
+from resnet_keras.launcher.launch_config import LaunchConfig
 from resnet_keras.launcher.placement import Placement
-
-
-def placement_for(cfg: LaunchConfig, environ: Mapping[str, str],
-                  use_horovod: bool = False) -> Placement:
-  """How this launch's workers start, from its options and environment."""
-  hosts = launch_lib.parse_hosts(environ.get('MULTI_HLS_IPS'))
-  if cfg.launcher == 'slurm' and not slurm_env.in_allocation(environ):
-    raise UsageError('--launcher=slurm runs inside a Slurm allocation: '
-                     'submit the launch with sbatch (--dry_run prints a '
-                     'batch script for it) or run it in salloc')
-  if cfg.launcher == 'slurm' or (cfg.launcher == 'auto' and
-                                 slurm_env.in_allocation(environ)):
-    return slurm.Slurm(cfg, environ, hosts, use_horovod)
-  if cfg.kubernetes_run:
-    return kubeflow.Kubeflow(cfg, environ, hosts)
-  if hosts:
-    return ssh_hosts.SshHosts(cfg, environ, hosts)
-  return this_host.ThisHost(cfg, environ, hosts)
+from resnet_keras.launcher import registry
 
 
 def apply_preset(values: flags.FlagValues, recipe: Dict[str, object],
@@ -71,7 +52,7 @@ def apply_preset(values: flags.FlagValues, recipe: Dict[str, object],
       f'--optimizer={values.optimizer} preset', flags_lib.RUN_CONFIG_KEYS,
       skip=recipe)
   return {name: value for name, value in {**recipe, **preset}.items()
-          if name not in options.RECIPE_KEYS}
+          if name not in launch_config.RECIPE_KEYS}
 
 
 def data_service_servers(cfg: LaunchConfig, environ: Mapping[str, str]
@@ -111,7 +92,7 @@ def guard_for(job: job_lib.Job, cfg: RunConfig,
   the ports it closes."""
   placement = job.placement
   workers = placement.total_workers
-  by_host = preflight.ports_by_host(launch_lib.tf_config_from_env(
+  by_host = preflight.ports_by_host(worker_contract.tf_config_from_env(
       0, workers, placement.environ)['cluster']['worker'])
   tf_ports = next(iter(by_host.values()))
   mpi = (port_guard.mpi_range(min(tf_ports))
@@ -150,23 +131,21 @@ def dry_run(job: job_lib.Job, cfg: RunConfig,
     print(line)
 
 
-def print_batch_script(argv: Sequence[str], values: flags.FlagValues,
-                       recipe: Dict[str, object], cfg: LaunchConfig,
-                       environ: Mapping[str, str]) -> None:
-  """Prints the sbatch script that makes the launch `argv` describes. Its
-  flags are checked here as the launch inside the allocation will check
-  them, so that a bad one fails now rather than once the job is scheduled."""
-  slurm.refuse_data_service(cfg)
-  nodes = (cfg.slurm_nodes or
-           len(launch_lib.parse_hosts(environ.get('MULTI_HLS_IPS'))) or 1)
+def print_batch_script(scheduler: Type[Placement], nodes: int,
+                       argv: Sequence[str], values: flags.FlagValues,
+                       recipe: Dict[str, object], cfg: LaunchConfig) -> None:
+  """Prints `scheduler`'s batch script that makes the launch `argv`
+  describes on `nodes` nodes. Its flags are checked here as the launch
+  inside the allocation will check them, so that a bad one fails now rather
+  than once the job is scheduled."""
   total_workers = nodes * cfg.num_workers_per_hls
   apply_preset(values, recipe, total_workers)
   job_lib.check_workers(flags_lib.config_from_flags(values), total_workers)
   cores = launch_lib.cores_per_worker(launch_lib.physical_core_count(),
                                       cfg.num_workers_per_hls)
-  print(slurm.batch_script(slurm.absolute_paths(argv, recipe), cfg,
-                           nodes, max(1, cores), sys.executable,
-                           os.path.dirname(job_lib.TRAINER)), end='')
+  print(scheduler.batch_script(argv, recipe, cfg, nodes, max(1, cores),
+                               sys.executable,
+                               os.path.dirname(job_lib.TRAINER)), end='')
 
 
 def _check_tools(plan: launch_lib.Launch, cfg: RunConfig) -> None:
@@ -183,24 +162,25 @@ def launch(argv: Sequence[str], values: flags.FlagValues,
   """Launches the job `argv` (the launcher's command line, parsed into
   `values`) describes; its exit code (its last attempt's)."""
   environ = dict(environ)
-  argv = options.as_parsed(argv, values)
+  argv = launch_config.as_parsed(argv, values)
   recipe = flags_lib.apply_config(  # The launcher's recipe keys too.
-      values, allowed=flags_lib.RUN_CONFIG_KEYS | set(options.RECIPE_KEYS))
-  launch_cfg = options.from_flags(values)
-  launch_lib.tf_base_port(environ, launch_cfg.num_workers_per_hls)
-  if slurm.prints_batch_script(launch_cfg, environ):
-    print_batch_script(argv, values, recipe, launch_cfg, environ)
+      values, allowed=flags_lib.RUN_CONFIG_KEYS | set(launch_config.RECIPE_KEYS))
+  launch_cfg = launch_config.from_flags(values)
+  worker_contract.tf_base_port(environ, launch_cfg.num_workers_per_hls)
+  batch = registry.batch_script_of(launch_cfg, environ)
+  if batch:
+    print_batch_script(*batch, argv, values, recipe, launch_cfg)
     return 0
   # The preset's learning rate depends on the workers the placement gives
-  # (a Slurm allocation's nodes, MULTI_HLS_IPS's hosts, this host).
-  placement = placement_for(launch_cfg, environ, values.use_horovod)
+  # (a scheduler's allocation, MULTI_HLS_IPS's hosts, this host).
+  placement = registry.placement_for(launch_cfg, environ, values.use_horovod)
   filled = apply_preset(values, recipe, placement.total_workers)
   if launch_cfg.data_service_hosts:
     _point_at_data_service(values, launch_cfg, filled)
   servers = data_service_servers(launch_cfg, environ)
   cfg = flags_lib.config_from_flags(values)  # Bad trainer flags fail first.
   if values.print_config:
-    print(recipes.dump(cfg, options.recipe_values(launch_cfg)), end='')
+    print(recipes.dump(cfg, launch_config.recipe_values(launch_cfg)), end='')
     return 0
   job = job_lib.Job(placement, cfg, argv, filled, servers)
   plan = job.command()
@@ -245,7 +225,8 @@ def _supervise(job: job_lib.Job, cfg: LaunchConfig,
         workers_per_host=cfg.num_workers_per_hls,
         parse_output=parse_output,
         log=logging.error, replan=job.replan,
-        abort_grace=cfg.failure_timeout).run()
+        abort_grace=cfg.failure_timeout,
+        launcher_output=job.placement.launcher_output).run()
   finally:
     running.stop()
   if exit_code == STOPPED_AT_WARNING_EXIT_CODE:

@@ -3,7 +3,7 @@ per way, each in a module of its own.
 
   this_host.py   one process, or mpirun on this host
   ssh_hosts.py   mpirun over ssh on the hosts of MULTI_HLS_IPS, checked
-                 before anything starts (common/preflight.py)
+                 before anything starts (preflight.py)
   kubeflow.py    an external launcher (a Kubeflow MPIJob) started this rank:
                  run it in-process
   slurm.py       the tasks of an srun step, inside a Slurm allocation
@@ -14,21 +14,27 @@ workers on some of them, as data: --dry_run prints it, the supervisor runs
 it. The job (job.py) owns what is placement-independent: the batch split on
 the hosts it gets, restarts, the trainer's flags, the tf.data service.
 A new way of starting workers is one module with a Placement subclass, and
-its line in main.placement_for.
+its place in registry.PLACEMENTS. A scheduler's placement also says when
+its environment is present (`chosen`), prints its batch script
+(`batch_nodes`, `batch_script`), reads its launcher's output
+(`launcher_output`) and asks for a requeue (`stopped_at_warning`): nothing
+outside its module names the scheduler.
 """
 
 import abc
 import json
 import os
 import tempfile
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 from absl import logging
 
-from common import launch
-from common import preflight
+from common import worker_contract
 from common.errors import STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL
-from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher import commands as launch
+from resnet_keras.launcher import preflight
+from resnet_keras.launcher import supervisor
+from resnet_keras.launcher.launch_config import LaunchConfig
 
 # The trainer, which every placement starts on each worker (at the same
 # path on every host).
@@ -45,13 +51,48 @@ class Placement(abc.ABC):
   # Whether `check` asks the hosts over the network: the job then also
   # names the ports the workers will listen on, for them to be checked free.
   asks_hosts = False
-  hosts_source = 'MULTI_HLS_IPS'  # Where the hosts come from, for messages.
+  # Where the hosts come from, for messages.
+  hosts_source = worker_contract.HOSTS_VAR
   # Whether a fail-stop job checks its hosts again before a restart (an
   # elastic job always does).
   checks_at_restart = False
   # How port_guard.py reaches its hosts (this_host, ssh_hosts), or why it
   # cannot (slurm, kubernetes).
   guard_kind = 'this_host'
+  # What the supervisor reads in the output of this placement's command,
+  # beyond mpirun's lines.
+  launcher_output = supervisor.LauncherOutput()
+
+  @classmethod
+  def chosen(cls, cfg: LaunchConfig, environ: Mapping[str, str],
+             hosts: Sequence[str]) -> bool:
+    """Whether this launch's options and environment (`hosts`: its
+    MULTI_HLS_IPS) ask for this placement; UsageError where they ask for it
+    but it cannot run here. registry.PLACEMENTS asks each in turn."""
+    del cfg, environ, hosts
+    return True
+
+  @classmethod
+  def create(cls, cfg: LaunchConfig, environ: Mapping[str, str],
+             hosts: Sequence[str], use_horovod: bool) -> 'Placement':
+    del use_horovod
+    return cls(cfg, environ, hosts)
+
+  @classmethod
+  def batch_nodes(cls, cfg: LaunchConfig, environ: Mapping[str, str]) -> int:
+    """The nodes of the scheduler's batch script this launch prints instead
+    of planning or running its workers (0: it prints none)."""
+    del cfg, environ
+    return 0
+
+  @classmethod
+  def batch_script(cls, argv: Sequence[str], recipe: Mapping[str, Any],
+                   cfg: LaunchConfig, nodes: int, cpus_per_task: int,
+                   python: str, repo_dir: str) -> str:
+    """The script that submits the launch `argv` (the launcher's command
+    line; `recipe`: what --config filled in) on `nodes` nodes, where
+    `batch_nodes` asks for one."""
+    raise NotImplementedError(f'{cls.__name__} has no batch script')
 
   def __init__(self, cfg: LaunchConfig, environ: Mapping[str, str],
                hosts: Sequence[str]):
@@ -97,8 +138,9 @@ class Placement(abc.ABC):
 
   def parses_output(self, plan: launch.Launch) -> bool:
     """Whether the supervisor reads `plan`'s output to name a failure
-    (mpirun's account of a lost rank or host, srun's of a lost node)."""
-    return plan.argv[0] in ('mpirun', 'srun')
+    (mpirun's account of a lost rank or host; a scheduler's placement adds
+    its launcher's)."""
+    return plan.argv[0] == 'mpirun'
 
   def stopped_at_warning(self, step: Optional[int]) -> int:
     """The workers saved at `step` and stopped at a scheduler's warning
@@ -113,10 +155,12 @@ class Placement(abc.ABC):
     from its MPI rank), as --dry_run shows it: the cluster they share once,
     then what differs, each rank's task index and address. Every rank's in
     full was 20 MB at 1,000 workers."""
-    config = launch.tf_config_from_env(0, total_workers, self.environ)
+    config = worker_contract.tf_config_from_env(0, total_workers,
+                                                self.environ)
     config['task']['index'] = 'RANK'
-    return [f'TF_CONFIG of each rank: {json.dumps(config)}'] + [
-        f'TF_CONFIG rank {rank}: task index {rank}, listens on {address}'
+    name = worker_contract.TF_CONFIG_VAR
+    return [f'{name} of each rank: {json.dumps(config)}'] + [
+        f'{name} rank {rank}: task index {rank}, listens on {address}'
         for rank, address in enumerate(config['cluster']['worker'])]
 
   def _one_process_or_mpirun(self, trainer_argv: Sequence[str],

@@ -31,8 +31,9 @@ from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
 
-from common import launch
+from common import hosts as hosts_lib
 from common.errors import UsageError
+from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import fanout
 
 MODES = ('auto', 'on', 'off')
@@ -350,5 +351,5 @@ def for_job(mode: str, placement: str, hosts: Sequence[str],
   named = [h for h in ports_by_host if h != THIS_HOST] + list(hosts)
   sources = resolve(list(dict.fromkeys(named)))
   if named:  # The launcher's own address, which mpirun's daemons call.
-    sources += (launch.address_toward(named[0]),)
+    sources += (hosts_lib.address_toward(named[0]),)
   return Guard(ports_by_host, tuple(dict.fromkeys(sources)), ssh), ''

@@ -1,13 +1,14 @@
 """Workers on the hosts of MULTI_HLS_IPS, started by mpirun over ssh
 (DOCKER_SSHD_PORT) from a hostfile; each host is checked over the same ssh
-before anything starts there (common/preflight.py: the same Python,
+before anything starts there (preflight.py: the same Python,
 TensorFlow, Horovod and project path, the TF_CONFIG ports free)."""
 
 from typing import Dict, List, Mapping, Sequence
 
-from common import launch
-from common import preflight
+from resnet_keras.launcher import commands as launch
+from resnet_keras.launcher import preflight
 from resnet_keras.launcher import placement
+from resnet_keras.launcher.launch_config import LaunchConfig
 
 
 def ssh(environ: Mapping[str, str]):
@@ -20,6 +21,12 @@ class SshHosts(placement.Placement):
 
   asks_hosts = True
   guard_kind = 'ssh_hosts'
+
+  @classmethod
+  def chosen(cls, cfg: LaunchConfig, environ: Mapping[str, str],
+             hosts: Sequence[str]) -> bool:
+    del cfg, environ
+    return bool(hosts)
 
   def check(self, hosts: Sequence[str], want: preflight.Expected,
             ports: Mapping[str, Sequence[int]]) -> preflight.Report:

@@ -3,7 +3,7 @@ more (each bound to its share of the physical cores)."""
 
 from typing import Dict, Sequence
 
-from common import launch
+from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import placement
 
 

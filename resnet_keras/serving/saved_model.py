@@ -25,7 +25,7 @@ from typing import List, Optional
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import models
+from resnet_keras import network as network_lib
 from resnet_keras import optimizers
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
@@ -114,7 +114,7 @@ class _Reusable(tf.train.Checkpoint):
 def feature_extractor(network: tf_keras.Model) -> tf_keras.Model:
   """`network` without its head: the pooled features the head reads."""
   return tf_keras.Model(network.inputs,
-                        network.get_layer(models.HEAD_LAYER).input,
+                        network.get_layer(network_lib.HEAD_LAYER).input,
                         name=network.name + '_features')
 
 
@@ -126,8 +126,8 @@ def portable_copy(network: tf_keras.Model, cfg: RunConfig) -> tf_keras.Model:
   standard = dataclasses.replace(
       cfg, conv_impl='native', relu_impl='native', sync_batch_norm=False,
       enable_recompute=False, freeze_backbone=False, drop_path_rate=0.0)
-  copy = models.build_network(standard, network.output_shape[-1],
-                              use_regularizers=False)
+  copy = network_lib.build_network(standard, network.output_shape[-1],
+                                   use_regularizers=False)
   copy.set_weights(network.get_weights())
   return copy
 

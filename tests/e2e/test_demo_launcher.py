@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from common import launch as launch_lib
+from resnet_keras.launcher import commands as launch_lib
 from resnet_keras.launcher import slurm
 from tests.support import runner
 
@@ -201,7 +201,7 @@ def _no_scontrol(nodes):
 def test_under_slurm_the_data_service_hosts_are_refused_in_one_line(
     args, env, monkeypatch):
   # Refused before the nodes' addresses are asked of scontrol.
-  monkeypatch.setattr(slurm.slurm, 'node_addresses', _no_scontrol)
+  monkeypatch.setattr(slurm, 'node_addresses', _no_scontrol)
   result = launch(['--dry_run', '--data_service_hosts', 'h2'] + args, env=env)
   runner.assert_one_line_error(
       result, '--data_service_hosts starts the tf.data service over ssh',

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from common import supervisor
+from common import worker_contract
 from resnet_keras import goodput
 from resnet_keras import guards
 from tests.support import runner
@@ -93,8 +93,8 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
                      train(str(tmp_path / 'straight'), 2))
   # "Interrupted" after epoch 1.
   summary(resumed_dir, train(resumed_dir, 1, ['--clean']))
-  monkeypatch.setenv(supervisor.RESTARTS_VAR, '1')
-  monkeypatch.setenv(supervisor.RESUME_STEP_VAR, '4')
+  monkeypatch.setenv(worker_contract.RESTARTS_VAR, '1')
+  monkeypatch.setenv(worker_contract.RESUME_STEP_VAR, '4')
   restarted = train(resumed_dir, 2, ['--clean'])
   assert '--clean: not applied to restart 1' in restarted.stderr
   resumed = summary(resumed_dir, restarted)

@@ -13,10 +13,11 @@ import pytest
 import tensorflow as tf
 
 from resnet_keras import checkpoints
-from resnet_keras import models
+from resnet_keras import lr_schedules
+from resnet_keras import network as network_lib
 from resnet_keras import optimizers
-from resnet_keras import schedules
 from resnet_keras import start as start_lib
+from resnet_keras.data import datasets
 from resnet_keras.plan import make_training_plan
 from common.errors import UsageError
 from tests.support import runner
@@ -25,10 +26,11 @@ from tests.support.records import write_dataset
 
 def _run_objects(cfg):
   """(network, model, optimizer) as run.py builds them, slots included."""
-  network, model = models.build_models(cfg, cfg.num_classes,
-                                       use_regularizers=False)
+  network, model = network_lib.build_models(
+      cfg, cfg.num_classes, use_regularizers=False,
+      pipeline_output=datasets.pipeline_output(cfg))
   optimizer = optimizers.build_optimizer(
-      cfg, schedules.schedule_for_run(cfg, cfg.batch_size, 4, 8))
+      cfg, lr_schedules.schedule_for_run(cfg, cfg.batch_size, 4, 8))
   optimizers.create_slots(optimizer, model.trainable_variables)
   return network, model, optimizer
 
@@ -76,12 +78,13 @@ def test_pretrained_backbone_with_a_new_head(synthetic_run, tmp_path):
   head_before = network.get_layer('fc').get_weights()
   start_lib.load_source(source, network, model, optimizer, False)
 
-  source_network, source_model = models.build_models(
-      source.cfg, 10, use_regularizers=False)
+  source_network, source_model = network_lib.build_models(
+      source.cfg, 10, use_regularizers=False,
+      pipeline_output=datasets.pipeline_output(source.cfg))
   tf.train.Checkpoint(model=source_model).read(
       source.checkpoint).expect_partial()
-  layers = models.backbone_layers(network)
-  assert len(layers) == len(models.backbone_layers(source_network)) > 20
+  layers = network_lib.backbone_layers(network)
+  assert len(layers) == len(network_lib.backbone_layers(source_network)) > 20
   for layer in layers:
     for mine, theirs in zip(layer.get_weights(),
                             source_network.get_layer(layer.name).get_weights()):

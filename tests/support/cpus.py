@@ -1,5 +1,5 @@
 """Fake CPUs, as /proc/cpuinfo describes them: --dtype auto and the kernel
-choices without the hardware (unit/test_hardware.py, unit/test_models.py)."""
+choices without the hardware (unit/test_hardware.py, unit/test_network.py)."""
 
 from resnet_keras import hardware
 

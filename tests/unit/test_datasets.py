@@ -9,6 +9,7 @@ from common.errors import UsageError
 from resnet_keras import config as config_lib
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
+from resnet_keras.data.preprocessing import normalize_images
 from tests.support.records import write_dataset
 
 
@@ -35,6 +36,17 @@ def records(tmp_path_factory):
   write_dataset(str(data_dir), num_classes=3, train_per_shard=(4, 4),
                 eval_per_shard=(3, 2))
   return str(data_dir)
+
+
+def test_only_uint8_images_leave_their_normalisation_to_the_device():
+  """What network.build_models wraps the network for: uint8 images and
+  the normalisation on the device; fp32 and bf16 come normalised."""
+  assert datasets.pipeline_output(RunConfig(
+      data_loader_image_type='uint8')) == (tf.uint8, normalize_images)
+  assert datasets.pipeline_output(RunConfig(
+      data_loader_image_type='fp32')) == (tf.float32, None)
+  assert datasets.pipeline_output(RunConfig(
+      data_loader_image_type='bf16')) == (tf.bfloat16, None)
 
 
 def test_records_are_counted_and_can_be_limited(records):

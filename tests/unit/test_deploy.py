@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tf_keras
 
-from resnet_keras import models
+from resnet_keras import network as network_lib
 from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.serving import converters
 from resnet_keras.serving import deployment
@@ -31,7 +31,7 @@ def test_architectures_convert_to_the_same_function(overrides, tmp_path,
                             dtype='bf16', **overrides)
   policy('mixed_bfloat16')
   tf_keras.utils.set_random_seed(3)
-  network = models.build_network(cfg, 7, use_regularizers=False)
+  network = network_lib.build_network(cfg, 7, use_regularizers=False)
   policy('float32')
   pixels = np.random.RandomState(0).randint(0, 256, (4, 32, 32, 3), np.uint8)
   plan = deployment.DeployPlan(files=(('onnx', 'none'), ('tflite', 'none')),

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from common import elastic
+from resnet_keras.launcher import elastic
 from common.errors import UsageError
 from resnet_keras import run_directory
 from resnet_keras import world

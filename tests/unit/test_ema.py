@@ -8,7 +8,7 @@ import tensorflow as tf
 import tf_keras
 
 from resnet_keras import checkpoints
-from resnet_keras import models
+from resnet_keras import network as network_lib
 from resnet_keras import ema as ema_lib
 from resnet_keras.data import synthetic
 from tests.support import loops
@@ -81,7 +81,7 @@ def test_the_trainer_averages_every_variable_and_evaluates_the_average(
   """After each step every model variable (batch-norm statistics included)
   moves its average; evaluation scores the average and leaves the trained
   weights as they were; a checkpoint holds both."""
-  net = models.resnet(10, 5, 32, filters=(16, 32, 64, 128))
+  net = network_lib.resnet(10, 5, 32, filters=(16, 32, 64, 128))
   average = ema_lib.EMA(net.variables, 0.6, warmup=True)
   trainer = _trainer(net, average)
   expected = [v.numpy() for v in net.variables]
@@ -100,7 +100,7 @@ def test_the_trainer_averages_every_variable_and_evaluates_the_average(
   for t, v in zip(trained, net.variables):
     np.testing.assert_array_equal(v.numpy(), t)
   # The same evaluation of a copy that holds the averages as its weights.
-  copy = models.resnet(10, 5, 32, filters=(16, 32, 64, 128))
+  copy = network_lib.resnet(10, 5, 32, filters=(16, 32, 64, 128))
   copy.set_weights([a.numpy() for a in average.averages])
   plain = _evaluator(copy, None).evaluate(tf.constant(-1))
   assert scored == pytest.approx(plain, rel=1e-5)
@@ -112,7 +112,7 @@ def test_the_trainer_averages_every_variable_and_evaluates_the_average(
   assert checkpoints.has_ema(path)
   assert not checkpoints.has_ema(
       checkpoints.checkpoint_of(net).save(str(tmp_path / 'plain')))
-  fresh = models.resnet(10, 5, 32, filters=(16, 32, 64, 128))
+  fresh = network_lib.resnet(10, 5, 32, filters=(16, 32, 64, 128))
   restored = ema_lib.EMA(fresh.variables, 0.6)
   checkpoints.checkpoint_of(fresh, ema=restored).restore(
       path).expect_partial()

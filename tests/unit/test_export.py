@@ -10,7 +10,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import models
+from resnet_keras import layers
+from resnet_keras import network as network_lib
 from resnet_keras import optimizers
 from resnet_keras.config import RunConfig
 from resnet_keras.data.preprocessing import normalize_images
@@ -29,7 +30,7 @@ TINY = RunConfig(resnet_depth=18, image_size=IMAGE_SIZE, stem='cifar',
 
 def _network(cfg=TINY, num_classes=5):
   tf_keras.utils.set_random_seed(1)
-  return models.build_network(cfg, num_classes, use_regularizers=False)
+  return network_lib.build_network(cfg, num_classes, use_regularizers=False)
 
 
 def _count(variables):
@@ -74,7 +75,7 @@ def test_reusable_attributes_are_the_whole_network(exported):
   assert len(losses) == 1
   expected = optimizers.single_l2_loss(network.trainable_variables, 1e-4)
   assert float(losses[0]()) == pytest.approx(float(expected), rel=1e-6)
-  head = network.get_layer(models.HEAD_LAYER)
+  head = network.get_layer(network_lib.HEAD_LAYER)
   backbone = tf.saved_model.load(features)
   assert (_count(backbone.trainable_variables) ==
           _count(network.trainable_variables) - head.count_params())
@@ -85,7 +86,7 @@ def test_feature_vector_is_what_the_head_reads(exported):
   loaded = tf.saved_model.load(features)
   pixels = uniform_pixels()
   got = loaded(tf.constant(pixels), training=False).numpy()
-  head = network.get_layer(models.HEAD_LAYER)
+  head = network.get_layer(network_lib.HEAD_LAYER)
   assert got.shape == (3, head.kernel.shape[0])
   logits = got @ head.kernel.numpy() + head.bias.numpy()
   np.testing.assert_allclose(tf.nn.softmax(logits),
@@ -127,7 +128,7 @@ def test_feature_vector_fine_tunes_in_a_new_keras_model(exported, trainable):
 def test_resnet50_export_has_the_published_parameter_count(tmp_path):
   cfg = dataclasses.replace(TINY, resnet_depth=50, stem='imagenet',
                             width_multiplier=1.0)
-  network = models.build_network(cfg, 1000, use_regularizers=False)
+  network = network_lib.build_network(cfg, 1000, use_regularizers=False)
   path = saved_model.export_saved_model(network, str(tmp_path / 'r50'),
                                    contract.CLASSIFIER_OUTPUT, IMAGE_SIZE, 0.875)
   loaded = tf.saved_model.load(path)
@@ -141,7 +142,7 @@ def _kernels(network):
   return (kinds(lambda l: type(l).__name__, tf_keras.layers.Conv2D),
           kinds(lambda l: l.synchronized,
                 tf_keras.layers.BatchNormalization),
-          kinds(lambda l: l.impl, (models.ResidualAdd, models.ResidualRelu)),
+          kinds(lambda l: l.impl, (layers.ResidualAdd, layers.ResidualRelu)),
           all(l.trainable for l in network.layers))
 
 
@@ -156,7 +157,7 @@ def test_portable_copy_is_standard_layers_with_the_same_outputs():
   assert _kernels(network) == ({'MatmulConv2D'}, {True}, {'xla'}, False)
   assert _kernels(copy) == ({'Conv2D'}, {False}, {'native'}, True)
   blurs = lambda net: [l.name for l in net.layers
-                       if isinstance(l, models.Blur)]
+                       if isinstance(l, layers.Blur)]
   assert blurs(copy) == blurs(network) and blurs(copy)
   pixels = normalize_images(uniform_pixels())
   np.testing.assert_allclose(copy(pixels), network(pixels), rtol=1e-4,

@@ -12,17 +12,19 @@ from unittest import mock
 import pytest
 from absl import flags
 
-from common import preflight
-from common import supervisor
+from common import worker_contract
 from resnet_keras.config import RunConfig
 from resnet_keras.launcher import job as job_lib
+from resnet_keras.launcher import launch_config
 from resnet_keras.launcher import main as launcher
-from resnet_keras.launcher import options
+from resnet_keras.launcher import preflight
 from resnet_keras.launcher import presets
+from resnet_keras.launcher import registry
+from resnet_keras.launcher import supervisor
 from resnet_keras.launcher import slurm
 from resnet_keras.launcher import ssh_hosts
 from resnet_keras.launcher.kubeflow import Kubeflow
-from resnet_keras.launcher.options import LaunchConfig
+from resnet_keras.launcher.launch_config import LaunchConfig
 from resnet_keras.launcher.ssh_hosts import SshHosts
 from resnet_keras.launcher.this_host import ThisHost
 from tests.support import runner
@@ -32,24 +34,25 @@ HOSTS = '192.0.2.1,192.0.2.2,192.0.2.3'
 
 def test_the_launchers_flags_come_from_its_declarations():
   values = flags.FlagValues()
-  options.define_flags(values)
+  launch_config.define_flags(values)
   values(['prog', '--min_hosts=2', '--data_service_hosts=a,b', '-bs', '4'])
-  cfg = options.from_flags(values)
+  cfg = launch_config.from_flags(values)
   assert cfg.min_hosts == 2 and cfg.data_service_hosts == ('a', 'b')
-  assert options.RECIPE_KEYS == ('num_workers_per_hls',
-                                 'horovod_hierarchical_allreduce',
-                                 'kubernetes_run')
+  assert launch_config.RECIPE_KEYS == ('num_workers_per_hls',
+                                       'horovod_hierarchical_allreduce',
+                                       'kubernetes_run')
   # Never forwarded: every launcher option, and --config/--print_config.
-  assert options.strip(['--min_hosts', '2', '--nodry_run', '--config=x',
-                        '--print_config', '--elastic_batch=scale', '-bs',
-                        '4']) == ['-bs', '4']
+  assert launch_config.strip(['--min_hosts', '2', '--nodry_run',
+                              '--config=x', '--print_config',
+                              '--elastic_batch=scale', '-bs',
+                              '4']) == ['-bs', '4']
   with pytest.raises(Exception, match='num_workers_per_hls must be >= 1'):
     LaunchConfig(num_workers_per_hls=0).check()
 
 
 def _parsed(argv):
   values = flags.FlagValues()
-  options.define_flags(values)
+  launch_config.define_flags(values)
   values(argv)
   return values
 
@@ -61,14 +64,14 @@ def test_the_command_line_is_forwarded_as_absl_read_it(tmp_path):
           '-bs', '4', '--use_horovod', '--nodry_run']
   values = _parsed(argv)
   assert values.model_dir == '--dry_run' and not values.dry_run
-  parsed = options.as_parsed(argv, values)
+  parsed = launch_config.as_parsed(argv, values)
   assert parsed == ['prog', '--model_dir=--dry_run', '--max_restarts=1',
                     '--data_dir=data', '-bs=4', '--use_horovod',
                     '--nodry_run']
   # The value stays the trainer's; the flagfile's launcher flag does not.
-  assert options.strip(parsed[1:]) == ['--model_dir=--dry_run',
-                                       '--data_dir=data', '-bs=4',
-                                       '--use_horovod']
+  assert launch_config.strip(parsed[1:]) == ['--model_dir=--dry_run',
+                                             '--data_dir=data', '-bs=4',
+                                             '--use_horovod']
 
 
 def test_a_batch_script_gets_every_path_absolute(tmp_path, monkeypatch):
@@ -103,13 +106,13 @@ def test_the_docs_quote_the_presets_from_the_recipes():
     (LaunchConfig(kubernetes_run=True), {'MULTI_HLS_IPS': HOSTS}, Kubeflow),
 ])
 def test_each_launch_gets_its_placement(launch_cfg, environ, kind):
-  assert type(launcher.placement_for(launch_cfg, environ)) is kind
+  assert type(registry.placement_for(launch_cfg, environ)) is kind
 
 
 def _job(tmp_path, launch_cfg, environ=None, **trainer):
   cfg = RunConfig(**{'model_dir': str(tmp_path / 'model'), 'use_horovod': True,
                      'batch_size': 4, **trainer})
-  placement = launcher.placement_for(launch_cfg, environ or {})
+  placement = registry.placement_for(launch_cfg, environ or {})
   return job_lib.Job(placement, cfg, ['demo', '--use_horovod', '-bs', '4'],
                      {'warmup_epochs': 3}, servers=[])
 
@@ -171,7 +174,8 @@ class _Lossy(SshHosts):
 
 def test_an_elastic_restart_shrinks_on_the_hosts_that_pass(tmp_path, caplog,
                                                           monkeypatch):
-  monkeypatch.setattr(launcher.ssh_hosts, 'SshHosts', _Lossy)
+  monkeypatch.setattr(registry, 'PLACEMENTS', tuple(
+      _Lossy if kind is SshHosts else kind for kind in registry.PLACEMENTS))
   monkeypatch.setattr(_Lossy, 'checks', 0)
   job = _job(tmp_path, LaunchConfig(min_hosts=2), {'MULTI_HLS_IPS': HOSTS})
   assert type(job.placement) is _Lossy and job.is_elastic
@@ -230,7 +234,7 @@ def test_inside_an_allocation_workers_start_with_srun(tmp_path, caplog):
 def test_the_warning_requeues_the_job_in_one_line(monkeypatch, caplog,
                                                   refused):
   asked = []
-  monkeypatch.setattr(slurm.slurm, 'requeue',
+  monkeypatch.setattr(slurm, 'requeue',
                       lambda job_id: asked.append(job_id) or refused)
   placement = slurm.Slurm(LaunchConfig(), ALLOCATION, [], use_horovod=False,
                           addresses=['a1', 'a2', 'a3'])
@@ -250,7 +254,7 @@ def test_the_warning_requeues_the_job_in_one_line(monkeypatch, caplog,
 
 
 def test_a_restart_runs_on_the_nodes_the_job_still_holds(monkeypatch):
-  monkeypatch.setattr(slurm.slurm, 'job_nodes', lambda job_id: ['n1', 'n3'])
+  monkeypatch.setattr(slurm, 'job_nodes', lambda job_id: ['n1', 'n3'])
   placement = slurm.Slurm(LaunchConfig(), ALLOCATION, [], use_horovod=False,
                           addresses=['a1', 'a2', 'a3'])
   report = placement.check(placement.hosts, None, {})
@@ -263,12 +267,12 @@ def test_a_restart_runs_on_the_nodes_the_job_still_holds(monkeypatch):
 
 
 def test_the_launcher_option_picks_slurm_or_refuses_outside_it():
-  auto = launcher.placement_for(LaunchConfig(), {**ALLOCATION})
+  auto = registry.placement_for(LaunchConfig(), {**ALLOCATION})
   assert type(auto) is slurm.Slurm and auto.hosts == ('n1', 'n2', 'n3')
-  assert type(launcher.placement_for(LaunchConfig(launcher='ssh'),
+  assert type(registry.placement_for(LaunchConfig(launcher='ssh'),
                                      ALLOCATION)) is SshHosts
   with pytest.raises(Exception, match='runs inside a Slurm allocation'):
-    launcher.placement_for(LaunchConfig(launcher='slurm'), {})
+    registry.placement_for(LaunchConfig(launcher='slurm'), {})
 
 
 def test_the_batch_script_runs_the_launch_again_inside_the_allocation():
@@ -323,10 +327,18 @@ def test_which_launches_print_a_batch_script():
 def test_a_requeued_job_resumes_whatever_its_script_says(tmp_path, caplog):
   """Slurm runs a requeued job's batch script again, --clean and all:
   the launcher resumes at the last checkpoint (and the trainer keeps
-  model_dir: supervisor.earlier_attempts)."""
+  model_dir: worker_contract.earlier_attempts)."""
   job = _job(tmp_path, LaunchConfig(),
              {'SLURM_RESTART_COUNT': '1'}, clean=True)
   _write_checkpoint_state(tmp_path / 'model', 8)
   job.first_attempt()
   assert 'requeued 1 time(s) by the scheduler: resuming at step 8' in \
       caplog.text
+
+
+@pytest.mark.parametrize('module', [launcher, supervisor])
+def test_the_launch_and_its_supervision_name_no_scheduler(module):
+  """A scheduler is its placement's module alone (slurm.py): main.py and
+  the supervisor go through the Placement's hooks."""
+  with open(module.__file__) as f:
+    assert not re.search(r'slurm|srun|sbatch|scontrol', f.read(), re.I)

@@ -8,9 +8,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import models
+from resnet_keras import lr_schedules
+from resnet_keras import network as network_lib
 from resnet_keras import optimizers
-from resnet_keras import schedules
 from resnet_keras.config import RunConfig
 
 
@@ -58,7 +58,7 @@ def test_lars_two_steps_by_hand():
 
 def test_three_weight_decay_paths_give_the_same_gradient():
   wd = 3e-3
-  net = models.resnet(18, 10, 32, weight_decay=wd)
+  net = network_lib.resnet(18, 10, 32, weight_decay=wd)
   variables = net.trainable_variables
   with tf.GradientTape(persistent=True) as tape:
     reg_loss = tf.add_n(net.losses)
@@ -96,7 +96,7 @@ def test_weight_decay_reaches_only_conv_and_dense_kernels(cfg):
   dense kernels: no norm scale or offset, no bias (keras.applications'
   convolutions have biases); the per-layer regularisers sit on the same
   kernels."""
-  net = models.build_network(cfg, 10, use_regularizers=True)
+  net = network_lib.build_network(cfg, 10, use_regularizers=True)
   kernels = {id(layer.kernel) for layer in net.layers
              if isinstance(layer, (tf_keras.layers.Conv2D,
                                    tf_keras.layers.Dense))}
@@ -271,7 +271,7 @@ def test_adamw_decays_kernels_only_and_has_no_trust_ratio():
 def test_adam_optimizers_scale_the_learning_rate_per_256_images():
   # "ResNet strikes back" A1/A2: LAMB at 5e-3 for batch 2048.
   for name in ('AdamW', 'LAMB'):
-    assert schedules.peak_learning_rate(name, 6.25e-4, 2048) == (
+    assert lr_schedules.peak_learning_rate(name, 6.25e-4, 2048) == (
         pytest.approx(5e-3))
 
 

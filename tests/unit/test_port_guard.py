@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from common import launch
+from resnet_keras.launcher import commands as launch
 from common.errors import UsageError
 from resnet_keras.launcher import port_guard
 

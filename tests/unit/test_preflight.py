@@ -10,7 +10,7 @@ import os
 import stat
 import sys
 
-from common import preflight
+from resnet_keras.launcher import preflight
 
 WANT = preflight.Expected(python=sys.executable, python_version='3.11.7',
                           tensorflow='2.20.0', horovod='0.28.1',

@@ -1,11 +1,14 @@
-"""What a Slurm job tells its processes (common/slurm.py), read without a
-Slurm, and the trainer's record of a scheduled run (scheduler.py). The
-real Slurm: multihost/test_slurm.py."""
+"""Slurm read without a Slurm: its node lists (common/slurm.py), what a job
+tells its processes (common/worker_contract.py), what the launcher asks it
+(launcher/slurm.py), and the trainer's record of a scheduled run
+(job_starts.py). The real Slurm: multihost/test_slurm.py."""
 
 import pytest
 
-from common import slurm
-from resnet_keras import scheduler
+from common import slurm as node_lists
+from common import worker_contract as contract
+from resnet_keras import job_starts
+from resnet_keras.launcher import slurm
 
 
 @pytest.mark.parametrize('nodelist,nodes', [
@@ -16,18 +19,18 @@ from resnet_keras import scheduler
     ('node7', ['node7']),
 ])
 def test_node_lists_expand_as_slurm_writes_them(nodelist, nodes):
-  assert slurm.expand_nodelist(nodelist) == nodes
+  assert node_lists.expand_nodelist(nodelist) == nodes
 
 
 def test_long_and_mixed_node_lists_expand_in_order():
-  nodes = slurm.expand_nodelist('gpu[0001-0512,0600-0999]')
+  nodes = node_lists.expand_nodelist('gpu[0001-0512,0600-0999]')
   assert len(nodes) == 912
   assert nodes[:2] == ['gpu0001', 'gpu0002']
   assert nodes[511:513] == ['gpu0512', 'gpu0600'] and nodes[-1] == 'gpu0999'
-  assert slurm.expand_nodelist('n[1-3,7],m[01-02]') == [
+  assert node_lists.expand_nodelist('n[1-3,7],m[01-02]') == [
       'n1', 'n2', 'n3', 'n7', 'm01', 'm02']
   # A range wider than its first number keeps that number's width.
-  assert slurm.expand_nodelist('n[098-101]') == ['n098', 'n099', 'n100',
+  assert node_lists.expand_nodelist('n[098-101]') == ['n098', 'n099', 'n100',
                                                  'n101']
 
 
@@ -43,13 +46,13 @@ def test_long_and_mixed_node_lists_expand_in_order():
     (['login', 'n1', 'n2'], 'login,n[1-2]'),
 ])
 def test_node_lists_compress_as_slurm_writes_them(nodes, compressed):
-  assert slurm.compress_nodelist(nodes) == compressed
-  assert slurm.expand_nodelist(compressed) == nodes
+  assert node_lists.compress_nodelist(nodes) == compressed
+  assert node_lists.expand_nodelist(compressed) == nodes
 
 
 def test_a_thousand_nodes_compress_to_one_range():
-  nodes = slurm.expand_nodelist('gpu[0001-0512,0600-0999]')
-  assert slurm.compress_nodelist(nodes) == 'gpu[0001-0512,0600-0999]'
+  nodes = node_lists.expand_nodelist('gpu[0001-0512,0600-0999]')
+  assert node_lists.compress_nodelist(nodes) == 'gpu[0001-0512,0600-0999]'
 
 
 def test_tasks_per_node_and_bad_lists():
@@ -57,18 +60,18 @@ def test_tasks_per_node_and_bad_lists():
   assert slurm.tasks_per_node('4') == [4]
   for bad in ('s[a-b]', 's[1-x]', 'n[1-', 'n[1-]', 'n1]', 'n[[1]]', 'n[1'):
     with pytest.raises(Exception, match='cannot read the Slurm node list'):
-      slurm.expand_nodelist(bad)
+      node_lists.expand_nodelist(bad)
   # What srun would read as an option, or a shell as more than a name.
   for bad in ('-n1', 'n[1-2],-x', 'n 1'):
     with pytest.raises(Exception, match='is not a host name'):
-      slurm.expand_nodelist(bad)
+      node_lists.expand_nodelist(bad)
 
 
 def test_a_task_reads_its_step_nodes_and_a_batch_script_the_jobs():
   job = {'SLURM_JOB_NODELIST': 'n[1-3]'}
-  assert slurm.step_nodes(job) == ['n1', 'n2', 'n3']
+  assert contract.slurm_step_nodes(job) == ['n1', 'n2', 'n3']
   # After a node failure (--no-kill) the next step runs on fewer nodes.
-  assert slurm.step_nodes({**job, 'SLURM_STEP_NODELIST': 'n[1-2]'}) == [
+  assert contract.slurm_step_nodes({**job, 'SLURM_STEP_NODELIST': 'n[1-2]'}) == [
       'n1', 'n2']
 
 
@@ -94,11 +97,11 @@ SLURM_JOB = {'SLURM_JOB_ID': '31', 'SLURM_JOB_NODELIST': 'n[1-3]',
 def test_a_scheduled_run_records_each_start_and_the_signal_that_stopped_it(
     tmp_path):
   model_dir = str(tmp_path)
-  scheduler.record_start(model_dir, SLURM_JOB, step=0)
-  scheduler.record_stop(model_dir, SLURM_JOB, 'SIGUSR1', step=12)
+  job_starts.record_start(model_dir, SLURM_JOB, step=0)
+  job_starts.record_stop(model_dir, SLURM_JOB, 'SIGUSR1', step=12)
   requeued = {**SLURM_JOB, 'SLURM_RESTART_COUNT': '1'}
-  scheduler.record_start(model_dir, requeued, step=12)
-  summary = scheduler.summary(model_dir, requeued)
+  job_starts.record_start(model_dir, requeued, step=12)
+  summary = job_starts.summary(model_dir, requeued)
   assert (summary['name'], summary['job_id'], summary['requeues']) == (
       'slurm', '31', 1)
   assert summary['nodes'] == ['n1', 'n2', 'n3']
@@ -110,7 +113,7 @@ def test_a_scheduled_run_records_each_start_and_the_signal_that_stopped_it(
 
 
 def test_outside_slurm_nothing_is_recorded(tmp_path):
-  scheduler.record_start(str(tmp_path), {}, step=0)
-  scheduler.record_stop(str(tmp_path), {}, 'SIGTERM', step=3)
-  assert scheduler.summary(str(tmp_path), {}) is None
+  job_starts.record_start(str(tmp_path), {}, step=0)
+  job_starts.record_stop(str(tmp_path), {}, 'SIGTERM', step=3)
+  assert job_starts.summary(str(tmp_path), {}) is None
   assert not list(tmp_path.iterdir())

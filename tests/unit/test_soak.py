@@ -99,6 +99,9 @@ def test_a_clean_record_breaks_no_invariant():
     (dict(files_after={'ckpt-4.index': 'x', 'ckpt-8.index': 'b'}),
      'data: ckpt-4.index changed'),
     (dict(weights='v'), 'weights: weights differ from the uninterrupted run'),
+    (dict(shrank=True, weights='v', world_changes=[12], summary_world_sizes=2,
+          drift=0.4), 'weights: a shrunk job ended 0.400 of the '
+     'uninterrupted run'),
     (dict(summary_restarts=0), 'attempts: run_summary.json has 0 restarts, '
      'the log 1'),
     (dict(summary_world_sizes=2), 'attempts: run_summary.json has 2 world '
@@ -129,13 +132,37 @@ def test_what_the_invariants_allow():
   # A shrunk job's weights are not the uninterrupted run's; a job that
   # ended on a named line wrote no summary to compare.
   assert soak.broken_invariants(_record(shrank=True, weights='v',
-                                        world_changes=[12],
+                                        world_changes=[12], drift=0.05,
                                         summary_world_sizes=2)) == []
   # A shrink before the first checkpoint replaces the first shape.
   assert soak.broken_invariants(_record(shrank=True, world_changes=[0],
                                         summary_world_sizes=1)) == []
   assert soak.broken_invariants(_record(outcome='named', weights=None,
                                         summary_restarts=None)) == []
+
+
+def _run_dir(path, steps_and_values):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  module = tf.Module()
+  module.kernel = tf.Variable([0.0, 0.0])
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=module), str(path), max_to_keep=None)
+  for step, value in steps_and_values:
+    module.kernel.assign(value)
+    manager.save(checkpoint_number=step)
+  return str(path)
+
+
+def test_the_drift_of_a_shrunk_job_is_measured_against_the_reference_travel(
+    tmp_path):
+  # The reference moves from (0, 0) at its first checkpoint to (3, 4): 5.
+  reference = _run_dir(tmp_path / 'ref', [(4, [0.0, 0.0]), (24, [3.0, 4.0])])
+  shrunk = _run_dir(tmp_path / 'job', [(24, [3.0, 4.5])])
+  assert soak.weights_drift(shrunk, reference) == pytest.approx(0.1)
+  assert soak.weights_drift(reference, reference) == 0
+  # Nothing to compare: no checkpoint, or a reference with one.
+  assert soak.weights_drift(str(tmp_path / 'none'), reference) is None
+  assert soak.weights_drift(reference, shrunk) is None
 
 
 def test_the_log_readers():

@@ -9,8 +9,9 @@ import time
 
 import pytest
 
-from common import supervisor
 from common.errors import UsageError
+from resnet_keras.launcher import slurm
+from resnet_keras.launcher import supervisor
 from tests.support.runner import REPO_ROOT
 
 HOSTS = ['10.0.0.1', '10.0.0.2']
@@ -88,18 +89,23 @@ error: stopped by SIGUSR1 at step 7; rerun the same command to resume
 srun: error: s2: task 1: Exited with exit code 138
 srun: launch/slurm: _step_signal: Terminating StepId=2.0
 srun: error: s1: task 0: Terminated'''
+SRUN = slurm.SrunOutput()
 
 
 def test_srun_names_the_lost_node_and_the_first_task_to_exit():
   nodes = ['s1', 's2', 's3']
   lost = supervisor.describe_failure(137, SRUN_NODE_FAILURE.splitlines(),
-                                     nodes, 1)
+                                     nodes, 1, SRUN)
   assert lost.cause.startswith('Slurm lost node s3 (rank 2): it went down')
   assert lost.retry
   first = supervisor.describe_failure(143, SRUN_TASK_EXIT.splitlines(),
-                                      nodes, 1)
+                                      nodes, 1, SRUN)
   assert first.cause == 'rank 1 on host s2 exited with code 138 (SIGUSR1 (10))'
   assert first.first_exit_code == 138
+  # srun's words are the Slurm placement's to read, not the supervisor's.
+  assert supervisor.describe_failure(
+      143, SRUN_TASK_EXIT.splitlines(), nodes, 1).cause == (
+          'the job exited with code 143 (SIGTERM (15))')
 
 
 def test_workers_stopped_at_the_warning_are_neither_failed_nor_restarted(
@@ -108,7 +114,8 @@ def test_workers_stopped_at_the_warning_are_neither_failed_nor_restarted(
   stopped at the scheduler's warning: the caller has the job resumed."""
   script = (f'print({SRUN_TASK_EXIT!r}, flush=True)\n'
             'import sys; sys.exit(143)')
-  code, lines = _supervise(tmp_path, script, max_restarts=2)
+  code, lines = _supervise(tmp_path, script, max_restarts=2,
+                           launcher_output=SRUN)
   assert code == supervisor.STOPPED_AT_WARNING_EXIT_CODE == 138
   assert lines == []
 
@@ -120,7 +127,8 @@ def test_a_node_failure_that_ends_the_job_is_named_in_the_stop_line(
   script = (f'import os, signal, time\nprint({SRUN_NODE_FAILURE!r}, '
             'flush=True)\nos.kill(os.getppid(), signal.SIGTERM)\n'
             'time.sleep(60)')
-  code, lines = _supervise(tmp_path, script, max_restarts=2)
+  code, lines = _supervise(tmp_path, script, max_restarts=2,
+                           launcher_output=SRUN)
   assert code == 143
   assert lines[-1].startswith('job stopped by SIGTERM (15) to the launcher '
                               '(exit 143): Slurm lost node s3')
@@ -128,13 +136,13 @@ def test_a_node_failure_that_ends_the_job_is_named_in_the_stop_line(
 
 
 def _supervise(tmp_path, script, max_restarts, replan=None,
-               parse_output=True, abort_grace=0):
+               parse_output=True, abort_grace=0, launcher_output=None):
   lines = []
   code = supervisor.Supervisor(
       supervisor.Attempt([sys.executable, '-c', script, str(tmp_path)], {}),
       max_restarts=max_restarts, workers_per_host=1,
       parse_output=parse_output, log=lines.append, replan=replan,
-      abort_grace=abort_grace).run()
+      abort_grace=abort_grace, launcher_output=launcher_output).run()
   return code, lines
 
 
@@ -234,6 +242,35 @@ def test_an_mpirun_that_hangs_while_aborting_is_ended_after_the_grace(
   assert not supervisor.session_processes(session)
 
 
+def test_a_job_whose_chief_finished_but_a_worker_hangs_is_ended_as_done(
+    tmp_path, capfd, monkeypatch):
+  """The chief's summary line, then a worker that never leaves (frozen
+  during the export, after the last collective): the job is ended after
+  the workers' grace, the line says why, and the job succeeded: it is not
+  restarted."""
+  monkeypatch.setattr(supervisor, '_LEAVE_GRACE', 1)
+  frozen = _aborting_mpirun(
+      'print("12:00:00 I run summary: {}", flush=True)\n'
+      'time.sleep(600)\n', notice='')
+  code, lines = _supervise(tmp_path, frozen, max_restarts=2, abort_grace=1)
+  assert code == 0
+  assert lines == ['the chief finished the run (run_summary.json written), '
+                   'but 1 s later the job had not ended: a worker is stuck '
+                   'or frozen; ending the job (its results are complete)']
+  session = int(re.search(r'session (\d+)', capfd.readouterr().out).group(1))
+  deadline = time.monotonic() + 10
+  while supervisor.session_processes(session) and (
+      time.monotonic() < deadline):
+    time.sleep(0.1)
+  assert not supervisor.session_processes(session)
+
+
+def test_a_job_that_leaves_after_its_chief_finished_is_left_alone(tmp_path):
+  done = 'print("12:00:00 I run summary: {}", flush=True)\n'
+  code, lines = _supervise(tmp_path, done, max_restarts=0, abort_grace=1)
+  assert code == 0 and lines == []
+
+
 def test_a_usage_error_is_never_retried(tmp_path):
   script = ('import sys; open(sys.argv[1] + "/runs", "a").write("x");'
             'sys.exit(2)')
@@ -248,19 +285,6 @@ def test_negative_max_restarts_is_a_usage_error():
     supervisor.Supervisor(supervisor.Attempt(['true'], {}), max_restarts=-1,
                           workers_per_host=1, parse_output=False,
                           log=print)
-
-
-def test_restart_count_comes_from_the_environment():
-  assert supervisor.restart_count({}) == 0
-  assert supervisor.restart_count({supervisor.RESTARTS_VAR: '2'}) == 2
-  assert supervisor.earlier_attempts({}) == 0
-  # A job Slurm requeued runs its script again: those attempts count too.
-  assert supervisor.earlier_attempts({supervisor.RESTARTS_VAR: '1',
-                                      'SLURM_RESTART_COUNT': '2'}) == 3
-  assert supervisor.resume_step({}) is None
-  assert supervisor.resume_step({supervisor.RESUME_STEP_VAR: ''}) is None
-  assert supervisor.resume_step({supervisor.RESUME_STEP_VAR: '0'}) == 0
-  assert supervisor.resume_step({supervisor.RESUME_STEP_VAR: '12'}) == 12
 
 
 def test_a_host_whose_processes_died_is_named():
@@ -296,7 +320,7 @@ def test_an_mpirun_that_exits_leaving_its_ssh_session_is_ended_after_the_grace(
 
 _LAUNCHER = '''
 import sys
-from common import supervisor
+from resnet_keras.launcher import supervisor
 job = """
 import signal, sys, time
 def stop(signum, frame):

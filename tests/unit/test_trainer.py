@@ -10,7 +10,7 @@ import tf_keras
 
 from resnet_keras import evaluator as evaluator_lib
 from resnet_keras import guards
-from resnet_keras import models
+from resnet_keras import network as network_lib
 from resnet_keras import ema as ema_lib
 from resnet_keras.data import synthetic
 from resnet_keras.metrics import LOOP_RECORD
@@ -18,7 +18,7 @@ from tests.support import loops
 
 
 def _trainer(batch=4, steps_per_loop=3, train=None, **options):
-  net = models.resnet(18, 5, 32)
+  net = network_lib.resnet(18, 5, 32)
   optimizer = tf_keras.optimizers.legacy.SGD(0.05, momentum=0.9)
   if train is None:
     train = synthetic.train_dataset(batch, 32, 5, tf.float32)
@@ -27,7 +27,7 @@ def _trainer(batch=4, steps_per_loop=3, train=None, **options):
 
 
 def _evaluator(eval_examples=13, batch=4, **options):
-  net = models.resnet(18, 5, 32)
+  net = network_lib.resnet(18, 5, 32)
   evals = synthetic.eval_dataset(batch, 32, 5, tf.float32, eval_examples)
   return loops.evaluator(net, evals, **options)
 
@@ -119,7 +119,7 @@ def test_flip_evaluation_averages_each_image_with_its_mirror_once():
   evaluator = _evaluator(eval_examples=13, batch=4, eval_flip=True)
   # An untrained head saturates the softmax (every loss at the clip); a
   # smaller one keeps the two views' predictions apart.
-  head = evaluator.model.get_layer(models.HEAD_LAYER)
+  head = evaluator.model.get_layer(network_lib.HEAD_LAYER)
   head.kernel.assign(head.kernel * 1e-3)
   results = evaluator.evaluate(tf.constant(-1))
   assert results['eval_examples'] == 13  # Each image counted once.
@@ -224,7 +224,7 @@ def test_fp16_overflow_halves_the_scale_skips_the_update_and_goes_on(policy):
   while the steps are skipped and then follows the weights."""
   policy('mixed_float16')
   tf_keras.utils.set_random_seed(4)
-  net = models.resnet(10, 5, 32, stem='cifar', filters=(8, 16, 16, 16))
+  net = network_lib.resnet(10, 5, 32, stem='cifar', filters=(8, 16, 16, 16))
   optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
       tf_keras.optimizers.legacy.SGD(0.05), initial_scale=2.0 ** 40)
   average = ema_lib.EMA(net.variables, decay=0.9)

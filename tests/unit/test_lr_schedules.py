@@ -2,7 +2,7 @@
 
 import pytest
 
-from resnet_keras import schedules
+from resnet_keras import lr_schedules
 from resnet_keras.config import RunConfig
 
 
@@ -11,15 +11,15 @@ def lr(schedule, step):
 
 
 def test_peak_scales_sgd_with_batch_but_not_lars():
-  assert schedules.peak_learning_rate('SGD', 0.1, 1024) == pytest.approx(0.4)
-  assert schedules.peak_learning_rate('LARS', 9.5, 2048) == 9.5
-  assert schedules.peak_learning_rate('RMSProp', 0.016, 512) == (
+  assert lr_schedules.peak_learning_rate('SGD', 0.1, 1024) == pytest.approx(0.4)
+  assert lr_schedules.peak_learning_rate('LARS', 9.5, 2048) == 9.5
+  assert lr_schedules.peak_learning_rate('RMSProp', 0.016, 512) == (
       pytest.approx(0.032))
 
 
 def test_piecewise_warmup_and_boundaries():
   # 100 steps/epoch, 5 warmup epochs, peak 0.4 (0.1 x 1024/256).
-  s = schedules.build_schedule('piecewise', peak=0.4, warmup_steps=500,
+  s = lr_schedules.build_schedule('piecewise', peak=0.4, warmup_steps=500,
                                total_steps=9000, steps_per_epoch=100)
   assert lr(s, 0) == 0.0
   assert lr(s, 250) == pytest.approx(0.2)       # half way through warmup
@@ -34,7 +34,7 @@ def test_piecewise_warmup_and_boundaries():
 
 def test_polynomial_warmup_peak_and_power_two_decay():
   # Warmup 10 steps to 2.5, then (2.5 - 1e-4)(1 - t/90)^2 + 1e-4 over 90.
-  s = schedules.build_schedule('polynomial', peak=2.5, warmup_steps=10,
+  s = lr_schedules.build_schedule('polynomial', peak=2.5, warmup_steps=10,
                                total_steps=100, steps_per_epoch=10,
                                end_learning_rate=1e-4)
   assert lr(s, 5) == pytest.approx(1.25)
@@ -46,7 +46,7 @@ def test_polynomial_warmup_peak_and_power_two_decay():
 
 
 def test_polynomial_decay_epochs_end_early_and_stay():
-  s = schedules.build_schedule('polynomial', peak=1.0, warmup_steps=0,
+  s = lr_schedules.build_schedule('polynomial', peak=1.0, warmup_steps=0,
                                total_steps=100, steps_per_epoch=10,
                                end_learning_rate=0.0, decay_steps=50)
   assert lr(s, 0) == pytest.approx(1.0)
@@ -56,13 +56,13 @@ def test_polynomial_decay_epochs_end_early_and_stay():
 
 
 def test_cosine_and_constant():
-  s = schedules.build_schedule('cosine', peak=1.0, warmup_steps=10,
+  s = lr_schedules.build_schedule('cosine', peak=1.0, warmup_steps=10,
                                total_steps=110, steps_per_epoch=10,
                                end_learning_rate=0.0)
   assert lr(s, 10) == pytest.approx(1.0)
   assert lr(s, 60) == pytest.approx(0.5, abs=1e-6)   # half way: cos(pi/2)
   assert lr(s, 110) == pytest.approx(0.0, abs=1e-6)
-  c = schedules.build_schedule('constant', peak=0.3, warmup_steps=4,
+  c = lr_schedules.build_schedule('constant', peak=0.3, warmup_steps=4,
                                total_steps=50, steps_per_epoch=10)
   assert lr(c, 2) == pytest.approx(0.15)
   assert lr(c, 4) == pytest.approx(0.3)
@@ -72,7 +72,7 @@ def test_cosine_and_constant():
 def test_linear_warms_up_then_falls_to_zero_at_the_last_step():
   # FFCV's shape: 0 -> 1.7 over 5 steps, then 1.7 (1 - (t - 5) / 20) to 0
   # at step 25; the end_learning_rate floor of the other decays is ignored.
-  s = schedules.build_schedule('linear', peak=1.7, warmup_steps=5,
+  s = lr_schedules.build_schedule('linear', peak=1.7, warmup_steps=5,
                                total_steps=25, steps_per_epoch=5,
                                end_learning_rate=0.1)
   assert lr(s, 0) == 0.0
@@ -84,7 +84,7 @@ def test_linear_warms_up_then_falls_to_zero_at_the_last_step():
   assert lr(s, 25) == pytest.approx(0.0, abs=1e-7)
   assert lr(s, 30) == pytest.approx(0.0, abs=1e-7)  # stays there
   # Without warmup it starts at the peak.
-  cold = schedules.schedule_for_run(
+  cold = lr_schedules.schedule_for_run(
       RunConfig(optimizer='LARS', base_learning_rate=2.0, warmup_epochs=0,
                 lr_schedule='linear'),
       global_batch_size=256, steps_per_epoch=10, total_steps=40)
@@ -97,7 +97,7 @@ def test_per_epoch_holds_each_epoch_at_its_middle():
   # step 40. Each epoch takes the value at its step 5, 15, 25, 35.
   cfg = RunConfig(optimizer='LARS', base_learning_rate=2.0, warmup_epochs=1,
                   lr_schedule='linear', lr_per_epoch=True)
-  s = schedules.schedule_for_run(cfg, global_batch_size=256,
+  s = lr_schedules.schedule_for_run(cfg, global_batch_size=256,
                                  steps_per_epoch=10, total_steps=40)
   for epoch, value in enumerate([1.0, 2 * 25 / 30, 2 * 15 / 30, 2 * 5 / 30]):
     for step in (10 * epoch, 10 * epoch + 9):
@@ -108,15 +108,15 @@ def test_per_epoch_holds_each_epoch_at_its_middle():
 def test_a_scaled_schedule_is_the_planned_one_times_the_factor():
   cfg = RunConfig(optimizer='SGD', base_learning_rate=0.1, warmup_epochs=1,
                   lr_schedule='linear')
-  planned = schedules.schedule_for_run(cfg, global_batch_size=512,
+  planned = lr_schedules.schedule_for_run(cfg, global_batch_size=512,
                                        steps_per_epoch=10, total_steps=40)
-  scaled = schedules.schedule_for_run(cfg, global_batch_size=512,
+  scaled = lr_schedules.schedule_for_run(cfg, global_batch_size=512,
                                       steps_per_epoch=10, total_steps=40,
                                       scale=0.5)
   assert lr(planned, 10) == pytest.approx(0.2)  # 0.1 per 256 at 512.
   for step in (0, 5, 10, 25, 39):
     assert lr(scaled, step) == pytest.approx(0.5 * lr(planned, step))
-  assert schedules.schedule_for_run(cfg, 512, 10, 40, scale=1.0).__class__ \
+  assert lr_schedules.schedule_for_run(cfg, 512, 10, 40, scale=1.0).__class__ \
       is planned.__class__  # No wrapper when nothing is scaled.
 
 
@@ -124,7 +124,7 @@ def test_schedule_for_run_uses_flags():
   cfg = RunConfig(optimizer='LARS', base_learning_rate=9.5, warmup_epochs=3,
                   lr_schedule='polynomial', lars_decay_epochs=10,
                   end_learning_rate=1e-4)
-  s = schedules.schedule_for_run(cfg, global_batch_size=2048,
+  s = lr_schedules.schedule_for_run(cfg, global_batch_size=2048,
                                  steps_per_epoch=10, total_steps=400)
   assert lr(s, 30) == pytest.approx(9.5)
   assert lr(s, 100) == pytest.approx(1e-4)
@@ -133,7 +133,7 @@ def test_schedule_for_run_uses_flags():
 
 def test_stepped_decays_at_fractions_of_the_run():
   # 1000 steps, warmup 100 to 1.0, x0.5 after 30%, 60% and 80% of the run.
-  s = schedules.build_schedule('stepped', peak=1.0, warmup_steps=100,
+  s = lr_schedules.build_schedule('stepped', peak=1.0, warmup_steps=100,
                                total_steps=1000, steps_per_epoch=10,
                                decay_factor=0.5, decay_points=(0.3, 0.6, 0.8))
   assert lr(s, 50) == pytest.approx(0.5)
@@ -148,7 +148,7 @@ def test_stepped_decays_at_fractions_of_the_run():
 
 def test_exponential_staircase_after_warmup():
   # 10 steps/epoch, warmup 10 steps to 2.0, x0.5 every 2 epochs after it.
-  s = schedules.build_schedule('exponential', peak=2.0, warmup_steps=10,
+  s = lr_schedules.build_schedule('exponential', peak=2.0, warmup_steps=10,
                                total_steps=100, steps_per_epoch=10,
                                decay_factor=0.5, decay_epochs=2)
   assert lr(s, 5) == pytest.approx(1.0)
@@ -163,7 +163,7 @@ def test_schedule_for_run_stepped_and_exponential_flags():
   stepped = RunConfig(lr_schedule='stepped', base_learning_rate=0.1,
                       warmup_epochs=1, lr_decay_factor=0.2,
                       lr_decay_points=(0.5,))
-  s = schedules.schedule_for_run(stepped, global_batch_size=512,
+  s = lr_schedules.schedule_for_run(stepped, global_batch_size=512,
                                  steps_per_epoch=10, total_steps=200)
   assert lr(s, 5) == pytest.approx(0.1)      # warmup to 0.2 (0.1 x 512/256)
   assert lr(s, 100) == pytest.approx(0.2)
@@ -171,7 +171,7 @@ def test_schedule_for_run_stepped_and_exponential_flags():
   exponential = RunConfig(optimizer='RMSProp', lr_schedule='exponential',
                           base_learning_rate=0.016, warmup_epochs=0,
                           lr_decay_factor=0.97, lr_decay_epochs=2.4)
-  s = schedules.schedule_for_run(exponential, global_batch_size=1024,
+  s = lr_schedules.schedule_for_run(exponential, global_batch_size=1024,
                                  steps_per_epoch=100, total_steps=5000)
   assert lr(s, 0) == pytest.approx(0.064)    # RMSProp scales like SGD
   assert lr(s, 239) == pytest.approx(0.064)
@@ -181,32 +181,33 @@ def test_schedule_for_run_stepped_and_exponential_flags():
 
 def test_image_size_rises_in_multiples_between_its_epochs():
   # Fashion-MNIST's 28 px from 16 over epochs 2..5 in steps of 4.
-  sizes = [schedules.image_size_at(e, 16, 28, 2, 5, 4) for e in range(8)]
+  sizes = [lr_schedules.image_size_at(e, 16, 28, 2, 5, 4) for e in range(8)]
   assert sizes == [16, 16, 16, 20, 24, 28, 28, 28]
   # ImageNet's 160 -> 224 over epochs 0..4 in multiples of 32, rounded to
   # the nearest (176 and 208 are halfway: to the even multiple, 192).
-  sizes = [schedules.image_size_at(e, 160, 224, 0, 4, 32) for e in range(6)]
+  sizes = [lr_schedules.image_size_at(e, 160, 224, 0, 4, 32) for e in range(6)]
   assert sizes == [160, 192, 192, 192, 224, 224]
   # Never outside [start, end], even when the end is not a multiple.
-  assert schedules.image_size_at(1, 20, 30, 0, 2, 8) == 24
-  assert all(20 <= schedules.image_size_at(e, 20, 30, 0, 9, 16) <= 30
+  assert lr_schedules.image_size_at(1, 20, 30, 0, 2, 8) == 24
+  assert all(20 <= lr_schedules.image_size_at(e, 20, 30, 0, 9, 16) <= 30
              for e in range(10))
   # A ramp of no epochs: a jump at its epoch.
-  assert [schedules.image_size_at(e, 16, 32, 2, 2, 4)
+  assert [lr_schedules.image_size_at(e, 16, 32, 2, 2, 4)
           for e in range(4)] == [16, 16, 32, 32]
 
 
 def test_image_size_for_run_follows_the_flags():
   plain = RunConfig(image_size=64, train_epochs=4)
-  assert [schedules.image_size_for_run(plain, e) for e in range(4)] == [64] * 4
+  assert [lr_schedules.image_size_for_run(plain, e)
+          for e in range(4)] == [64] * 4
   # Default epochs: the whole run, ending at --image_size in the last one;
   # default multiple: 4 below 128 px.
   ramp = RunConfig(image_size=64, train_epochs=5,
                    progressive_resize_start_size=48)
-  assert [schedules.image_size_for_run(ramp, e)
+  assert [lr_schedules.image_size_for_run(ramp, e)
           for e in range(5)] == [48, 52, 56, 60, 64]
   big = RunConfig(image_size=192, train_epochs=16,
                   progressive_resize_start_size=160,
                   progressive_resize_epochs=(11, 13))
-  assert [schedules.image_size_for_run(big, e) for e in (10, 11, 12, 13, 15)
+  assert [lr_schedules.image_size_for_run(big, e) for e in (10, 11, 12, 13, 15)
           ] == [160, 160, 192, 192, 192]  # 176: halfway, to the even 192

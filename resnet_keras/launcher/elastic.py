@@ -5,7 +5,7 @@ hosts and restarts the job.
 
 A run is planned for every host of MULTI_HLS_IPS: its global batch G is
 workers x per-worker batch (Horovod's --batch_size; tf.distribute's
---batch_size is G itself), and gradient accumulation splits each worker's
+--batch_size is G itself: common/batch_rule.py), and gradient accumulation splits each worker's
 batch into micro-batches of m. On W' workers:
 
   keep   (default) G stays: each worker takes G / W', in the fewest
@@ -21,6 +21,7 @@ batch into micro-batches of m. On W' workers:
 import dataclasses
 from typing import List, Optional, Sequence, Tuple
 
+from common.batch_rule import BatchRule
 from common.errors import UsageError
 
 KEEP, SCALE = 'keep', 'scale'
@@ -49,7 +50,8 @@ class Layout:
 
   def trainer_flags(self, horovod: bool) -> List[str]:
     """The trainer's batch flags for this layout."""
-    flags = [f'--batch_size={self.worker_batch if horovod else self.global_batch}',
+    batch_size = BatchRule(self.workers, horovod).batch_size(self.worker_batch)
+    flags = [f'--batch_size={batch_size}',
              f'--num_accumulation_steps={self.micro_batches}']
     if self.global_batch != self.planned_global_batch:
       flags.append(f'--planned_global_batch={self.planned_global_batch}')
@@ -66,7 +68,7 @@ def planned_layout(hosts: Sequence[str], workers_per_host: int,
                    horovod: bool) -> Layout:
   """The layout the command line plans: every host, the batch as given."""
   workers = max(1, len(hosts)) * workers_per_host
-  worker_batch = batch_size if horovod else batch_size // workers
+  worker_batch = BatchRule(workers, horovod).worker_batch(batch_size)
   return Layout(hosts=tuple(hosts), workers=workers, worker_batch=worker_batch,
                 micro_batches=micro_batches,
                 planned_global_batch=worker_batch * workers)
@@ -107,7 +109,7 @@ def check_host_counts(planned: Layout, min_hosts: int, workers_per_host: int,
   failing = [n for n in range(min_hosts, len(planned.hosts) + 1)
              if not keeps[n]]
   if failing:
-    working = [n for n, keeps_batch in keeps.items() if keeps_batch]
+    working = [n for n, splits in keeps.items() if splits]
     raise UsageError(
         f'the global batch of {planned.planned_global_batch} cannot be split '
         f'evenly over the workers of {_counts(failing)} host(s), which '

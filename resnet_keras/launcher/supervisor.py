@@ -21,20 +21,12 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Deque, List, Mapping, Optional, Sequence
+from typing import Callable, Deque, List, Mapping, Optional, Sequence, Tuple
 
+from common import worker_contract
 from common.errors import (NON_FINITE_EXIT_CODE, STOPPED_AT_WARNING_EXIT_CODE,
                            WARNING_SIGNAL, UsageError)
 
-# What the supervisor tells each attempt's workers (mpirun forwards both):
-# how many times the job was restarted before it, and the step of the
-# checkpoint it resumes at (empty on the first attempt). The trainer applies
-# --clean on the first attempt only, and refuses to train from any other
-# step than the one the launcher announced.
-RESTARTS_VAR = 'RESNET_KERAS_RESTARTS'
-RESUME_STEP_VAR = 'RESNET_KERAS_RESUME_STEP'
-ATTEMPT_VARS = (RESTARTS_VAR, RESUME_STEP_VAR)
-SLURM_RESTART_COUNT_VAR = 'SLURM_RESTART_COUNT'
 # Exit codes of failures a rerun cannot fix: bad input and a non-finite loss.
 NOT_RETRIED_EXIT_CODES = (UsageError.exit_code, NON_FINITE_EXIT_CODE)
 _TAIL_LINES = 400
@@ -44,17 +36,12 @@ _PR_SET_PDEATHSIG = 1
 _LIBC = (ctypes.CDLL(None, use_errno=True)
          if sys.platform.startswith('linux') else None)
 
-# srun's word when Slurm found a node of the step down.
-_NODE_FAILURE = re.compile(r'Node failure on (\S+)')
 _RANK_SIGNAL = re.compile(
     r'process rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)')
 _RANK_EXIT = re.compile(r'Process name:\s+\[\[\d+,\d+\],(\d+)\]')
 _EXIT_CODE = re.compile(r'Exit code:\s+(\d+)')
 _LOST_DAEMON = re.compile(r'Remote daemon:\s+\[\[\d+,\d+\],\d+\] on node (\S+)')
 _HOST_OF_RANK = re.compile(r'on node (\S+)')
-# srun's line for each task that exits with an error, the first one first.
-_TASK_EXIT = re.compile(r'srun: error: (\S+): task (\d+): Exited with exit '
-                        r'code (\d+)')
 # ssh's word when a host's processes (its sshd session among them) die.
 _SSH_CLOSED = re.compile(r'Connection to (\S+) closed by remote host')
 # An MPI rank whose peer vanished (OpenMPI's TCP transport).
@@ -64,6 +51,12 @@ _PEER_GONE = re.compile(r'Peer host:\s+(\S+)')
 # hosts cut it then waited on them as it does after a rank's failure).
 _ABORTING = re.compile(r'the job has been aborted|mpirun noticed that process'
                        r'|ORTE has lost communication with a remote daemon')
+# The chief's line once the run's summary is written: the job's work is
+# done, and its workers only have to leave.
+_FINISHED = re.compile(r' I run summary: ')
+# The least time the workers get to leave after the chief finished before
+# the supervisor ends them (TensorFlow's teardown on a busy host).
+_LEAVE_GRACE = 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,7 +66,8 @@ class Failure:
   cause: str  # One phrase: what was lost.
   retry: bool  # Whether starting the job again can help.
   # The exit code of the rank that ended first, where the output names it:
-  # mpirun and srun end the others, which then exit otherwise.
+  # the launcher (mpirun, a scheduler's) ends the others, which then exit
+  # otherwise.
   first_exit_code: Optional[int] = None
 
 
@@ -88,24 +82,53 @@ class Attempt:
   resume_step: Optional[int] = None
 
 
+class LauncherOutput:
+  """What the supervisor reads in the output of the program that starts
+  the workers, beyond mpirun's own lines (which it always knows): a
+  scheduler's own launcher says in its own words that it lost a node,
+  or which task exited first. A placement gives its own (placement.py:
+  `Placement.launcher_output`); this one adds nothing."""
+
+  def lost_node(self, text: str, hosts: Sequence[str],
+                workers_per_host: int) -> str:
+    """The cause, in one phrase, where the output names a node as lost
+    ('': it names none). A rerun can help."""
+    del text, hosts, workers_per_host
+    return ''
+
+  def first_task_exit(self, text: str
+                      ) -> Optional[Tuple[Optional[str], int, int]]:
+    """(host, rank, exit code) of the first task the output says exited
+    with an error (None: it says none)."""
+    del text
+    return None
+
+  def stopped_note(self, text: str, failure: Failure) -> str:
+    """What to add to the line of a job the launcher was signalled to stop
+    (a scheduler ending the job says why here; '': nothing)."""
+    del text, failure
+    return ''
+
+
 def describe_failure(exit_code: int, output: Sequence[str],
-                     hosts: Sequence[str], workers_per_host: int
+                     hosts: Sequence[str], workers_per_host: int,
+                     launcher_output: Optional['LauncherOutput'] = None
                      ) -> Failure:
   """The cause of a failed job from its exit code and last output lines.
 
   `hosts` and `workers_per_host` give the layout mpirun used (empty hosts:
-  this host only), to name the ranks on a lost host.
+  this host only), to name the ranks on a lost host. `launcher_output`
+  reads what a scheduler's own launcher says, beside mpirun's lines.
   """
   text = '\n'.join(output)
-  node = _NODE_FAILURE.search(text)
-  if node:
-    return Failure(exit_code, f'Slurm lost node {node.group(1)}'
-                   f'{_ranks_on(node.group(1), hosts, workers_per_host)}: it '
-                   'went down or its network failed', retry=True)
+  launcher_output = launcher_output or LauncherOutput()
+  lost_node = launcher_output.lost_node(text, hosts, workers_per_host)
+  if lost_node:
+    return Failure(exit_code, lost_node, retry=True)
   lost = _LOST_DAEMON.search(text) or _SSH_CLOSED.search(text)
   if lost:
     host = lost.group(1)
-    ranks = _ranks_on(host, hosts, workers_per_host)
+    ranks = ranks_on(host, hosts, workers_per_host)
     return Failure(exit_code, f'lost contact with host {host}{ranks}: it '
                    'went down, its network failed, or its processes were '
                    'killed', retry=True)
@@ -118,14 +141,14 @@ def describe_failure(exit_code: int, output: Sequence[str],
   if peer:
     host = peer.group(1)
     return Failure(exit_code, f'lost contact with host {host}'
-                   f'{_ranks_on(host, hosts, workers_per_host)}: a rank '
+                   f'{ranks_on(host, hosts, workers_per_host)}: a rank '
                    'there died or its network failed', retry=True)
   first = _RANK_EXIT.search(text)
   code = _EXIT_CODE.search(text)
-  task = _TASK_EXIT.search(text)
+  task = launcher_output.first_task_exit(text)
   if (first and code) or task:
     if task:
-      host, rank, rank_code = task.group(1), *map(int, task.groups()[1:])
+      host, rank, rank_code = task
     else:
       rank, rank_code = int(first.group(1)), int(code.group(1))
       host = _HOST_OF_RANK.search(text[first.end():])
@@ -140,7 +163,7 @@ def describe_failure(exit_code: int, output: Sequence[str],
                  retry=exit_code not in NOT_RETRIED_EXIT_CODES)
 
 
-def _ranks_on(host: str, hosts: Sequence[str], workers_per_host: int) -> str:
+def ranks_on(host: str, hosts: Sequence[str], workers_per_host: int) -> str:
   if host not in hosts:
     return ''
   first = list(hosts).index(host) * workers_per_host
@@ -166,17 +189,6 @@ def _meaning(exit_code: int) -> str:
   return ''
 
 
-def _lost_node(output: Sequence[str], failure: Failure) -> str:
-  """Slurm ends a job that lost a node with a signal to its batch script
-  (the launcher): the node srun named, if that is why."""
-  if not _NODE_FAILURE.search('\n'.join(output)):
-    return ''
-  return (f': {failure.cause}; Slurm ends the job (and requeues it where it '
-          'may: it resumes at the last checkpoint); sbatch --no-kill keeps a '
-          'job that loses a node, and --max_restarts restarts it on the '
-          'nodes left')
-
-
 def advice(failure: Failure, restarts_left: int) -> str:
   if not failure.retry:
     return 'fix the cause and rerun'
@@ -197,13 +209,20 @@ class Supervisor:
   rank's end, and a daemon whose link was cut while mpirun was writing to
   it holds the job for TCP's retransmission timeout (~15 min), which
   mpirun's keepalive probes do not shorten.
+  Once the chief says the run is finished (its summary written), the
+  workers get `abort_grace` (at least _LEAVE_GRACE) seconds to leave; a
+  worker stuck or frozen after the chief's last collective (Horovod's
+  ranks leave without one) would otherwise hold mpirun (or a scheduler's
+  launcher) forever.
+  The supervisor then ends the job, says so, and the job succeeded.
   """
 
   def __init__(self, attempt: Attempt, *, max_restarts: int,
                workers_per_host: int, parse_output: bool,
                log: Callable[[str], None],
                replan: Optional[Callable[[Failure], Attempt]] = None,
-               abort_grace: float = 0):
+               abort_grace: float = 0,
+               launcher_output: Optional[LauncherOutput] = None):
     if max_restarts < 0:
       raise UsageError(f'--max_restarts must be >= 0, got {max_restarts}')
     self._attempt = attempt
@@ -212,9 +231,11 @@ class Supervisor:
     self._max_restarts = max_restarts
     self._workers_per_host = workers_per_host
     self._parse_output = parse_output
+    self._launcher_output = launcher_output or LauncherOutput()
     self._log = log
     self._job: Optional[subprocess.Popen] = None
     self._stopped_by: Optional[int] = None
+    self._ended_after_finish = False
 
   def run(self) -> int:
     """The job's exit code (that of its last attempt)."""
@@ -231,17 +252,20 @@ class Supervisor:
     while True:
       started = time.monotonic()
       exit_code, tail = self._run_once(restarts)
-      if exit_code == 0:
+      if exit_code == 0 or self._ended_after_finish:
         return 0
       failure = describe_failure(exit_code, tail, self._attempt.hosts,
-                                 self._workers_per_host)
+                                 self._workers_per_host,
+                                 self._launcher_output)
       # A scheduler's warning: the workers saved; the caller has the job
       # resumed where the scheduler says, it is not restarted here.
       if STOPPED_AT_WARNING_EXIT_CODE in (exit_code, failure.first_exit_code):
         return STOPPED_AT_WARNING_EXIT_CODE
       if self._stopped_by is not None:  # The user stopped us: never retried.
         self._log(f'job stopped by {_signal_name(self._stopped_by)} to the '
-                  f'launcher (exit {exit_code})' + _lost_node(tail, failure))
+                  f'launcher (exit {exit_code})' +
+                  self._launcher_output.stopped_note('\n'.join(tail),
+                                                     failure))
         return exit_code
       left = self._max_restarts - restarts if failure.retry else 0
       self._log(f'job failed after {time.monotonic() - started:.0f} s (exit '
@@ -261,9 +285,10 @@ class Supervisor:
   def _run_once(self, restarts: int):
     argv = list(self._attempt.argv)
     step = self._attempt.resume_step
-    env = {**self._attempt.env, RESTARTS_VAR: str(restarts),
-           RESUME_STEP_VAR: '' if step is None else str(step)}
+    env = {**self._attempt.env,
+           **worker_contract.attempt_env(restarts, step)}
     tail: Deque[str] = collections.deque(maxlen=_TAIL_LINES)
+    self._ended_after_finish = False
     if not self._parse_output:
       self._job = subprocess.Popen(argv, env=env)
     else:
@@ -273,18 +298,19 @@ class Supervisor:
                                    stderr=subprocess.STDOUT,
                                    start_new_session=True,
                                    preexec_fn=_ends_with(os.getpid()))
-      deadline = None
+      timers = {}
       for raw in self._job.stdout:
         sys.stdout.buffer.write(raw)
         sys.stdout.flush()
         tail.append(raw.decode(errors='replace').rstrip('\n'))
-        if deadline is None and self._abort_grace and _ABORTING.search(
-            tail[-1]):
-          deadline = threading.Timer(self._abort_grace, self._end_job)
-          deadline.daemon = True
-          deadline.start()
-      if deadline is not None:
-        deadline.cancel()
+        if ('abort' not in timers and self._abort_grace and
+            _ABORTING.search(tail[-1])):
+          timers['abort'] = _start_timer(self._abort_grace, self._end_job)
+        if 'finish' not in timers and _FINISHED.search(tail[-1]):
+          timers['finish'] = _start_timer(
+              max(self._abort_grace, _LEAVE_GRACE), self._end_finished_job)
+      for timer in timers.values():
+        timer.cancel()
     exit_code = self._job.wait()
     # A job killed by a signal exits as a shell reports it: 128 + signal.
     return (128 - exit_code if exit_code < 0 else exit_code), list(tail)
@@ -295,12 +321,31 @@ class Supervisor:
     may have exited already: its ssh session to a host whose link was cut
     lives on and holds the job's output open, and the launcher, reading it,
     would wait for TCP to give up on that host (~15 min)."""
-    job = self._job
-    ended = lambda: job.poll() is not None and not session_processes(job.pid)
-    if job is None or ended():
+    if not self._job_ended():
+      self._log(f'mpirun did not end the job within {self._abort_grace:.0f} '
+                's of aborting it (a host stopped answering): ending mpirun')
+      self._end_session()
+
+  def _end_finished_job(self) -> None:
+    """The job ended (SIGTERM, then SIGKILL) once the chief finished the
+    run and the workers outlived their grace to leave."""
+    if self._job_ended():
       return
-    self._log(f'mpirun did not end the job within {self._abort_grace:.0f} s '
-              'of aborting it (a host stopped answering): ending mpirun')
+    self._ended_after_finish = True
+    grace = max(self._abort_grace, _LEAVE_GRACE)
+    self._log(f'the chief finished the run (run_summary.json written), but '
+              f'{grace:.0f} s later the job had not ended: a worker is stuck '
+              'or frozen; ending the job (its results are complete)')
+    self._end_session()
+
+  def _job_ended(self) -> bool:
+    job = self._job
+    return job is None or (job.poll() is not None and
+                           not session_processes(job.pid))
+
+  def _end_session(self) -> None:
+    job = self._job
+    ended = self._job_ended
     for sig in (signal.SIGTERM, signal.SIGKILL):
       _signal_session(job.pid, sig)
       deadline = time.monotonic() + 5
@@ -314,6 +359,14 @@ class Supervisor:
       self._stopped_by = signum
     if self._job is not None and self._job.poll() is None:
       self._job.send_signal(signum)
+
+
+def _start_timer(seconds: float, action: Callable[[], None]
+                 ) -> threading.Timer:
+  timer = threading.Timer(seconds, action)
+  timer.daemon = True
+  timer.start()
+  return timer
 
 
 def _ends_with(launcher: int) -> Callable[[], None]:
@@ -365,27 +418,3 @@ def _signal_session(session_id: int, sig: int) -> None:
       os.kill(pid, sig)
     except ProcessLookupError:
       pass
-
-
-def restart_count(environ: Mapping[str, str]) -> int:
-  """How many times the launcher restarted this job before this attempt."""
-  return int(environ.get(RESTARTS_VAR, '0') or 0)
-
-
-def requeues(environ: Mapping[str, str]) -> int:
-  """How many times Slurm requeued this job before (SLURM_RESTART_COUNT):
-  the batch script, and the launcher in it, run again from the start."""
-  return int(environ.get(SLURM_RESTART_COUNT_VAR, '0') or 0)
-
-
-def earlier_attempts(environ: Mapping[str, str]) -> int:
-  """Attempts of this job before this one: the launcher's restarts and
-  the scheduler's requeues. --clean applies only where there were none."""
-  return restart_count(environ) + requeues(environ)
-
-
-def resume_step(environ: Mapping[str, str]) -> Optional[int]:
-  """The step of the checkpoint the launcher restarted this attempt to
-  resume at (0: it saw none), or None (a first attempt, or no launcher)."""
-  value = environ.get(RESUME_STEP_VAR, '')
-  return int(value) if value else None

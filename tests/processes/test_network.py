@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from resnet_keras import models
+from resnet_keras import network as network_lib
 from tests.support import runner
 
 
@@ -19,7 +19,7 @@ from common import env
 env.prepare_tensorflow_environment()
 import numpy as np
 import tensorflow as tf
-from resnet_keras import models
+from resnet_keras import network as network_lib
 from resnet_keras.config import RunConfig
 
 cpu = tf.config.list_physical_devices('CPU')[0]
@@ -36,8 +36,9 @@ got = {'inputs': batches.tolist()}
 for mode in ('sync', 'local'):
   sync = mode == 'sync'
   with strategy.scope():
-    layer = models.norm_factory('batch', sync_batch_norm=sync)(f'bn_{mode}')
-    network = models.build_network(
+    layer = network_lib.norm_factory('batch', sync_batch_norm=sync)(
+        f'bn_{mode}')
+    network = network_lib.build_network(
         RunConfig(resnet_depth=10, width_multiplier=0.25, image_size=32,
                   sync_batch_norm=sync), 10, use_regularizers=False)
   outputs = strategy.run(tf.function(lambda x: layer(x, training=True)),
@@ -81,7 +82,7 @@ def test_sync_batch_norm_uses_the_global_batch_statistics(
     means, variances = batches.mean(axis=(1, 2, 3)), batches.var(axis=(1, 2, 3))
   for replica in range(2):
     expected = ((batches[replica] - means[replica]) /
-                np.sqrt(variances[replica] + models.BN_EPSILON))
+                np.sqrt(variances[replica] + network_lib.BN_EPSILON))
     np.testing.assert_allclose(outputs[replica], expected, rtol=1e-4,
                                atol=1e-4)
   if mode == 'sync':

@@ -1,11 +1,11 @@
-"""mpirun commands, TF_CONFIG and flag stripping, as pure functions."""
+"""The launcher's commands (mpirun, the tf.data service's servers) and flag
+stripping, as pure functions."""
 
-import json
 import subprocess
 
 import pytest
 
-from common import launch
+from resnet_keras.launcher import commands as launch
 from common.errors import UsageError
 
 PROGRAM = ['python', 'resnet_ctl_imagenet_main.py', '-bs', '8']
@@ -71,40 +71,6 @@ def test_only_relevant_set_variables_are_forwarded():
   assert plan.env == {'HOROVOD_CYCLE_TIME': '1'}
 
 
-def test_tf_config_follows_mpirun_placement():
-  config = launch.tf_config_for_rank(3, 4, ['h1', 'h2'], base_port=5000)
-  assert config == {'cluster': {'worker': ['h1:5000', 'h1:5001', 'h2:5000',
-                                           'h2:5001']},
-                    'task': {'type': 'worker', 'index': 3}}
-  local = launch.tf_config_for_rank(0, 2, [])
-  assert local['cluster']['worker'] == ['localhost:2410', 'localhost:2411']
-  with pytest.raises(UsageError, match='spread evenly'):
-    launch.tf_config_for_rank(0, 3, ['h1', 'h2'])
-
-
-@pytest.mark.parametrize('environ,expected_rank', [
-    ({'OMPI_COMM_WORLD_RANK': '1', 'OMPI_COMM_WORLD_SIZE': '2'}, 1),
-    ({'PMI_RANK': '0', 'PMI_SIZE': '2', 'TF_BASE_PORT': '3000'}, 0),
-])
-def test_tf_config_from_the_mpi_environment(environ, expected_rank):
-  config = json.loads(launch.tf_config_from_mpi(environ))
-  assert config['task']['index'] == expected_rank
-  port = int(environ.get('TF_BASE_PORT', 2410))
-  assert config['cluster']['worker'] == [f'localhost:{port}',
-                                         f'localhost:{port + 1}']
-
-
-def test_no_tf_config_outside_mpi():
-  assert launch.tf_config_from_mpi({'PATH': '/bin'}) is None
-
-
-def test_hosts_parsing():
-  assert launch.parse_hosts(None) == []
-  assert launch.parse_hosts(' a, b ,') == ['a', 'b']
-  with pytest.raises(UsageError, match='lists a host twice'):
-    launch.parse_hosts('a,a')
-
-
 def test_strip_flags_in_every_spelling():
   args = ['--num_workers_per_hls', '8', '-bs', '4', '--num_workers_per_hls=2',
           '--kubernetes_run=True', '--nokubernetes_run', '--dry_run',
@@ -131,23 +97,6 @@ def test_keepalive_ends_a_lost_hosts_job_within_the_failure_timeout():
   assert ' '.join(args) in ' '.join(_mpirun(failure_timeout=60).argv)
   with pytest.raises(UsageError, match='at least 12 seconds'):
     launch.keepalive_args(5)
-
-
-def test_failure_env_per_backend():
-  assert launch.failure_env(60, use_horovod=True) == {
-      'HOROVOD_STALL_CHECK_TIME_SECONDS': '60',
-      'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS': '600'}
-  environ = launch.failure_env(60, use_horovod=False)
-  assert launch.collective_timeout(environ) == 600.0
-  assert launch.collective_timeout({}) is None
-  with pytest.raises(UsageError, match='not a number of seconds'):
-    launch.collective_timeout({launch.COLLECTIVE_TIMEOUT_VAR: 'soon'})
-
-
-def test_this_host_names_the_address_on_the_jobs_network():
-  record = launch.this_host({'MULTI_HLS_IPS': '127.0.0.1,127.0.0.2'})
-  assert record['address'] == '127.0.0.1' and record['hostname']
-  assert launch.this_host({})['address'] == ''
 
 
 def test_hosts_on_one_machine_are_not_bound_to_the_same_cores():
@@ -207,31 +156,3 @@ def test_a_server_is_matched_by_its_whole_command_line_only():
   matched = subprocess.run(['grep', '-E', pattern], input='\n'.join(lines),
                            capture_output=True, text=True).stdout
   assert matched.splitlines() == lines[:2]
-
-
-@pytest.mark.parametrize('host', ['n1', 'node-7.cluster.local', 'r1_n2',
-                                  '10.0.0.1', 'fe80::1', '2001:db8::2'])
-def test_host_names_and_addresses_are_hosts(host):
-  assert launch.parse_hosts(f'h0,{host}') == ['h0', host]
-
-
-@pytest.mark.parametrize('host', ['-oProxyCommand=touch x', '-p1', 'a b',
-                                  'h;id', '$(id)', 'h`id`', "h'", 'h\n1',
-                                  'h/1', 'h:22'])
-def test_anything_else_is_refused_naming_where_it_came_from(host):
-  with pytest.raises(UsageError, match='^MULTI_HLS_IPS: .* is not a host '
-                                       'name or an IP address'):
-    launch.parse_hosts(f'h0,{host}')
-
-
-@pytest.mark.parametrize('value,workers', [('abc', 1), ('0', 1), ('-5', 1),
-                                           ('99999', 1), ('65535', 2)])
-def test_a_base_port_out_of_range_is_refused(value, workers):
-  with pytest.raises(UsageError, match=f'^TF_BASE_PORT={value}: .* give a '
-                                       'port number from 1 to'):
-    launch.tf_base_port({'TF_BASE_PORT': value}, workers)
-
-
-def test_the_base_port_and_the_ports_above_it_fit():
-  assert launch.tf_base_port({}, 8) == launch.DEFAULT_TF_BASE_PORT
-  assert launch.tf_base_port({'TF_BASE_PORT': '65534'}, 2) == 65534

@@ -11,8 +11,7 @@ import os
 import time
 from typing import Dict, List, Mapping, Optional
 
-from common import slurm
-from common import supervisor
+from common import worker_contract as contract
 from common.files import write_json_atomically
 from resnet_keras import run_directory
 
@@ -34,14 +33,14 @@ def _write(model_dir: str, starts: List[Dict]) -> None:
 def record_start(model_dir: str, environ: Mapping[str, str],
                  step: int) -> None:
   """Appends this start of a Slurm job (nothing outside one)."""
-  if not slurm.in_allocation(environ):
+  if not contract.in_slurm_allocation(environ):
     return
   _write(model_dir, read(model_dir) + [{
       'scheduler': 'slurm',
-      'job_id': environ[slurm.JOB_ID_VAR],
-      'requeues': supervisor.requeues(environ),
-      'restarts': supervisor.restart_count(environ),
-      'nodes': slurm.step_nodes(environ),
+      'job_id': contract.slurm_job_id(environ),
+      'requeues': contract.requeues(environ),
+      'restarts': contract.restart_count(environ),
+      'nodes': contract.slurm_step_nodes(environ),
       'step': step,
       'started': time.strftime('%Y-%m-%dT%H:%M:%S%z'),
   }])
@@ -52,7 +51,7 @@ def record_stop(model_dir: str, environ: Mapping[str, str], signal_name: str,
   """Adds to this start's record the signal that stopped it and the step
   it saved at."""
   starts = read(model_dir)
-  if not slurm.in_allocation(environ) or not starts:
+  if not contract.in_slurm_allocation(environ) or not starts:
     return
   starts[-1].update(stopped_by=signal_name, saved_at_step=step)
   _write(model_dir, starts)
@@ -61,12 +60,12 @@ def record_stop(model_dir: str, environ: Mapping[str, str], signal_name: str,
 def summary(model_dir: str, environ: Mapping[str, str]) -> Optional[Dict]:
   """run_summary.json's 'scheduler': this job and its nodes, and each start
   Slurm requeued it for (with where the start before it stopped)."""
-  if not slurm.in_allocation(environ):
+  if not contract.in_slurm_allocation(environ):
     return None
   starts = [s for s in read(model_dir)
-            if s['job_id'] == environ[slurm.JOB_ID_VAR]]
+            if s['job_id'] == contract.slurm_job_id(environ)]
   return {'name': 'slurm',
-          'job_id': environ[slurm.JOB_ID_VAR],
-          'nodes': slurm.step_nodes(environ),
-          'requeues': supervisor.requeues(environ),
+          'job_id': contract.slurm_job_id(environ),
+          'nodes': contract.slurm_step_nodes(environ),
+          'requeues': contract.requeues(environ),
           'starts': starts}

@@ -12,10 +12,12 @@ from typing import Any, Dict, List, Sequence, Tuple
 
 from absl import flags
 
-from common import elastic
-from common import launch
+from common import hosts as hosts_lib
+from common import worker_contract
 from resnet_keras import flags as flags_lib
 from resnet_keras import options
+from resnet_keras.launcher import commands as launch
+from resnet_keras.launcher import elastic
 from resnet_keras.options import option
 
 # The trainer's flags the launcher consumes (the recipe it fills in, the
@@ -119,7 +121,7 @@ class LaunchConfig:
       '(docs/security.md).',
       choices=('auto', 'on', 'off'), checked_by_flag=True, in_recipe=False)
   failure_timeout: int = option(
-      launch.DEFAULT_FAILURE_TIMEOUT,
+      worker_contract.DEFAULT_FAILURE_TIMEOUT,
       'Seconds within which a lost host or rank ends a multi-worker job '
       '(mpirun\'s keepalive probes; Horovod\'s stall check and '
       'multi_worker_mirrored\'s collective timeout get 10x this, for a rank '
@@ -129,7 +131,7 @@ class LaunchConfig:
   def check(self) -> None:
     options.check_fields(self, LaunchConfig)
     for host in self.data_service_hosts:
-      launch.check_host(host, '--data_service_hosts')
+      hosts_lib.check_host(host, '--data_service_hosts')
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(LaunchConfig))

@@ -1,48 +1,34 @@
-"""How training processes are started: mpirun commands and TF_CONFIG, as data.
+"""The commands the launcher builds, as data: mpirun's, and the tf.data
+service's servers over ssh.
 
 Everything here is a pure function of its arguments (the environment and the
 machine's core count are passed in), so `demo_resnet_keras.py --dry_run`
 prints exactly what a real launch runs, and tests check commands without
-starting anything. Used by the launcher (to build commands) and by the
-trainer (to turn an MPI rank into a TF_CONFIG for multi_worker_mirrored).
+starting anything. What a worker reads of them (TF_CONFIG from its rank, the
+attempt's variables) is common/worker_contract.py.
 """
 
 import dataclasses
-import ipaddress
-import json
 import os
 import re
 import shlex
-import socket
 from typing import Dict, List, Mapping, Optional, Sequence
 
-from common import supervisor
+from common import worker_contract
 from common.errors import UsageError
 
 
 DEFAULT_SSH_PORT = 3022
 # The tf.data service's dispatcher; each data worker listens on the next.
 DEFAULT_DATA_SERVICE_PORT = 5050
-DEFAULT_TF_BASE_PORT = 2410
-DEFAULT_FAILURE_TIMEOUT = 60
-# multi_worker_mirrored's collective timeout (seconds), read by the trainer.
-COLLECTIVE_TIMEOUT_VAR = 'RESNET_KERAS_COLLECTIVE_TIMEOUT'
-# A rank alive but stuck (not a lost one) ends the job after this many
-# failure timeouts: long enough for the chief's pauses (checkpoint, export)
-# that the other workers wait through.
-_STALL_SHUTDOWN_FACTOR = 10
 # Variables every rank needs from the launching shell (exported with -x when
 # set). Prefixes cover whole families.
 FORWARDED_ENV = ('PATH', 'PYTHONPATH', 'LD_LIBRARY_PATH', 'LD_PRELOAD',
-                 'MULTI_HLS_IPS', 'MPI_TCP_INCLUDE', 'TF_BASE_PORT',
-                 'CUDA_VISIBLE_DEVICES', 'MALLOC_CONF')
+                 worker_contract.HOSTS_VAR, 'MPI_TCP_INCLUDE',
+                 worker_contract.TF_BASE_PORT_VAR, 'CUDA_VISIBLE_DEVICES',
+                 'MALLOC_CONF')
 FORWARDED_ENV_PREFIXES = ('TF_', 'HOROVOD_', 'NCCL_', 'OMP_', 'KMP_', 'ONEDNN_',
-                          'DNNL_', 'RESNET_KERAS_')
-# Rank and world size as the common MPI launchers publish them.
-# Last, Slurm's, of a task of an srun step (a batch script has no step).
-_RANK_VARS = (('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'),
-              ('PMI_RANK', 'PMI_SIZE'), ('PMIX_RANK', 'PMIX_SIZE'),
-              ('SLURM_PROCID', 'SLURM_STEP_NUM_TASKS'))
+                          'DNNL_', worker_contract.OWN_PREFIX)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -62,37 +48,6 @@ class Launch:
     return '\n'.join(lines)
 
 
-# A host name as DNS, /etc/hosts and Slurm write them (underscores too):
-# never an option (a leading '-') nor anything a shell or ssh reads as
-# more than a name.
-_HOST_NAME = re.compile(r'[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}')
-
-
-def check_host(host: str, source: str) -> str:
-  """`host` if it is a host name or an IPv4/IPv6 address; UsageError
-  naming `source` (where it was given) otherwise. The hosts reach ssh,
-  mpirun's hostfile and srun as arguments."""
-  if _HOST_NAME.fullmatch(host):
-    return host
-  try:
-    ipaddress.ip_address(host)
-    return host
-  except ValueError:
-    raise UsageError(f'{source}: {host!r} is not a host name or an IP '
-                     'address (letters, digits, ".", "-" and "_", not '
-                     'starting with "-"; or an IPv4/IPv6 address)') from None
-
-
-def parse_hosts(multi_hls_ips: Optional[str]) -> List[str]:
-  """MULTI_HLS_IPS ('ip1,ip2,...') -> host list; empty: this host only."""
-  if not multi_hls_ips:
-    return []
-  hosts = [check_host(h.strip(), 'MULTI_HLS_IPS')
-           for h in multi_hls_ips.split(',') if h.strip()]
-  if len(set(hosts)) != len(hosts):
-    raise UsageError(f'MULTI_HLS_IPS={multi_hls_ips} lists a host twice; '
-                      'give each host once')
-  return hosts
 
 
 def cores_per_worker(physical_cores: int, workers_per_host: int) -> int:
@@ -104,7 +59,7 @@ def mpirun_command(program: Sequence[str], *, workers_per_host: int,
                    hosts: Sequence[str], physical_cores: int,
                    environ: Mapping[str, str], hostfile_path: str,
                    extra_env: Optional[Dict[str, str]] = None,
-                   failure_timeout: int = DEFAULT_FAILURE_TIMEOUT,
+                   failure_timeout: int = worker_contract.DEFAULT_FAILURE_TIMEOUT,
                    hosts_per_machine: int = 1, as_root: bool) -> Launch:
   """The mpirun invocation that starts `program` on every worker.
 
@@ -166,7 +121,8 @@ def mpirun_command(program: Sequence[str], *, workers_per_host: int,
     argv += ['--prefix', environ['MPI_ROOT']]
   argv += keepalive_args(failure_timeout)
   # The supervisor sets the attempt's variables for mpirun when it runs it.
-  for name in sorted({*forwarded_env_names(environ), *supervisor.ATTEMPT_VARS}):
+  for name in sorted({*forwarded_env_names(environ),
+                      *worker_contract.ATTEMPT_VARS}):
     argv += ['-x', name]
   return Launch(argv=argv + list(program), env=extra_env, files=files,
                 notes=notes)
@@ -190,58 +146,6 @@ def keepalive_args(failure_timeout: int) -> List[str]:
   return ['--mca', 'oob_tcp_keepalive_time', str(failure_timeout // 4),
           '--mca', 'oob_tcp_keepalive_intvl', str(failure_timeout // 12),
           '--mca', 'oob_tcp_keepalive_probes', '3']
-
-
-def failure_env(failure_timeout: int, use_horovod: bool) -> Dict[str, str]:
-  """What the workers need to end a stuck job themselves.
-
-  Horovod: its stall check names the ranks that have not joined a collective
-  after `failure_timeout` seconds, and shuts the job down after
-  _STALL_SHUTDOWN_FACTOR times that. multi_worker_mirrored: the same
-  shutdown time as the collectives' timeout.
-  """
-  shutdown = str(stuck_rank_timeout(failure_timeout))
-  if use_horovod:
-    return {'HOROVOD_STALL_CHECK_TIME_SECONDS': str(failure_timeout),
-            'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS': shutdown}
-  return {COLLECTIVE_TIMEOUT_VAR: shutdown}
-
-
-def stuck_rank_timeout(failure_timeout: int) -> int:
-  """Seconds after which a rank alive but stuck ends the job."""
-  return failure_timeout * _STALL_SHUTDOWN_FACTOR
-
-
-def collective_timeout(environ: Mapping[str, str]) -> Optional[float]:
-  """multi_worker_mirrored's collective timeout in seconds (None: none)."""
-  value = environ.get(COLLECTIVE_TIMEOUT_VAR)
-  try:
-    return float(value) if value else None
-  except ValueError:
-    raise UsageError(f'{COLLECTIVE_TIMEOUT_VAR}={value} is not a number of '
-                     'seconds') from None
-
-
-def this_host(environ: Mapping[str, str]) -> Dict[str, str]:
-  """This process's hostname and the address it reaches the job's first
-  host from (MULTI_HLS_IPS; its own address on that network), for the run's
-  record of where each worker ran."""
-  hosts = parse_hosts(environ.get('MULTI_HLS_IPS'))
-  address = ''
-  if hosts:
-    try:
-      address = address_toward(hosts[0])
-    except OSError:
-      pass
-  return {'hostname': socket.gethostname(), 'address': address}
-
-
-def address_toward(host: str, port: int = 9) -> str:
-  """This host's address on the route to `host` (OSError: no route)."""
-  # Connecting a UDP socket only picks the route; it sends nothing.
-  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-    probe.connect((host, port))
-    return probe.getsockname()[0]
 
 
 def strip_flags(args: Sequence[str], boolean: Sequence[str],
@@ -272,66 +176,6 @@ def forwarded_env_names(environ: Mapping[str, str]) -> List[str]:
   return sorted(name for name in environ
                 if name in FORWARDED_ENV or
                 name.startswith(FORWARDED_ENV_PREFIXES))
-
-
-def mpi_rank_and_size(environ: Mapping[str, str]):
-  """(rank, size) from an MPI launcher's environment, or None."""
-  for rank_var, size_var in _RANK_VARS:
-    if rank_var in environ and size_var in environ:
-      return int(environ[rank_var]), int(environ[size_var])
-  return None
-
-
-def tf_config_for_rank(rank: int, size: int, hosts: Sequence[str],
-                       base_port: int = DEFAULT_TF_BASE_PORT) -> Dict:
-  """TF_CONFIG of worker `rank` among `size`, laid out as mpirun places them.
-
-  mpirun fills each host's slots before the next host, so rank r runs on
-  host r // per_host with local rank r % per_host, and listens on
-  base_port + local rank (several workers share a host).
-  """
-  hosts = list(hosts) or ['localhost']
-  if size % len(hosts):
-    raise UsageError(f'{size} workers cannot be spread evenly over '
-                      f'{len(hosts)} hosts in MULTI_HLS_IPS')
-  per_host = size // len(hosts)
-  workers = [f'{hosts[r // per_host]}:{base_port + r % per_host}'
-             for r in range(size)]
-  return {'cluster': {'worker': workers},
-          'task': {'type': 'worker', 'index': rank}}
-
-
-def tf_base_port(environ: Mapping[str, str], workers_per_host: int) -> int:
-  """TF_BASE_PORT (default DEFAULT_TF_BASE_PORT), checked: a host's
-  workers listen on it and the `workers_per_host` - 1 ports above it."""
-  value = environ.get('TF_BASE_PORT', str(DEFAULT_TF_BASE_PORT))
-  highest = 65536 - max(1, workers_per_host)
-  try:
-    port = int(value)
-  except ValueError:
-    port = None
-  if port is None or not 1 <= port <= highest:
-    raise UsageError(f'TF_BASE_PORT={value}: the {workers_per_host} '
-                     'worker(s) of a host listen on it and the ports above '
-                     f'it; give a port number from 1 to {highest}')
-  return port
-
-
-def tf_config_from_env(rank: int, size: int,
-                       environ: Mapping[str, str]) -> Dict:
-  """TF_CONFIG of worker `rank`, hosts from MULTI_HLS_IPS, ports from
-  TF_BASE_PORT."""
-  hosts = parse_hosts(environ.get('MULTI_HLS_IPS'))
-  base_port = tf_base_port(environ, size // max(1, len(hosts)))
-  return tf_config_for_rank(rank, size, hosts, base_port)
-
-
-def tf_config_from_mpi(environ: Mapping[str, str]) -> Optional[str]:
-  """The TF_CONFIG (JSON) this MPI rank should use, or None outside MPI."""
-  rank_size = mpi_rank_and_size(environ)
-  if rank_size is None:
-    return None
-  return json.dumps(tf_config_from_env(*rank_size, environ))
 
 
 def physical_core_count() -> int:

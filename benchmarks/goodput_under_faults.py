@@ -1,0 +1,129 @@
+"""Goodput of a long job hit by a fault every few minutes, per backend.
+
+Runs one job per backend on the suite's three-host namespace cluster (ssh
+hosts, one worker each; testbed/cluster.py), the soak's tiny synthetic
+ResNet (testbed/soak.py), long enough for about `--minutes` of training,
+kills a rank (`kill -9`, a worker other than the chief) every `--every`
+seconds, and prints the run's goodput block (run_summary.json) split into
+its parts. As root (namespaces), with nothing else running:
+
+  python -m benchmarks.goodput_under_faults --minutes 10 --every 120
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+
+from testbed import cluster as cluster_lib
+from testbed import soak as soak_lib
+
+_PARTS = ('productive', 'redone', 'startup', 'checkpoints', 'evaluation',
+          'export', 'waiting', 'other')
+
+
+def with_flags(args, **values):
+  """`args` with each --name=value of `values` set (replaced or added)."""
+  kept = [a for a in args
+          if re.match(r'--(\w+)', a) is None or
+          re.match(r'--(\w+)', a).group(1) not in values]
+  return kept + [f'--{name}={value}' for name, value in values.items()]
+
+
+def steps_per_second(soak, plan, work_dir) -> float:
+  """The layout's training speed, from an uninterrupted 40-step run."""
+  probe = dataclasses.replace(plan, steps=40)
+  model_dir = os.path.join(work_dir, f'probe_{plan.backend}')
+  log = soak_lib.Log(os.path.join(work_dir, f'probe_{plan.backend}.txt'))
+  job = soak.start(probe, soak.args(probe, model_dir, reference=True),
+                   log.path)
+  soak.wait_for_end(probe, job, log, time.monotonic() + 900)
+  soak.heal()
+  seconds = json.load(open(os.path.join(model_dir, 'run_summary.json')))[
+      'goodput']['seconds']['productive']
+  return 40 / seconds
+
+
+def run(soak, backend, minutes, every, work_dir):
+  plan = soak_lib.JobPlan(index=0, placement='ssh', backend=backend,
+                          faults=(), delay=0.0, victim=1, steps=40)
+  speed = steps_per_second(soak, plan, work_dir)
+  steps = int(speed * minutes * 60) // 20 * 20
+  plan = dataclasses.replace(plan, steps=steps)
+  model_dir = os.path.join(work_dir, f'job_{backend}')
+  faults = int(minutes * 60 // every) + 2
+  args = with_flags(soak.args(plan, model_dir, reference=True),
+                    checkpoint_interval_steps=max(20, steps // 30),
+                    max_checkpoints=3, max_restarts=faults,
+                    log_steps=20, steps_per_loop=10)
+  log = soak_lib.Log(os.path.join(work_dir, f'job_{backend}.txt'))
+  started = time.monotonic()
+  job = soak.start(plan, args, log.path)
+  kills = 0
+  next_fault = started + every
+  while soak.ended(plan, job) is None:
+    log.poll()
+    if time.monotonic() >= next_fault:
+      done = soak.signal_rank(plan, signal.SIGKILL)
+      kills += 1
+      print(f'  {backend}: kill -9 of a rank at '
+            f'{time.monotonic() - started:.0f} s ({done})', flush=True)
+      next_fault += every
+    if time.monotonic() > started + minutes * 60 * 4:
+      soak.stop_job(plan, job)
+      print(f'  {backend}: not ended within {minutes * 4} minutes: stopped')
+      break
+    time.sleep(0.5)
+  soak.heal()
+  summary_path = os.path.join(model_dir, 'run_summary.json')
+  if not os.path.exists(summary_path):
+    return backend, steps, kills, None
+  return backend, steps, kills, json.load(open(summary_path)).get('goodput')
+
+
+def main(argv):
+  parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+  parser.add_argument('--minutes', type=float, default=10,
+                      help='the uninterrupted training time to aim for')
+  parser.add_argument('--every', type=float, default=120,
+                      help='seconds between faults')
+  parser.add_argument('--backends', default=','.join(soak_lib.BACKENDS))
+  flags = parser.parse_args(argv)
+  if os.geteuid() != 0:
+    print('error: run as root (the cluster is network namespaces)',
+          file=sys.stderr)
+    return 2
+  from resnet_keras import hardware  # pylint: disable=g-import-not-at-top
+  print(f'machine: {hardware.this_cpu().describe()}')
+  work_dir = tempfile.mkdtemp(prefix='resnet_keras_goodput_')
+  cluster = cluster_lib.Cluster(
+      soak_lib.WORKERS, state_dir=f'/run/resnet_keras_goodput_{os.getpid()}',
+      subnet_index=245 + os.getpid() % 5).start()
+  results = []
+  try:
+    soak = soak_lib.Soak(cluster, work_dir=work_dir)
+    for backend in flags.backends.split(','):
+      results.append(run(soak, backend, flags.minutes, flags.every, work_dir))
+  finally:
+    cluster.stop()
+  print(f'{"backend":<22} {"steps":>6} {"kills":>5} {"wall s":>7} '
+        f'{"goodput":>7}  ' + ' '.join(f'{p:>11}' for p in _PARTS))
+  for backend, steps, kills, goodput in results:
+    if goodput is None:
+      print(f'{backend:<22} {steps:>6} {kills:>5}  no run_summary.json')
+      continue
+    seconds = goodput['seconds']
+    print(f'{backend:<22} {steps:>6} {kills:>5} {goodput["wall_seconds"]:>7.0f} '
+          f'{goodput["goodput"]:>7.2f}  ' +
+          ' '.join(f'{seconds.get(p, 0):>11.1f}' for p in _PARTS))
+  print(f'(work files: {work_dir})')
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))

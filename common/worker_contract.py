@@ -1,0 +1,283 @@
+"""The worker contract: every environment variable the launcher and a
+scheduler hand to a worker is named here, and nowhere else. The launcher
+writes them through these functions; the trainer reads them through them
+(as torchelastic's workers read RANK, WORLD_SIZE and
+TORCHELASTIC_RESTART_COUNT).
+
+  MULTI_HLS_IPS            the job's hosts, in rank order (`hosts`)
+  TF_BASE_PORT, TF_CONFIG  multi_worker_mirrored: the ports a host's workers
+                           listen on, and each rank's cluster, derived from
+                           its MPI or Slurm rank where none is set
+  OMPI_COMM_WORLD_*, PMI_*, PMIX_*, SLURM_PROCID/SLURM_STEP_NUM_TASKS
+                           the rank and world size (`mpi_rank_and_size`)
+  RESNET_KERAS_RESTARTS, RESNET_KERAS_RESUME_STEP
+                           each attempt's restarts before it and the step it
+                           resumes at (`attempt_env`)
+  RESNET_KERAS_COLLECTIVE_TIMEOUT, HOROVOD_STALL_*
+                           when a stuck rank ends the job (`failure_env`)
+  HOROVOD_HIERARCHICAL_ALLREDUCE
+  RESNET_KERAS_ONEDNN_DEFAULTED
+                           oneDNN on by our default, not the user's (env.py)
+  SLURM_JOB_ID, SLURM_JOB_NODELIST, SLURM_STEP_NODELIST,
+  SLURM_TASKS_PER_NODE, SLURM_RESTART_COUNT
+                           what a Slurm job tells its processes: the
+                           allocation, its nodes, and its requeues
+
+Pure functions of the environment they are given.
+"""
+
+import json
+import socket
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from common import hosts as hosts_lib
+from common import slurm
+from common.errors import UsageError
+
+HOSTS_VAR = 'MULTI_HLS_IPS'
+TF_BASE_PORT_VAR = 'TF_BASE_PORT'
+TF_CONFIG_VAR = 'TF_CONFIG'
+# The prefix of the variables of this project's own.
+OWN_PREFIX = 'RESNET_KERAS_'
+# What the supervisor tells each attempt's workers (mpirun forwards both):
+# how many times the job was restarted before it, and the step of the
+# checkpoint it resumes at (empty on the first attempt). The trainer applies
+# --clean on the first attempt only, and refuses to train from any other
+# step than the one the launcher announced.
+RESTARTS_VAR = 'RESNET_KERAS_RESTARTS'
+RESUME_STEP_VAR = 'RESNET_KERAS_RESUME_STEP'
+ATTEMPT_VARS = (RESTARTS_VAR, RESUME_STEP_VAR)
+# multi_worker_mirrored's collective timeout (seconds).
+COLLECTIVE_TIMEOUT_VAR = 'RESNET_KERAS_COLLECTIVE_TIMEOUT'
+# Marks a TF_ENABLE_ONEDNN_OPTS this package set (common/env.py), as opposed
+# to the user. The launcher forwards it with the variable, so every rank it
+# starts reports the same reason.
+ONEDNN_DEFAULTED_VAR = 'RESNET_KERAS_ONEDNN_DEFAULTED'
+HIERARCHICAL_ALLREDUCE_VAR = 'HOROVOD_HIERARCHICAL_ALLREDUCE'
+SLURM_JOB_ID_VAR = 'SLURM_JOB_ID'
+SLURM_JOB_NODELIST_VAR = 'SLURM_JOB_NODELIST'
+SLURM_TASKS_PER_NODE_VAR = 'SLURM_TASKS_PER_NODE'
+SLURM_RESTART_COUNT_VAR = 'SLURM_RESTART_COUNT'
+# Rank and world size as the common MPI launchers publish them.
+# Last, Slurm's, of a task of an srun step (a batch script has no step).
+_RANK_VARS = (('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'),
+              ('PMI_RANK', 'PMI_SIZE'), ('PMIX_RANK', 'PMIX_SIZE'),
+              ('SLURM_PROCID', 'SLURM_STEP_NUM_TASKS'))
+
+DEFAULT_TF_BASE_PORT = 2410
+DEFAULT_FAILURE_TIMEOUT = 60
+# A rank alive but stuck (not a lost one) ends the job after this many
+# failure timeouts: long enough for the chief's pauses (checkpoint, export)
+# that the other workers wait through.
+_STALL_SHUTDOWN_FACTOR = 10
+
+
+def parse_hosts(multi_hls_ips: Optional[str]) -> List[str]:
+  """MULTI_HLS_IPS ('ip1,ip2,...') -> host list; empty: this host only."""
+  if not multi_hls_ips:
+    return []
+  hosts = [hosts_lib.check_host(h.strip(), HOSTS_VAR)
+           for h in multi_hls_ips.split(',') if h.strip()]
+  if len(set(hosts)) != len(hosts):
+    raise UsageError(f'{HOSTS_VAR}={multi_hls_ips} lists a host twice; '
+                     'give each host once')
+  return hosts
+
+
+def hosts(environ: Mapping[str, str]) -> List[str]:
+  """The job's hosts (MULTI_HLS_IPS); empty: this host only."""
+  return parse_hosts(environ.get(HOSTS_VAR))
+
+
+def hosts_env(job_hosts: Sequence[str]) -> Dict[str, str]:
+  """What tells the workers the job's hosts."""
+  return {HOSTS_VAR: ','.join(job_hosts)}
+
+
+def this_host(environ: Mapping[str, str]) -> Dict[str, str]:
+  """This process's hostname and the address it reaches the job's first
+  host from (MULTI_HLS_IPS; its own address on that network), for the run's
+  record of where each worker ran."""
+  job_hosts = hosts(environ)
+  address = ''
+  if job_hosts:
+    try:
+      address = hosts_lib.address_toward(job_hosts[0])
+    except OSError:
+      pass
+  return {'hostname': socket.gethostname(), 'address': address}
+
+
+def attempt_env(restarts: int, resume_step: Optional[int]) -> Dict[str, str]:
+  """What an attempt's workers are told: the restarts before it and the
+  step it resumes at (None: not a restart)."""
+  return {RESTARTS_VAR: str(restarts),
+          RESUME_STEP_VAR: '' if resume_step is None else str(resume_step)}
+
+
+def restart_count(environ: Mapping[str, str]) -> int:
+  """How many times the launcher restarted this job before this attempt."""
+  return int(environ.get(RESTARTS_VAR, '0') or 0)
+
+
+def requeues(environ: Mapping[str, str]) -> int:
+  """How many times the scheduler requeued this job before (Slurm's
+  SLURM_RESTART_COUNT): the batch script, and the launcher in it, run again
+  from the start."""
+  return int(environ.get(SLURM_RESTART_COUNT_VAR, '0') or 0)
+
+
+def earlier_attempts(environ: Mapping[str, str]) -> int:
+  """Attempts of this job before this one: the launcher's restarts and
+  the scheduler's requeues. --clean applies only where there were none."""
+  return restart_count(environ) + requeues(environ)
+
+
+def resume_step(environ: Mapping[str, str]) -> Optional[int]:
+  """The step of the checkpoint the launcher restarted this attempt to
+  resume at (0: it saw none), or None (a first attempt, or no launcher)."""
+  value = environ.get(RESUME_STEP_VAR, '')
+  return int(value) if value else None
+
+
+def failure_env(failure_timeout: int, use_horovod: bool) -> Dict[str, str]:
+  """What the workers need to end a stuck job themselves.
+
+  Horovod: its stall check names the ranks that have not joined a collective
+  after `failure_timeout` seconds, and shuts the job down after
+  _STALL_SHUTDOWN_FACTOR times that. multi_worker_mirrored: the same
+  shutdown time as the collectives' timeout.
+  """
+  shutdown = str(stuck_rank_timeout(failure_timeout))
+  if use_horovod:
+    return {'HOROVOD_STALL_CHECK_TIME_SECONDS': str(failure_timeout),
+            'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS': shutdown}
+  return {COLLECTIVE_TIMEOUT_VAR: shutdown}
+
+
+def hierarchical_allreduce_env() -> Dict[str, str]:
+  """Horovod's hierarchical allreduce, on."""
+  return {HIERARCHICAL_ALLREDUCE_VAR: '1'}
+
+
+def stuck_rank_timeout(failure_timeout: int) -> int:
+  """Seconds after which a rank alive but stuck ends the job."""
+  return failure_timeout * _STALL_SHUTDOWN_FACTOR
+
+
+def collective_timeout(environ: Mapping[str, str]) -> Optional[float]:
+  """multi_worker_mirrored's collective timeout in seconds (None: none)."""
+  value = environ.get(COLLECTIVE_TIMEOUT_VAR)
+  try:
+    return float(value) if value else None
+  except ValueError:
+    raise UsageError(f'{COLLECTIVE_TIMEOUT_VAR}={value} is not a number of '
+                     'seconds') from None
+
+
+def mpi_rank_and_size(environ: Mapping[str, str]):
+  """(rank, size) from an MPI launcher's environment, or None."""
+  for rank_var, size_var in _RANK_VARS:
+    if rank_var in environ and size_var in environ:
+      return int(environ[rank_var]), int(environ[size_var])
+  return None
+
+
+def several_workers(environ: Mapping[str, str]) -> bool:
+  """Whether this process is one worker of several (TF_CONFIG, or an MPI
+  world of more than one)."""
+  ranks = mpi_rank_and_size(environ)
+  return bool(tf_config(environ)) or bool(ranks and ranks[1] > 1)
+
+
+def tf_config_for_rank(rank: int, size: int, job_hosts: Sequence[str],
+                       base_port: int = DEFAULT_TF_BASE_PORT) -> Dict:
+  """TF_CONFIG of worker `rank` among `size`, laid out as mpirun places them.
+
+  mpirun fills each host's slots before the next host, so rank r runs on
+  host r // per_host with local rank r % per_host, and listens on
+  base_port + local rank (several workers share a host).
+  """
+  job_hosts = list(job_hosts) or ['localhost']
+  if size % len(job_hosts):
+    raise UsageError(f'{size} workers cannot be spread evenly over '
+                     f'{len(job_hosts)} hosts in {HOSTS_VAR}')
+  per_host = size // len(job_hosts)
+  workers = [f'{job_hosts[r // per_host]}:{base_port + r % per_host}'
+             for r in range(size)]
+  return {'cluster': {'worker': workers},
+          'task': {'type': 'worker', 'index': rank}}
+
+
+def tf_base_port(environ: Mapping[str, str], workers_per_host: int) -> int:
+  """TF_BASE_PORT (default DEFAULT_TF_BASE_PORT), checked: a host's
+  workers listen on it and the `workers_per_host` - 1 ports above it."""
+  value = environ.get(TF_BASE_PORT_VAR, str(DEFAULT_TF_BASE_PORT))
+  highest = 65536 - max(1, workers_per_host)
+  try:
+    port = int(value)
+  except ValueError:
+    port = None
+  if port is None or not 1 <= port <= highest:
+    raise UsageError(f'{TF_BASE_PORT_VAR}={value}: the {workers_per_host} '
+                     'worker(s) of a host listen on it and the ports above '
+                     f'it; give a port number from 1 to {highest}')
+  return port
+
+
+def tf_config_from_env(rank: int, size: int,
+                       environ: Mapping[str, str]) -> Dict:
+  """TF_CONFIG of worker `rank`, hosts from MULTI_HLS_IPS, ports from
+  TF_BASE_PORT."""
+  job_hosts = hosts(environ)
+  base_port = tf_base_port(environ, size // max(1, len(job_hosts)))
+  return tf_config_for_rank(rank, size, job_hosts, base_port)
+
+
+def tf_config_from_mpi(environ: Mapping[str, str]) -> Optional[str]:
+  """The TF_CONFIG (JSON) this MPI rank should use, or None outside MPI."""
+  rank_size = mpi_rank_and_size(environ)
+  if rank_size is None:
+    return None
+  return json.dumps(tf_config_from_env(*rank_size, environ))
+
+
+def tf_config(environ: Mapping[str, str]) -> str:
+  """The TF_CONFIG set for this process ('': none)."""
+  return environ.get(TF_CONFIG_VAR, '')
+
+
+def ensure_tf_config(environ) -> Optional[str]:
+  """Sets `environ`'s TF_CONFIG from the MPI rank when none is set (a
+  TF_CONFIG the user set is used as is); the one it set, or None."""
+  if tf_config(environ):
+    return None
+  derived = tf_config_from_mpi(environ)
+  if derived:
+    environ[TF_CONFIG_VAR] = derived
+  return derived
+
+
+def in_slurm_allocation(environ: Mapping[str, str]) -> bool:
+  return bool(environ.get(SLURM_JOB_ID_VAR))
+
+
+def slurm_job_id(environ: Mapping[str, str]) -> str:
+  return environ[SLURM_JOB_ID_VAR]
+
+
+def slurm_job_nodes(environ: Mapping[str, str]) -> List[str]:
+  """The nodes of the Slurm job, as allocated."""
+  return slurm.expand_nodelist(environ.get(SLURM_JOB_NODELIST_VAR, ''))
+
+
+def slurm_step_nodes(environ: Mapping[str, str]) -> List[str]:
+  """The nodes of the step this process is a task of (a batch script, in
+  no step: the job's, as it was allocated)."""
+  return slurm.expand_nodelist(environ.get('SLURM_STEP_NODELIST') or
+                               environ.get(SLURM_JOB_NODELIST_VAR, ''))
+
+
+def slurm_tasks_per_node(environ: Mapping[str, str]) -> str:
+  """SLURM_TASKS_PER_NODE as Slurm writes it ('2(x3),1'; '': unset)."""
+  return environ.get(SLURM_TASKS_PER_NODE_VAR, '')
