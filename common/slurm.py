@@ -6,7 +6,7 @@ the Slurm placement's.
 """
 
 import re
-from typing import List
+from typing import List, Sequence
 
 from common import hosts
 from common.errors import UsageError
@@ -30,6 +30,43 @@ def expand_nodelist(nodelist: str) -> List[str]:
     for number in _numbers(ranges, nodelist):
       nodes += expand_nodelist(prefix + number + rest)
   return nodes
+
+
+_TRAILING_NUMBER = re.compile(r'^(.*?)(\d+)$')
+
+
+def compress_nodelist(nodes: Sequence[str]) -> str:
+  """`nodes` in Slurm's compressed form ('n1,n2,n3,n7' -> 'n[1-3,7]'), in
+  their order: expand_nodelist gives them back, each number at its width.
+  srun reads it as Slurm writes it; 1,000 names would be ~6 KB."""
+  groups = []  # [prefix, [[first, last, width], ...]] per run of a prefix.
+  for node in nodes:
+    match = _TRAILING_NUMBER.match(node)
+    if not match:
+      groups.append([node, []])
+      continue
+    prefix, digits = match.groups()
+    number = int(digits)
+    if not groups or groups[-1][0] != prefix or not groups[-1][1]:
+      groups.append([prefix, [[number, number, len(digits)]]])
+      continue
+    ranges = groups[-1][1]
+    first, last, width = ranges[-1]
+    if number == last + 1 and str(number).zfill(width) == digits:
+      ranges[-1][1] = number
+    else:
+      ranges.append([number, number, len(digits)])
+  return ','.join(_group(prefix, ranges) for prefix, ranges in groups)
+
+
+def _group(prefix: str, ranges) -> str:
+  """One item of a compressed list: a name, or a prefix and its ranges."""
+  spans = [str(first).zfill(width) if first == last else
+           f'{str(first).zfill(width)}-{str(last).zfill(width)}'
+           for first, last, width in ranges]
+  if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
+    return prefix + spans[0]
+  return f'{prefix}[{",".join(spans)}]' if spans else prefix
 
 
 def _unreadable(nodelist: str) -> UsageError:

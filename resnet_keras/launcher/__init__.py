@@ -14,6 +14,7 @@ placement.py    the seam to the ways workers start: this_host.py,
 commands.py     the commands it builds, as data: mpirun, the tf.data
                 service's servers
 input_servers.py  the tf.data service's servers on other hosts
+fanout.py       a command on many hosts over ssh, at most 64 at once
 port_guard.py   the job's ports closed to all but its hosts
 supervisor.py   the attempts run: output read, failure named, restarts
 main.py         flags -> configs -> placement -> job -> dry run or run

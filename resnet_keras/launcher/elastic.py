@@ -80,7 +80,7 @@ def relayout(planned: Layout, hosts: Sequence[str], workers_per_host: int,
   workers = len(hosts) * workers_per_host
   if mode == SCALE:
     return dataclasses.replace(planned, hosts=tuple(hosts), workers=workers)
-  if planned.planned_global_batch % workers:
+  if not keeps_batch(planned, workers):
     return None
   worker_batch = planned.planned_global_batch // workers
   micro = planned.worker_batch // planned.micro_batches
@@ -91,19 +91,25 @@ def relayout(planned: Layout, hosts: Sequence[str], workers_per_host: int,
                 planned_global_batch=planned.planned_global_batch)
 
 
+def keeps_batch(planned: Layout, workers: int) -> bool:
+  """Whether `keep` splits `planned`'s global batch over `workers`."""
+  return planned.planned_global_batch % workers == 0
+
+
 def check_host_counts(planned: Layout, min_hosts: int, workers_per_host: int,
                       mode: str) -> None:
   """Refuses, before anything runs, a --min_hosts that lets the job shrink
   to a host count that cannot keep the global batch."""
   if mode != KEEP:
     return
-  keeps = {n: relayout(planned, planned.hosts[:n], workers_per_host,
-                       mode) is not None
+  # The count alone decides: no layout built per count (1,000 hosts made
+  # 1,000 of them, each copying its hosts).
+  keeps = {n: keeps_batch(planned, n * workers_per_host)
            for n in range(1, len(planned.hosts) + 1)}
   failing = [n for n in range(min_hosts, len(planned.hosts) + 1)
              if not keeps[n]]
   if failing:
-    working = [n for n, keeps_batch in keeps.items() if keeps_batch]
+    working = [n for n, splits in keeps.items() if splits]
     raise UsageError(
         f'the global batch of {planned.planned_global_batch} cannot be split '
         f'evenly over the workers of {_counts(failing)} host(s), which '

@@ -27,7 +27,6 @@ import shlex
 import signal
 import socket
 import subprocess
-from concurrent import futures
 from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 from absl import logging
@@ -35,6 +34,7 @@ from absl import logging
 from common import hosts as hosts_lib
 from common.errors import UsageError
 from resnet_keras.launcher import commands as launch
+from resnet_keras.launcher import fanout
 
 MODES = ('auto', 'on', 'off')
 IPV4, IPV6 = 'iptables', 'ip6tables'
@@ -225,12 +225,9 @@ class Guard:
 
   def _each(self, hosts: Sequence[str], script_of,
             timeout: float = _TIMEOUT) -> Dict[str, Optional[str]]:
-    if not hosts:
-      return {}
-    with futures.ThreadPoolExecutor(len(hosts)) as pool:
-      return dict(zip(hosts, pool.map(
-          lambda host: self._run(host, script_of(self.rules[host]), timeout),
-          hosts)))
+    return dict(zip(hosts, fanout.each_host(
+        hosts,
+        lambda host: self._run(host, script_of(self.rules[host]), timeout))))
 
   def add(self) -> Dict[str, str]:
     """Adds every host's rules; returns the hosts where it could not, and
@@ -249,10 +246,22 @@ class Guard:
             for host, why in failed.items() if why]
 
   def lines(self) -> List[str]:
-    """What it runs on each host, as --dry_run prints it."""
-    return [f'port guard on {host or "this host"}: '
-            f'{shlex.join(self.argv(host, add_script(rules)))}'
-            for host, rules in self.rules.items()]
+    """What it runs on each host, as --dry_run prints it: once for the
+    hosts that get the same rules, HOST standing for each (one line per
+    host listed every host's address in each: 55 MB at 1,000 hosts)."""
+    hosts_of: Dict[Rules, List[str]] = {}
+    for host, rules in self.rules.items():
+      hosts_of.setdefault(rules, []).append(host)
+    lines = []
+    for rules, hosts in hosts_of.items():
+      if len(hosts) == 1 or THIS_HOST in hosts:
+        lines += [f'port guard on {_name(host)}: '
+                  f'{shlex.join(self.argv(host, add_script(rules)))}'
+                  for host in hosts]
+      else:
+        lines.append(f'port guard on each of {", ".join(hosts)}: '
+                     f'{shlex.join(self.argv("HOST", add_script(rules)))}')
+    return lines
 
 
 def _name(host: str) -> str:

@@ -9,7 +9,6 @@ one line naming the host and what to fix.
 """
 
 import collections
-import concurrent.futures
 import dataclasses
 import json
 import shlex
@@ -17,6 +16,8 @@ import subprocess
 import sys
 from importlib import metadata
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from resnet_keras.launcher import fanout
 
 _SSH_TIMEOUT = 20
 # Runs on each host with the launcher's Python: prints what the host has.
@@ -165,11 +166,10 @@ class Report:
 
 def check(hosts: Sequence[str], ssh: Sequence[str], want: Expected,
           ports: Mapping[str, Sequence[int]], port: str) -> Report:
-  """Asks every host at once."""
-  with concurrent.futures.ThreadPoolExecutor(len(hosts)) as pool:
-    results = list(pool.map(
-        lambda host: _check_host(host, ssh, want, ports.get(host, ()), port),
-        hosts))
+  """Asks every host, fanout.MAX_SESSIONS at a time."""
+  results = fanout.each_host(
+      hosts, lambda host: _check_host(host, ssh, want, ports.get(host, ()),
+                                      port))
   machines = collections.Counter(answer.get('machine') for lines, answer
                                  in results
                                  if not lines and answer.get('machine'))

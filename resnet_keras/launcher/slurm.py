@@ -300,15 +300,17 @@ class Slurm(placement.Placement):
               hosts_per_machine: int) -> launch.Launch:
     del hosts_per_machine  # Slurm binds each task to its CPUs.
     nodes = list(hosts) or list(self.hosts)
-    argv = ['srun', f'--nodes={len(nodes)}', f'--nodelist={",".join(nodes)}',
+    # Slurm's compressed form: 'n[0001-1000]', not 6 KB of names.
+    argv = ['srun', f'--nodes={len(nodes)}',
+            f'--nodelist={node_lists.compress_nodelist(nodes)}',
             f'--ntasks-per-node={self.cfg.num_workers_per_hls}',
             f'--ntasks={len(nodes) * self.cfg.num_workers_per_hls}',
             '--kill-on-bad-exit=1', '--job-name=resnet_keras_train',
             '--export=ALL', STEP_OVERLAP]
     if self._use_horovod:
       argv.append('--mpi=pmix')
-    env = {**extra_env, **contract.hosts_env(
-        [self.addresses[list(self.hosts).index(n)] for n in nodes])}
+    address = dict(zip(self.hosts, self.addresses))
+    env = {**extra_env, **contract.hosts_env([address[n] for n in nodes])}
     return launch.Launch(argv=argv + list(trainer_argv), env=env, files={},
                          notes=[])
 
@@ -325,6 +327,7 @@ class Slurm(placement.Placement):
     held = job_nodes(self.job_id)
     if held is None:  # Slurm cannot tell: srun will.
       return preflight.Report([], 1, tuple(hosts))
+    held = set(held)
     return preflight.Report(
         [f'node {node}: no longer in slurm job {self.job_id} (Slurm took '
          'it out: it failed)' for node in hosts if node not in held],

@@ -104,7 +104,7 @@ def test_in_a_slurm_allocation_the_preset_counts_its_nodes():
                  '-bs', '12'], env={'SLURM_JOB_ID': '5',
                                     'SLURM_JOB_NODELIST': 'n[1-3]'})
   argv = command_of(out)
-  assert argv[:3] == ['srun', '--nodes=3', '--nodelist=n1,n2,n3']
+  assert argv[:3] == ['srun', '--nodes=3', '--nodelist=n[1-3]']
   assert values_of(trainer_args(argv), 'base_learning_rate') == ['9.5']
 
 
@@ -220,10 +220,14 @@ def test_multi_host_dry_run_contacts_nobody_and_prints_tf_configs():
   assert '192.0.2.1 slots=2' in out and '192.0.2.2 slots=2' in out
   assert 'env: HOROVOD_HIERARCHICAL_ALLREDUCE=1' in out
   assert '-x' in argv and 'MULTI_HLS_IPS' in argv
-  configs = [json.loads(l.split(': ', 1)[1]) for l in out.splitlines()
-             if l.startswith('TF_CONFIG rank')]
-  assert [c['task']['index'] for c in configs] == [0, 1, 2, 3]
-  assert configs[3]['cluster']['worker'][3] == '192.0.2.2:7001'
+  # The cluster the ranks share once, then each rank's own part.
+  shared, = [json.loads(l.split(': ', 1)[1]) for l in out.splitlines()
+             if l.startswith('TF_CONFIG of each rank: ')]
+  assert shared['cluster']['worker'][3] == '192.0.2.2:7001'
+  assert shared['task'] == {'type': 'worker', 'index': 'RANK'}
+  ranks = [l for l in out.splitlines() if l.startswith('TF_CONFIG rank')]
+  assert ranks[3] == 'TF_CONFIG rank 3: task index 3, listens on 192.0.2.2:7001'
+  assert len(ranks) == 4
 
 
 def test_data_service_hosts_dry_run_shows_the_servers_and_contacts_nobody():

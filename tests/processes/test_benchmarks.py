@@ -120,6 +120,12 @@ _TINY_RUNS = {
          f'--model_flags={_TINY_MODEL}'],
         [r'^steps_per_loop +1 step/loop +([\d.]+) default +([\d.]+) +'
          r'([\d.]+)$']),
+    'launcher_scale': (
+        ['--hosts=3', '--placements=slurm', '--backends=horovod',
+         '--delay=0'],
+        [r'^\| slurm \| horovod \| 3 \| ([\d.]+) \| ([\d.]+) \| '
+         r'([\d.]+) \| (\d+) \| \d+ \| (\d+) \| 0 \| [\d,]+ \| '
+         r'([\d.]+) \|$']),
     'recompute': (
         ['--resnet_depth=10', '--image_size=32', '--batch=2', '--warmup=1',
          '--steps=1'],

@@ -214,7 +214,8 @@ def test_inside_an_allocation_workers_start_with_srun(tmp_path, caplog):
   assert placement.headline() == 'slurm job 42: 3 nodes x 2 workers'
   job = job_lib.Job(placement, cfg, ['demo', '--use_horovod'], {}, [])
   plan = job.command()
-  assert plan.argv[:7] == ['srun', '--nodes=3', '--nodelist=n1,n2,n3',
+  # Slurm's compressed node list, as srun reads it.
+  assert plan.argv[:7] == ['srun', '--nodes=3', '--nodelist=n[1-3]',
                            '--ntasks-per-node=2', '--ntasks=6',
                            '--kill-on-bad-exit=1',
                            '--job-name=resnet_keras_train']
@@ -261,7 +262,7 @@ def test_a_restart_runs_on_the_nodes_the_job_still_holds(monkeypatch):
   assert report.problems == ['node n2: no longer in slurm job 42 (Slurm took '
                              'it out: it failed)']
   plan = placement.command(['train'], report.ready, {}, 1)
-  assert '--nodelist=n1,n3' in plan.argv and '--ntasks=2' in plan.argv
+  assert '--nodelist=n[1,3]' in plan.argv and '--ntasks=2' in plan.argv
   assert plan.env['MULTI_HLS_IPS'] == 'a1,a3'
 
 

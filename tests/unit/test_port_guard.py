@@ -186,6 +186,16 @@ def test_outcome_lines():
     port_guard.outcome(_guard_with({'h2'}), {'h2': 'no iptables'}, 'on')
 
 
+def test_dry_run_lines_show_the_script_once_for_the_hosts_that_share_it():
+  guard = port_guard.Guard({'h1': [2410], 'h2': [2410], 'h3': [5050]},
+                           ('10.0.0.1',), ['ssh'], chain='RESNET_KERAS_1_x')
+  shared, own = guard.lines()
+  assert shared.startswith('port guard on each of h1, h2: ssh -- HOST ')
+  assert own.startswith('port guard on h3: ssh -- h3 ')
+  assert '5050:5050' in own and '5050' not in shared
+  assert shared.count('-s 10.0.0.1') == 1
+
+
 class _Recorded(port_guard.Guard):
   """A guard whose hosts are this process: it records what it would run."""
 

@@ -22,6 +22,39 @@ def test_node_lists_expand_as_slurm_writes_them(nodelist, nodes):
   assert node_lists.expand_nodelist(nodelist) == nodes
 
 
+def test_long_and_mixed_node_lists_expand_in_order():
+  nodes = node_lists.expand_nodelist('gpu[0001-0512,0600-0999]')
+  assert len(nodes) == 912
+  assert nodes[:2] == ['gpu0001', 'gpu0002']
+  assert nodes[511:513] == ['gpu0512', 'gpu0600'] and nodes[-1] == 'gpu0999'
+  assert node_lists.expand_nodelist('n[1-3,7],m[01-02]') == [
+      'n1', 'n2', 'n3', 'n7', 'm01', 'm02']
+  # A range wider than its first number keeps that number's width.
+  assert node_lists.expand_nodelist('n[098-101]') == ['n098', 'n099', 'n100',
+                                                 'n101']
+
+
+@pytest.mark.parametrize('nodes,compressed', [
+    (['n1', 'n2', 'n3', 'n7'], 'n[1-3,7]'),
+    (['n1', 'n2', 'n3', 'n7', 'm01', 'm02'], 'n[1-3,7],m[01-02]'),
+    (['n8', 'n9', 'n10'], 'n[8-10]'),
+    (['n09', 'n10', 'n011'], 'n[09-10,011]'),  # Each number at its width.
+    (['r1-n1', 'r1-n2', 'r2-n1'], 'r1-n[1-2],r2-n1'),
+    (['n3', 'n1'], 'n[3,1]'),  # In their order: ranks follow it.
+    (['n1', 'm1', 'n2'], 'n1,m1,n2'),
+    (['node7'], 'node7'),
+    (['login', 'n1', 'n2'], 'login,n[1-2]'),
+])
+def test_node_lists_compress_as_slurm_writes_them(nodes, compressed):
+  assert node_lists.compress_nodelist(nodes) == compressed
+  assert node_lists.expand_nodelist(compressed) == nodes
+
+
+def test_a_thousand_nodes_compress_to_one_range():
+  nodes = node_lists.expand_nodelist('gpu[0001-0512,0600-0999]')
+  assert node_lists.compress_nodelist(nodes) == 'gpu[0001-0512,0600-0999]'
+
+
 def test_tasks_per_node_and_bad_lists():
   assert slurm.tasks_per_node('2(x3),1') == [2, 2, 2, 1]
   assert slurm.tasks_per_node('4') == [4]
