@@ -21,6 +21,9 @@ from absl import logging
 
 from common.errors import STUCK_EXIT_CODE
 
+# Seconds between two polls past which this process itself was stopped.
+_SUSPENDED = 10
+
 
 class Watchdog:
   """Calls `on_timeout(seconds)` (which must end the process) once a wait
@@ -28,11 +31,15 @@ class Watchdog:
 
   A thread polls `waiting_since()`: the wall time (time.time()) at which
   the current wait began, 0 while nothing waits. timeout 0: never watches.
+  A process frozen and resumed (its own polls far apart) does not blame
+  the others for the time it was frozen: its wait counts from its resume.
   """
 
   def __init__(self, timeout: float, waiting_since: Callable[[], float],
-               on_timeout: Callable[[float], None], poll: float = 1.0):
+               on_timeout: Callable[[float], None], poll: float = 1.0,
+               clock: Callable[[], float] = time.time):
     self.timeout = timeout
+    self._clock = clock
     self._waiting_since, self._on_timeout = waiting_since, on_timeout
     self._poll = poll
     self._stop = threading.Event()
@@ -49,10 +56,17 @@ class Watchdog:
     self._stop.set()
 
   def _watch(self):
+    polled, resumed = self._clock(), 0.0
     while not self._stop.wait(self._poll):
+      now = self._clock()
+      if now - polled > max(_SUSPENDED, 10 * self._poll):
+        # This process was itself stopped (SIGSTOP, a paused host): what
+        # it waited for then says nothing of the others; it waits anew.
+        resumed = now
+      polled = now
       since = self._waiting_since()
-      if since and time.time() - since > self.timeout:
-        self._on_timeout(time.time() - since)
+      if since and now - max(since, resumed) > self.timeout:
+        self._on_timeout(now - since)
         return
 
 

@@ -51,6 +51,10 @@ _PEER_GONE = re.compile(r'Peer host:\s+(\S+)')
 # hosts cut it then waited on them as it does after a rank's failure).
 _ABORTING = re.compile(r'the job has been aborted|mpirun noticed that process'
                        r'|ORTE has lost communication with a remote daemon')
+# A worker's line as it ends itself, waiting on a frozen or stuck one
+# (resnet_keras/watchdog.py).
+_STUCK = re.compile(r"worker (\d+): the job's collectives have not moved "
+                    r'for (\d+) s')
 # The chief's line once the run's summary is written: the job's work is
 # done, and its workers only have to leave.
 _FINISHED = re.compile(r' I run summary: ')
@@ -132,6 +136,10 @@ def describe_failure(exit_code: int, output: Sequence[str],
     return Failure(exit_code, f'lost contact with host {host}{ranks}: it '
                    'went down, its network failed, or its processes were '
                    'killed', retry=True)
+  stuck = _stuck_worker(text, len(hosts) * workers_per_host)
+  if stuck:
+    return Failure(exit_code, stuck, retry=True,
+                   first_exit_code=STUCK_EXIT_CODE)
   by_signal = _RANK_SIGNAL.search(text)
   if by_signal:
     rank, host, signum = by_signal.groups()
@@ -161,6 +169,21 @@ def describe_failure(exit_code: int, output: Sequence[str],
   return Failure(exit_code, f'the job exited with code {exit_code}'
                  f'{_meaning(exit_code)}',
                  retry=exit_code not in NOT_RETRIED_EXIT_CODES)
+
+
+def _stuck_worker(text: str, workers: int) -> Optional[str]:
+  """The cause where workers ended themselves waiting on another: the
+  worker that did not say so is the one they waited on (where the number
+  of workers is known: 0 for this host's)."""
+  found = _STUCK.findall(text)
+  if not found:
+    return None
+  waited = max(int(seconds) for _, seconds in found)
+  silent = sorted(set(range(workers)) - {int(w) for w, _ in found})
+  frozen = (f'worker {", ".join(map(str, silent))}' if silent and
+            len(silent) < workers else 'a worker')
+  return (f'{frozen} was frozen or stuck: the others waited {waited} s on '
+          'the job\'s collectives, then ended themselves')
 
 
 def ranks_on(host: str, hosts: Sequence[str], workers_per_host: int) -> str:

@@ -57,6 +57,22 @@ def test_a_killed_rank_names_rank_host_and_signal():
   assert failure.retry
 
 
+def test_workers_that_ended_themselves_name_the_one_they_waited_on():
+  stuck = ("12:00:00 E worker {} : the job's collectives have not moved for "
+           "{} s (the stuck-worker timeout, 10 x --failure_timeout): ...")
+  lines = [stuck.format(0, 120).replace(' :', ':'),
+           stuck.format(2, 121).replace(' :', ':'),
+           'Peer host: h2', 'srun: error: h1: task 0: Exited with exit code 4']
+  failure = supervisor.describe_failure(4, lines, ['h1', 'h2', 'h3'], 1)
+  assert failure.cause == ('worker 1 was frozen or stuck: the others waited '
+                           "121 s on the job's collectives, then ended "
+                           'themselves')
+  assert failure.retry and failure.first_exit_code == 4
+  # On this host the launcher does not know the worker count.
+  assert supervisor.describe_failure(4, lines[:1], [], 2).cause.startswith(
+      'a worker was frozen or stuck: the others waited 120 s')
+
+
 @pytest.mark.parametrize('code,retry,meaning', [
     (2, False, 'a usage error'), (3, False, 'a non-finite loss'),
     (4, True, 'it waited too long on a frozen or stuck worker'),

@@ -56,3 +56,23 @@ def test_a_worker_waiting_on_a_frozen_one_is_ended_and_a_beating_one_not():
     dog.stop()
   assert not fired['beating']
   assert len(fired['frozen']) == 1 and fired['frozen'][0] >= 0.3
+
+
+def test_a_worker_that_was_frozen_itself_does_not_blame_the_others():
+  """Its own polls far apart: the time it was stopped does not count; it
+  waits a whole timeout from its resume before it ends."""
+  now = [1000.0]
+  fired = []
+  dog = watchdog.Watchdog(5, lambda: 1000.0, fired.append, poll=0.01,
+                          clock=lambda: now[0])
+  dog.start()
+  time.sleep(0.05)
+  now[0] += 120  # Frozen for two minutes, then resumed.
+  time.sleep(0.1)
+  assert not fired
+  now[0] += 6  # A whole timeout after its resume, still no answer.
+  deadline = time.time() + 5
+  while not fired and time.time() < deadline:
+    time.sleep(0.01)
+  dog.stop()
+  assert fired and fired[0] >= 126
