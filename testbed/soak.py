@@ -333,8 +333,10 @@ def broken_invariants(record: JobRecord) -> List[str]:
 
 _STEP = re.compile(r' I step (\d+)/')
 _RESUMED = re.compile(r'restored from \S+ at step (\d+)')
-_NAMED = re.compile(r'job failed|job stopped by|^error:|the job ends|'
-                    r'requeued|Slurm lost node|no space left')
+# The launcher's lines that name a fault.
+NAMING = (r'job failed|job stopped by|Slurm lost node|requeued|no space left|'
+          r'the chief finished the run')
+_NAMED = re.compile(NAMING + r'|^error:|the job ends')
 
 
 def resumes_in(lines: Sequence[str]) -> List[Tuple[int, int]]:
@@ -775,8 +777,7 @@ class Soak:
         for l in lines[requeued[-1] if requeued else 0:])
     record.world_changes = world_changes(lines)
     record.shrank = bool(record.world_changes)
-    named = log.first(r'job failed|job stopped by|Slurm lost node|requeued|'
-                      r'no space left', after=last_fault)
+    named = log.first(NAMING, after=last_fault)
     if named is not None:
       record.seconds_to_named = named - last_fault
     restart = log.first(r'restart \d+ of|requeued \d+ time', after=last_fault)
