@@ -31,7 +31,7 @@ from common.errors import UsageError
 
 
 # Seconds the workers wait for each other at the end of a run when the
-# launcher set no collective timeout.
+# launcher set no wait on the others (worker_contract.collective_timeout).
 _LEAVE_TIMEOUT = worker_contract.stuck_rank_timeout(
     worker_contract.DEFAULT_FAILURE_TIMEOUT)
 
@@ -236,11 +236,12 @@ def build_backend(name: str, num_gpus: int = -1,
     raise UsageError(f'--num_gpus={num_gpus} but only {gpus} GPU(s) are '
                      'visible; lower --num_gpus')
   if name == 'multi_worker_mirrored':
-    # A collective that never completes (a worker alive but stuck) fails
-    # after the launcher's timeout instead of waiting forever.
-    strategy = tf.distribute.MultiWorkerMirroredStrategy(
-        communication_options=tf.distribute.experimental.CommunicationOptions(
-            timeout_seconds=worker_contract.collective_timeout(os.environ)))
+    # No timeout on the collectives themselves: TensorFlow holds a thread
+    # for each collective op until its timeout passes, so a worker's
+    # threads grow with the steps (5,900 after 40 s of a tiny model at 10
+    # steps/s with 120 s; its threads ran out at ~10,000 and it aborted).
+    # A worker stuck or frozen is the watchdog's (resnet_keras/watchdog.py).
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
   else:
     strategy = distribute_utils.get_distribution_strategy(
         distribution_strategy=name, num_gpus=num_gpus)

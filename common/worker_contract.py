@@ -47,7 +47,8 @@ OWN_PREFIX = 'RESNET_KERAS_'
 RESTARTS_VAR = 'RESNET_KERAS_RESTARTS'
 RESUME_STEP_VAR = 'RESNET_KERAS_RESUME_STEP'
 ATTEMPT_VARS = (RESTARTS_VAR, RESUME_STEP_VAR)
-# multi_worker_mirrored's collective timeout (seconds).
+# multi_worker_mirrored: seconds a worker waits on the others' collectives
+# (its stuck-worker watchdog's, and the workers' last barrier).
 COLLECTIVE_TIMEOUT_VAR = 'RESNET_KERAS_COLLECTIVE_TIMEOUT'
 # Horovod's stall check: seconds before it names a rank missing from a
 # collective, and before it shuts the job down (and ours: the trainer's
@@ -150,8 +151,9 @@ def failure_env(failure_timeout: int, use_horovod: bool) -> Dict[str, str]:
 
   Horovod: its stall check names the ranks that have not joined a collective
   after `failure_timeout` seconds, and shuts the job down after
-  _STALL_SHUTDOWN_FACTOR times that. multi_worker_mirrored: the same
-  shutdown time as the collectives' timeout.
+  _STALL_SHUTDOWN_FACTOR times that, as each worker's watchdog does
+  (resnet_keras/watchdog.py). multi_worker_mirrored: the same time for its
+  watchdog.
   """
   shutdown = str(stuck_rank_timeout(failure_timeout))
   if use_horovod:
@@ -171,7 +173,7 @@ def stuck_rank_timeout(failure_timeout: int) -> int:
 
 
 def collective_timeout(environ: Mapping[str, str]) -> Optional[float]:
-  """multi_worker_mirrored's collective timeout in seconds (None: none)."""
+  """multi_worker_mirrored's wait on the others in seconds (None: none)."""
   return _seconds(environ, COLLECTIVE_TIMEOUT_VAR)
 
 
@@ -179,7 +181,7 @@ def stuck_worker_timeout(environ: Mapping[str, str],
                          use_horovod: bool) -> Optional[float]:
   """Seconds after which a worker waiting on a stuck one ends (None: the
   launcher set none): Horovod's stall shutdown time, multi_worker_mirrored's
-  collective timeout."""
+  wait on the others."""
   return _seconds(environ, HOROVOD_STALL_SHUTDOWN_VAR if use_horovod
                   else COLLECTIVE_TIMEOUT_VAR)
 

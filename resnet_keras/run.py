@@ -15,6 +15,7 @@ resolved), which config.json records; only the TensorBoard hparams record
 the config as asked, as they always have (reporting.py).
 """
 
+import contextlib
 import dataclasses
 import gc
 import os
@@ -132,13 +133,12 @@ def _run(cfg: RunConfig, started: float) -> Dict:
 
 
 def _stuck_worker_timeout(backend: distribution.Backend) -> float:
-  """Seconds a Horovod worker waits on the others' collectives before it
-  ends itself (0: it waits; multi_worker_mirrored's collectives time out by
-  themselves)."""
-  if not backend.hvd or backend.num_workers < 2:
+  """Seconds a worker waits on the others' collectives before it ends
+  itself (0: it waits; one worker, or no launcher set one)."""
+  if backend.num_workers < 2:
     return 0
-  return worker_contract.stuck_worker_timeout(os.environ,
-                                              use_horovod=True) or 0
+  return worker_contract.stuck_worker_timeout(
+      os.environ, use_horovod=bool(backend.hvd)) or 0
 
 
 def _run_on(basis: assembly.Basis, started: float,
@@ -262,7 +262,7 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
     except guards.SignalReceived as stop:
       step = int(optimizer.iterations.numpy())
       if saves:
-        with attempt.timing('checkpoints'):
+        with attempt.timing('checkpoints'), _collective_save(backend):
           path = manager.save(checkpoint_number=step)
         logging.info('saved checkpoint at step %d after signal (%s)', step,
                      path)
@@ -278,13 +278,13 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
     step = outcome.step = int(optimizer.iterations.numpy())
     if (cfg.enable_checkpoint_and_export and saves and
         plan.is_checkpoint_step(step)):
-      with attempt.timing('checkpoints'):
+      with attempt.timing('checkpoints'), _collective_save(backend):
         path = manager.save(checkpoint_number=step)
       logging.info('saved checkpoint %s', path)
       attempt.write()
     if not cfg.skip_eval and plan.is_eval_step(step):
       outcome.eval_results = _evaluate(controller, reports, plan, step,
-                                       attempt)
+                                       attempt, backend)
       if _reached(cfg, outcome.eval_results):
         outcome.target_reached = True
         outcome.seconds_to_target = time.time() - started
@@ -294,13 +294,22 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                      outcome.seconds_to_target)
   if not cfg.skip_eval and not outcome.eval_results:
     outcome.eval_results = _evaluate(controller, reports, plan, outcome.step,
-                                     attempt)
+                                     attempt, backend)
   return outcome
 
 
+def _collective_save(backend: distribution.Backend):
+  """A save every worker takes part in (multi_worker_mirrored) waits on
+  the others; a Horovod chief saves alone, however long it takes."""
+  return (backend.progress.waiting() if backend.collective_saves else
+          contextlib.nullcontext())
+
+
 def _evaluate(controller: orbit.Controller, reports: reporting.Reporting,
-              plan: TrainingPlan, step: int, attempt: goodput.Attempt) -> Dict:
-  with attempt.timing('evaluation'):
+              plan: TrainingPlan, step: int, attempt: goodput.Attempt,
+              backend: distribution.Backend) -> Dict:
+  # Each evaluation step tells the backend's progress it went on.
+  with attempt.timing('evaluation'), backend.progress.waiting():
     results = controller.evaluate(steps=-1)
   reports.evaluated(plan, step, results)
   attempt.write()
@@ -353,7 +362,8 @@ def _export(basis: assembly.Basis, parts: assembly.Parts) -> None:
       # Under multi_worker_mirrored reading the weights is a collective
       # (batch norm statistics are averaged when read): the other workers
       # join the chief's read, once, as its export copies them.
-      parts.network.get_weights()
+      with backend.progress.waiting():
+        parts.network.get_weights()
 
 
 def _reached(cfg: RunConfig, results: Dict) -> bool:

@@ -3,12 +3,13 @@ lasted too long, where the waiting thread itself cannot be interrupted.
 
 Two waits are watched. The training input from a tf.data service whose
 workers are gone (data/input_service.py: the read blocks inside the
-training loop's tf.function). And, under Horovod, a collective that waits
-for a worker frozen or stuck: Horovod's own stall check runs in the same
+training loop's tf.function). And the job's collectives, waiting on a
+worker frozen or stuck: Horovod's own stall check runs in the same
 background loop as its negotiation, which waits for that worker too, so it
-never fires, and the job would wait forever. multi_worker_mirrored's
-collectives time out by themselves (--failure_timeout). What the
-collective watchdog polls is the backend's `Progress` (common/distribution.py).
+never fires; multi_worker_mirrored's collective timeout holds a thread per
+collective until it passes (common/distribution.py). What the collective
+watchdog polls is the backend's `Progress`, told by each step that the
+collectives still move.
 """
 
 import os

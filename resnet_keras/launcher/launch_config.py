@@ -123,9 +123,9 @@ class LaunchConfig:
   failure_timeout: int = option(
       worker_contract.DEFAULT_FAILURE_TIMEOUT,
       'Seconds within which a lost host or rank ends a multi-worker job '
-      '(mpirun\'s keepalive probes; Horovod\'s stall check and '
-      'multi_worker_mirrored\'s collective timeout get 10x this, for a rank '
-      'alive but stuck).',
+      '(mpirun\'s keepalive probes; Horovod\'s stall check and each '
+      'worker\'s watchdog on its collectives get 10x this, for a rank alive '
+      'but stuck).',
       in_recipe=False)
 
   def check(self) -> None:

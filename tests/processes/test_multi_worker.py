@@ -160,39 +160,56 @@ def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
     log.close()
 
 
-def test_a_horovod_worker_waiting_on_a_frozen_one_ends_itself(tmp_path):
-  """A rank frozen (SIGSTOP) mid-run: Horovod's stall check waits with its
-  negotiation and never fires; the other rank's watchdog ends it after the
-  stall shutdown time (the launcher's 10 x --failure_timeout, 15 s here:
-  mpirun by hand), and mpirun takes the frozen rank down with it."""
+# The line that names a frozen worker: the watchdog's under Horovod, whose
+# stall check waits with its negotiation and never fires; under
+# multi_worker_mirrored TensorFlow's coordination service misses the
+# frozen one's heartbeats first (the watchdog is for a worker that is stuck
+# but still beats).
+FROZEN_NAMED = {'horovod': "worker 0: the job's collectives have not moved for",
+                'mwm': 'stopped sending heartbeats'}
+
+
+@pytest.mark.parametrize('backend_args,timeout_var,named', [
+    (['--use_horovod'], 'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS', 'horovod'),
+    (['-ds', 'multi_worker_mirrored'], 'RESNET_KERAS_COLLECTIVE_TIMEOUT',
+     'mwm')])
+def test_a_worker_waiting_on_a_frozen_one_ends_itself(tmp_path, backend_args,
+                                                      timeout_var, named):
+  """A rank frozen (SIGSTOP) mid-run: the job ends within the stuck-worker
+  time (the launcher's 10 x --failure_timeout, 15 s here: mpirun by hand),
+  the frozen rank with it. multi_worker_mirrored's collective timeout, no
+  longer used, held a thread per collective for its whole length: the
+  workers' threads grew with the steps."""
   log = open(tmp_path / 'log.txt', 'w+')
   root = ['--allow-run-as-root'] if os.geteuid() == 0 else []
-  env = dict(os.environ, RESNET_TEST_JOB='pending',
-             HOROVOD_STALL_SHUTDOWN_TIME_SECONDS='15')
+  env = dict(os.environ, RESNET_TEST_JOB='pending', **{timeout_var: '15'})
   trainer = [sys.executable, os.path.join(runner.REPO_ROOT,
                                           'resnet_ctl_imagenet_main.py'),
-             '--use_horovod', f'--model_dir={tmp_path / "model"}',
-             '--batch_size=8', '--train_steps=100000', '--train_epochs=1'] + [
+             f'--model_dir={tmp_path / "model"}', '--batch_size=8',
+             '--train_steps=100000', '--train_epochs=1'] + backend_args + [
                  a for a in TINY if not a.startswith(('--train_steps',
                                                       '--batch'))]
   job = subprocess.Popen(
       ['sh', '-c', 'RESNET_TEST_JOB=$$ exec "$@"', 'sh', 'mpirun'] + root + [
           '-np', '2', '--oversubscribe', '-x', 'RESNET_TEST_JOB', '-x',
-          'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS'] + trainer,
+          timeout_var] + trainer,
       cwd=runner.REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
   try:
     deadline = time.time() + 240
-    while 'step 2/' not in (tmp_path / 'log.txt').read_text():
+    while 'step 40/' not in (tmp_path / 'log.txt').read_text():
       assert job.poll() is None, (tmp_path / 'log.txt').read_text()[-3000:]
-      assert time.time() < deadline, 'training did not start'
+      assert time.time() < deadline, 'training did not reach step 40'
       time.sleep(1)  # Polls a log file for a line; not a guessed wait.
     ranks = _rank_pids(job.pid)
+    # Some 40 steps of collectives: the threads stay few (with the
+    # collective timeout each rank held some 500 more).
+    for pid in ranks:
+      assert len(os.listdir(f'/proc/{pid}/task')) < 300
     frozen = next(pid for pid, rank in ranks.items() if rank == 1)
     os.kill(frozen, signal.SIGSTOP)
     assert job.wait(timeout=180) != 0
     output = (tmp_path / 'log.txt').read_text()
-    assert "worker 0: the job's collectives have not moved for" in output, (
-        output[-3000:])
+    assert FROZEN_NAMED[named] in output, output[-3000:]
     deadline = time.time() + 10
     while _rank_pids(job.pid) and time.time() < deadline:
       time.sleep(0.2)  # The frozen rank being reaped: polled.
