@@ -350,7 +350,7 @@ class Supervisor:
     if not self._job_ended():
       self._log(f'mpirun did not end the job within {self._abort_grace:.0f} '
                 's of aborting it (a host stopped answering): ending mpirun')
-      self._end_session()
+      _end_session(self._job)
 
   def _end_finished_job(self) -> None:
     """The job ended (SIGTERM, then SIGKILL) once the chief finished the
@@ -362,29 +362,32 @@ class Supervisor:
     self._log(f'the chief finished the run (run_summary.json written), but '
               f'{grace:.0f} s later the job had not ended: a worker is stuck '
               'or frozen; ending the job (its results are complete)')
-    self._end_session()
+    _end_session(self._job)
 
   def _job_ended(self) -> bool:
-    job = self._job
-    return job is None or (job.poll() is not None and
-                           not session_processes(job.pid))
-
-  def _end_session(self) -> None:
-    job = self._job
-    ended = self._job_ended
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-      _signal_session(job.pid, sig)
-      deadline = time.monotonic() + 5
-      while not ended() and time.monotonic() < deadline:
-        time.sleep(0.1)
-      if ended():
-        return
+    return self._job is None or _session_ended(self._job)
 
   def _forward(self, signum, frame):  # pylint: disable=unused-argument
     if signum != WARNING_SIGNAL:  # The workers stop at it and save.
       self._stopped_by = signum
     if self._job is not None and self._job.poll() is None:
       self._job.send_signal(signum)
+
+
+def _session_ended(job: subprocess.Popen) -> bool:
+  return job.poll() is not None and not session_processes(job.pid)
+
+
+def _end_session(job: subprocess.Popen) -> None:
+  """`job`'s session ended: SIGTERM, then SIGKILL to what is left 5 s
+  later."""
+  for sig in (signal.SIGTERM, signal.SIGKILL):
+    _signal_session(job.pid, sig)
+    deadline = time.monotonic() + 5
+    while not _session_ended(job) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    if _session_ended(job):
+      return
 
 
 def _start_timer(seconds: float, action: Callable[[], None]

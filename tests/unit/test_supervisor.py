@@ -235,6 +235,18 @@ def test_replan_gives_each_restart_its_command_or_ends_the_job(tmp_path):
   assert lines[-1] == 'only 1 of 3 hosts left, --min_hosts=2'
 
 
+def _assert_session_ends(output):
+  """The stand-in mpirun's session (the id it printed) has no process left
+  within 10 s: a killed process closes its files (the pipe's end) before
+  it is gone."""
+  session = int(re.search(r'session (\d+)', output).group(1))
+  deadline = time.monotonic() + 10
+  while supervisor.session_processes(session) and (
+      time.monotonic() < deadline):
+    time.sleep(0.1)
+  assert not supervisor.session_processes(session)
+
+
 @pytest.mark.parametrize('notice', list(ABORT_NOTICES))
 def test_an_mpirun_that_hangs_while_aborting_is_ended_after_the_grace(
     tmp_path, capfd, notice):
@@ -250,13 +262,7 @@ def test_an_mpirun_that_hangs_while_aborting_is_ended_after_the_grace(
   assert code == 128 + signal.SIGTERM
   assert lines[0] == ('mpirun did not end the job within 1 s of aborting '
                       'it (a host stopped answering): ending mpirun')
-  session = int(re.search(r'session (\d+)', capfd.readouterr().out).group(1))
-  # A killed process closes its files (the pipe's end) before it is gone.
-  deadline = time.monotonic() + 10
-  while supervisor.session_processes(session) and (
-      time.monotonic() < deadline):
-    time.sleep(0.1)
-  assert not supervisor.session_processes(session)
+  _assert_session_ends(capfd.readouterr().out)
 
 
 def test_a_job_whose_chief_finished_but_a_worker_hangs_is_ended_as_done(
@@ -274,12 +280,7 @@ def test_a_job_whose_chief_finished_but_a_worker_hangs_is_ended_as_done(
   assert lines == ['the chief finished the run (run_summary.json written), '
                    'but 1 s later the job had not ended: a worker is stuck '
                    'or frozen; ending the job (its results are complete)']
-  session = int(re.search(r'session (\d+)', capfd.readouterr().out).group(1))
-  deadline = time.monotonic() + 10
-  while supervisor.session_processes(session) and (
-      time.monotonic() < deadline):
-    time.sleep(0.1)
-  assert not supervisor.session_processes(session)
+  _assert_session_ends(capfd.readouterr().out)
 
 
 def test_a_job_that_leaves_after_its_chief_finished_is_left_alone(tmp_path):
