@@ -29,9 +29,8 @@ _PARTS = ('productive', 'redone', 'startup', 'checkpoints', 'evaluation',
 
 def with_flags(args, **values):
   """`args` with each --name=value of `values` set (replaced or added)."""
-  kept = [a for a in args
-          if re.match(r'--(\w+)', a) is None or
-          re.match(r'--(\w+)', a).group(1) not in values]
+  name = lambda arg: (re.match(r'--(\w+)', arg) or [None, None])[1]
+  kept = [a for a in args if name(a) not in values]
   return kept + [f'--{name}={value}' for name, value in values.items()]
 
 
