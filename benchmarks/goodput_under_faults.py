@@ -23,6 +23,10 @@ import time
 from testbed import cluster as cluster_lib
 from testbed import soak as soak_lib
 
+# Steps of the speed probe: enough step lines past tracing and warm-up.
+PROBE_STEPS = 200
+# A chief's step line: its clock and step.
+_STEP_LINE = re.compile(r'(\d\d:\d\d:\d\d) I step (\d+)/')
 _PARTS = ('productive', 'redone', 'startup', 'checkpoints', 'evaluation',
           'export', 'waiting', 'other')
 
@@ -34,32 +38,53 @@ def with_flags(args, **values):
   return kept + [f'--{name}={value}' for name, value in values.items()]
 
 
+def job_args(soak, plan, model_dir, restarts):
+  """The long job's flags: the soak's, with loops, logs and checkpoints
+  spaced for thousands of steps."""
+  return with_flags(soak.args(plan, model_dir, reference=True),
+                    checkpoint_interval_steps=max(20, plan.steps // 30),
+                    max_checkpoints=3, max_restarts=restarts,
+                    log_steps=20, steps_per_loop=10)
+
+
 def steps_per_second(soak, plan, work_dir) -> float:
-  """The layout's training speed, from an uninterrupted 40-step run."""
-  probe = dataclasses.replace(plan, steps=40)
+  """The layout's training speed with the long job's own flags, from the
+  chief's step lines after the first two (tracing and warm-up)."""
+  probe = dataclasses.replace(plan, steps=PROBE_STEPS)
   model_dir = os.path.join(work_dir, f'probe_{plan.backend}')
   log = soak_lib.Log(os.path.join(work_dir, f'probe_{plan.backend}.txt'))
-  job = soak.start(probe, soak.args(probe, model_dir, reference=True),
+  job = soak.start(probe, job_args(soak, probe, model_dir, restarts=0),
                    log.path)
   soak.wait_for_end(probe, job, log, time.monotonic() + 900)
   soak.heal()
-  seconds = json.load(open(os.path.join(model_dir, 'run_summary.json')))[
-      'goodput']['seconds']['productive']
-  return 40 / seconds
+  return speed_from_log(open(log.path).read())
+
+
+def speed_from_log(text: str) -> float:
+  """Steps per second between the third step line and the last."""
+  stamped = [(_clock(m.group(1)), int(m.group(2)))
+             for m in _STEP_LINE.finditer(text)]
+  if len(stamped) < 4:
+    raise RuntimeError(f'the probe logged {len(stamped)} step lines; '
+                       'need at least 4')
+  (start, first), (end, last) = stamped[2], stamped[-1]
+  return (last - first) / max((end - start) % 86400, 1)  # Past midnight too.
+
+
+def _clock(hms: str) -> int:
+  hours, minutes, seconds = map(int, hms.split(':'))
+  return hours * 3600 + minutes * 60 + seconds
 
 
 def run(soak, backend, minutes, every, work_dir):
   plan = soak_lib.JobPlan(index=0, placement='ssh', backend=backend,
-                          faults=(), delay=0.0, victim=1, steps=40)
+                          faults=(), delay=0.0, victim=1, steps=PROBE_STEPS)
   speed = steps_per_second(soak, plan, work_dir)
   steps = int(speed * minutes * 60) // 20 * 20
   plan = dataclasses.replace(plan, steps=steps)
   model_dir = os.path.join(work_dir, f'job_{backend}')
-  faults = int(minutes * 60 // every) + 2
-  args = with_flags(soak.args(plan, model_dir, reference=True),
-                    checkpoint_interval_steps=max(20, steps // 30),
-                    max_checkpoints=3, max_restarts=faults,
-                    log_steps=20, steps_per_loop=10)
+  args = job_args(soak, plan, model_dir,
+                  restarts=int(minutes * 60 // every) + 2)
   log = soak_lib.Log(os.path.join(work_dir, f'job_{backend}.txt'))
   started = time.monotonic()
   job = soak.start(plan, args, log.path)

@@ -204,6 +204,19 @@ def test_suite_cpu_records_a_run_as_plugin_and_reports_it(tmp_path):
   assert '| `test_tiny.py::test_one` |' in output
 
 
+def test_goodput_probe_reads_the_speed_past_the_first_step_lines():
+  from benchmarks import goodput_under_faults  # pylint: disable=g-import-not-at-top
+  log = ('[1,0]<stderr>:23:59:10 I step 10/200 | loss 2.3\n'
+         '[1,0]<stderr>:23:59:40 I step 20/200 | loss 2.3\n'  # Tracing.
+         '[1,0]<stderr>:23:59:50 I step 30/200 | loss 2.2\n'
+         '23:59:55 I saved checkpoint ckpt-30\n'
+         '[1,0]<stderr>:00:00:10 I step 50/200 | loss 2.1\n')
+  # From step 30 at 23:59:50 to step 50 at 00:00:10: 20 steps in 20 s.
+  assert goodput_under_faults.speed_from_log(log) == 1.0
+  with pytest.raises(RuntimeError, match='logged 2 step lines'):
+    goodput_under_faults.speed_from_log(log[:log.index('23:59:50')])
+
+
 def test_deploy_without_exports_says_what_to_give(tmp_path):
   runner.assert_one_line_error(runner.spawn_tool('benchmarks.deploy', []),
                                'give --exports_dir', '--resnet50')
