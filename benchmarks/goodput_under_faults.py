@@ -2,10 +2,10 @@
 
 Runs one job per backend on the suite's three-host namespace cluster (ssh
 hosts, one worker each; testbed/cluster.py), the soak's tiny synthetic
-ResNet (testbed/soak.py), long enough for about `--minutes` of training,
-kills a rank (`kill -9`, a worker other than the chief) every `--every`
-seconds, and prints the run's goodput block (run_summary.json) split into
-its parts. As root (namespaces), with nothing else running:
+ResNet (testbed/soak_jobs.py), long enough for about `--minutes` of
+training, kills a rank (`kill -9`, a worker other than the chief) every
+`--every` seconds, and prints the run's goodput block (run_summary.json)
+split into its parts. As root (namespaces), with nothing else running:
 
   python -m benchmarks.goodput_under_faults --minutes 10 --every 120
 """
@@ -22,6 +22,8 @@ import time
 
 from testbed import cluster as cluster_lib
 from testbed import soak as soak_lib
+from testbed import soak_jobs
+from testbed import soak_plan
 
 # Steps of the speed probe: enough step lines past tracing and warm-up.
 PROBE_STEPS = 200
@@ -41,7 +43,7 @@ def with_flags(args, **values):
 def job_args(soak, plan, model_dir, restarts):
   """The long job's flags: the soak's, with loops, logs and checkpoints
   spaced for thousands of steps."""
-  return with_flags(soak.args(plan, model_dir, reference=True),
+  return with_flags(soak.jobs.args(plan, model_dir, reference=True),
                     checkpoint_interval_steps=max(20, plan.steps // 30),
                     max_checkpoints=3, max_restarts=restarts,
                     log_steps=20, steps_per_loop=10)
@@ -52,10 +54,10 @@ def steps_per_second(soak, plan, work_dir) -> float:
   chief's step lines after the first two (tracing and warm-up)."""
   probe = dataclasses.replace(plan, steps=PROBE_STEPS)
   model_dir = os.path.join(work_dir, f'probe_{plan.backend}')
-  log = soak_lib.Log(os.path.join(work_dir, f'probe_{plan.backend}.txt'))
-  job = soak.start(probe, job_args(soak, probe, model_dir, restarts=0),
+  log = soak_jobs.Log(os.path.join(work_dir, f'probe_{plan.backend}.txt'))
+  job = soak.jobs.start(probe, job_args(soak, probe, model_dir, restarts=0),
                    log.path)
-  soak.wait_for_end(probe, job, log, time.monotonic() + 900)
+  soak.jobs.wait_for_end(probe, job, log, time.monotonic() + 900)
   soak.heal()
   return speed_from_log(open(log.path).read())
 
@@ -77,7 +79,7 @@ def _clock(hms: str) -> int:
 
 
 def run(soak, backend, minutes, every, work_dir):
-  plan = soak_lib.JobPlan(index=0, placement='ssh', backend=backend,
+  plan = soak_plan.JobPlan(index=0, placement='ssh', backend=backend,
                           faults=(), delay=0.0, victim=1, steps=PROBE_STEPS)
   speed = steps_per_second(soak, plan, work_dir)
   steps = int(speed * minutes * 60) // 20 * 20
@@ -85,21 +87,21 @@ def run(soak, backend, minutes, every, work_dir):
   model_dir = os.path.join(work_dir, f'job_{backend}')
   args = job_args(soak, plan, model_dir,
                   restarts=int(minutes * 60 // every) + 2)
-  log = soak_lib.Log(os.path.join(work_dir, f'job_{backend}.txt'))
+  log = soak_jobs.Log(os.path.join(work_dir, f'job_{backend}.txt'))
   started = time.monotonic()
-  job = soak.start(plan, args, log.path)
+  job = soak.jobs.start(plan, args, log.path)
   kills = 0
   next_fault = started + every
-  while soak.ended(plan, job) is None:
+  while soak.jobs.ended(plan, job) is None:
     log.poll()
     if time.monotonic() >= next_fault:
-      done = soak.signal_rank(plan, signal.SIGKILL)
+      done = soak.processes.signal_rank(plan, signal.SIGKILL)
       kills += 1
       print(f'  {backend}: kill -9 of a rank at '
             f'{time.monotonic() - started:.0f} s ({done})', flush=True)
       next_fault += every
     if time.monotonic() > started + minutes * 60 * 4:
-      soak.stop_job(plan, job)
+      soak.jobs.stop(plan, job)
       print(f'  {backend}: not ended within {minutes * 4} minutes: stopped')
       break
     time.sleep(0.5)
@@ -116,7 +118,7 @@ def main(argv):
                       help='the uninterrupted training time to aim for')
   parser.add_argument('--every', type=float, default=120,
                       help='seconds between faults')
-  parser.add_argument('--backends', default=','.join(soak_lib.BACKENDS))
+  parser.add_argument('--backends', default=','.join(soak_plan.BACKENDS))
   flags = parser.parse_args(argv)
   if os.geteuid() != 0:
     print('error: run as root (the cluster is network namespaces)',
@@ -126,7 +128,7 @@ def main(argv):
   print(f'machine: {hardware.this_cpu().describe()}')
   work_dir = tempfile.mkdtemp(prefix='resnet_keras_goodput_')
   cluster = cluster_lib.Cluster(
-      soak_lib.WORKERS, state_dir=f'/run/resnet_keras_goodput_{os.getpid()}',
+      soak_plan.WORKERS, state_dir=f'/run/resnet_keras_goodput_{os.getpid()}',
       subnet_index=245 + os.getpid() % 5).start()
   results = []
   try:

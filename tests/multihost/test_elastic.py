@@ -16,6 +16,8 @@ import pytest
 
 from testbed import cluster as cluster_lib
 from testbed import soak
+from testbed import soak_invariants
+from testbed import soak_plan
 from tests.support import launcher
 from tests.support import runner
 from tests.support.records import write_dataset
@@ -350,8 +352,8 @@ def test_a_host_outside_the_job_cannot_reach_its_ports(healthy, tmp_path,
 SOAK_SEED = 2
 
 
-@pytest.mark.parametrize('plan', soak.draw_plan(
-    SOAK_SEED, 2, ('this_host', 'ssh'), soak.BACKENDS, steps=(16,)),
+@pytest.mark.parametrize('plan', soak_plan.draw_plan(
+    SOAK_SEED, 2, ('this_host', 'ssh'), soak_plan.BACKENDS, steps=(16,)),
                          ids=lambda plan: f'{plan.placement}-{plan.fault}')
 def test_a_soak_job_keeps_every_invariant(healthy, tmp_path, plan):
   started = time.monotonic()
@@ -359,5 +361,5 @@ def test_a_soak_job_keeps_every_invariant(healthy, tmp_path, plan):
                      compare_weights=False).run_job(plan)
   print(soak.HEADER, soak.row(record), sep='\n')
   print(f'{time.monotonic() - started:.0f} s')
-  assert record.outcome in soak.ENDED_WELL, record.last_line
-  assert soak.broken_invariants(record) == []
+  assert record.outcome in soak_invariants.ENDED_WELL, record.last_line
+  assert soak_invariants.broken_invariants(record) == []

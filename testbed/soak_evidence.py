@@ -1,0 +1,180 @@
+"""Reading what a soak job left (testbed/soak.py): its log (resumes,
+shrinks, the line that named the fault) and its model directory
+(checkpoint files, which of them read, run_summary.json, the weights'
+drift from an uninterrupted run), into its JobRecord. Tested in
+tests/unit/test_soak_invariants.py.
+"""
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from testbed.soak_invariants import JobRecord
+from testbed.soak_plan import JobPlan
+
+_STEP = re.compile(r' I step (\d+)/')
+_RESUMED = re.compile(r'restored from \S+ at step (\d+)')
+# The launcher's lines that name a fault.
+NAMING = (r'job failed|job stopped by|Slurm lost node|requeued|no space left|'
+          r'the chief finished the run')
+_NAMED = re.compile(NAMING + r'|^error:|the job ends')
+
+
+def resumes_in(lines: Sequence[str]) -> List[Tuple[int, int]]:
+  """(last step logged before, step restored at) for each resume."""
+  found, reached = [], 0
+  for line in lines:
+    step = _STEP.search(line)
+    if step:
+      reached = max(reached, int(step.group(1)))
+    resumed = _RESUMED.search(line)
+    if resumed and reached:
+      found.append((reached, int(resumed.group(1))))
+      reached = 0
+  return found
+
+
+_CHANGE = re.compile(r'the job (?:shrinks|grows) .*(?:resuming at step|from '
+                     r'step) (\d+)')
+
+
+def world_changes(lines: Sequence[str]) -> List[int]:
+  """The step each shrink or regrowth in the log resumes at."""
+  return [int(m.group(1)) for line in lines for m in [_CHANGE.search(line)]
+          if m]
+
+
+def last_line(lines: Sequence[str]) -> str:
+  meaningful = [line for line in lines
+                if line.strip() and 'port guard' not in line]
+  return meaningful[-1] if meaningful else ''
+
+
+def is_named(line: str) -> bool:
+  return bool(_NAMED.search(line))
+
+
+def outcome(code: Optional[int], plan: JobPlan, lines: Sequence[str]) -> str:
+  if code is None:
+    return 'HANG'
+  if code == 0:
+    return 'completed'
+  if any(name == 'kill_launcher' for name, _ in plan.faults):
+    return 'killed'
+  if plan.placement == 'slurm':
+    # The batch script's output ends with the launcher's line, or with
+    # Slurm's own for a job it cancelled.
+    tail = [l for l in lines if 'port guard' not in l][-5:]
+    return 'named' if any(is_named(l) or 'CANCELLED' in l
+                          for l in tail) else 'unnamed'
+  return 'named' if is_named(last_line(lines)) else 'unnamed'
+
+
+def read_results(record: JobRecord, log, model_dir: str,
+                 last_fault: float) -> None:
+  """Fills `record` from the job's log (a soak_jobs.Log) and model_dir."""
+  lines = log.lines
+  record.last_line = last_line(lines)
+  record.resumes = resumes_in(lines)
+  requeued = [i for i, l in enumerate(lines) if re.search(
+      r'requeued \d+ time\(s\) by the scheduler', l)]
+  record.requeues_logged = len(requeued)
+  # A requeued job's launcher starts counting its restarts again.
+  record.restarts_logged = sum(
+      bool(re.search(r'restart \d+ of', l))
+      for l in lines[requeued[-1] if requeued else 0:])
+  record.world_changes = world_changes(lines)
+  record.shrank = bool(record.world_changes)
+  named = log.first(NAMING, after=last_fault)
+  if named is not None:
+    record.seconds_to_named = named - last_fault
+  restart = log.first(r'restart \d+ of|requeued \d+ time', after=last_fault)
+  if restart is not None:
+    step = log.first(r' I step \d+/', after=restart)
+    if step is not None:
+      record.restart_to_step = step - restart
+  record.files_after = checkpoint_files(model_dir)
+  record.readable_after = readable(model_dir)
+  summary = read_summary(model_dir)
+  if summary:
+    record.weights = summary.get('weights_sha256')
+    record.summary_restarts = summary.get('restarts')
+    record.summary_world_sizes = len(summary.get('world_sizes') or []) or None
+    scheduler = summary.get('scheduler') or {}
+    record.summary_requeues = scheduler.get('requeues')
+    goodput = summary.get('goodput')
+    if isinstance(goodput, dict):
+      record.goodput = goodput.get('goodput')
+  if record.outcome == 'completed' and summary.get(
+      'train_steps') != record.plan.steps:
+    record.outcome = 'wrong end'
+
+
+def checkpoint_files(model_dir: str) -> Dict[str, str]:
+  """name -> sha256 of the files of the checkpoints the state file keeps."""
+  from resnet_keras import run_directory  # pylint: disable=g-import-not-at-top
+  found = {}
+  for checkpoint in run_directory.kept_checkpoints(model_dir):
+    prefix = os.path.basename(checkpoint.prefix)
+    for name in os.listdir(model_dir):
+      if name.startswith(prefix + '.'):
+        with open(os.path.join(model_dir, name), 'rb') as f:
+          found[name] = hashlib.sha256(f.read()).hexdigest()
+  return found
+
+
+def copy_checkpoints(model_dir: str, into: str) -> None:
+  """model_dir's checkpoints as they are (read later: reading takes long,
+  and the job goes on writing)."""
+  if os.path.isdir(model_dir):
+    shutil.copytree(model_dir, into, ignore=shutil.ignore_patterns(
+        'saved_model*', 'worker_*', 'filler', '*.json*', 'plots'))
+
+
+def readable(model_dir: str) -> List[int]:
+  from resnet_keras import checkpoints, run_directory  # pylint: disable=g-import-not-at-top
+  if not os.path.isdir(model_dir):
+    return []
+  return sorted(c.step for c in run_directory.kept_checkpoints(model_dir)
+                if checkpoints.unreadable(c.prefix) is None)
+
+
+def _model_weights(prefix: str) -> Dict[str, np.ndarray]:
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  reader = tf.train.load_checkpoint(prefix)
+  return {name: reader.get_tensor(name)
+          for name, _ in tf.train.list_variables(prefix)
+          if name.startswith('model/') and 'OPTIMIZER_SLOT' not in name}
+
+
+def weights_drift(model_dir: str, reference_dir: str) -> Optional[float]:
+  """|w - w_ref| / |w_ref - w_ref(oldest checkpoint)| over the model's
+  variables at each run's latest checkpoint (None: one does not read)."""
+  from resnet_keras import run_directory  # pylint: disable=g-import-not-at-top
+  kept = run_directory.kept_checkpoints(reference_dir)
+  newest = run_directory.latest_checkpoint(model_dir)
+  if len(kept) < 2 or newest is None:
+    return None
+  try:
+    final, first, ours = (_model_weights(p) for p in (
+        kept[0].prefix, kept[-1].prefix, newest.prefix))
+  except Exception:  # pylint: disable=broad-except
+    return None  # An unreadable checkpoint is check_data's to report.
+  squared = lambda pairs: sum(float(((a - b) ** 2).sum()) for a, b in pairs)
+  travel = squared((final[n], first[n]) for n in final)
+  if not travel or set(ours) != set(final):
+    return None
+  return (squared((ours[n], final[n]) for n in final) / travel) ** 0.5
+
+
+def read_summary(model_dir: str) -> Dict:
+  try:
+    with open(os.path.join(model_dir, 'run_summary.json')) as f:
+      return json.load(f)
+  except (OSError, ValueError):
+    return {}

@@ -1,0 +1,172 @@
+"""The fault soak's invariants (testbed/soak.py): what a job did, as the
+soak saw it (JobRecord), and the pure checks it must pass: it ended, left
+no process, resumed where it should, lost no data, ended with the right
+weights and recorded its attempts. Tested in
+tests/unit/test_soak_invariants.py.
+"""
+
+import dataclasses
+import re
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from testbed.soak_plan import JobPlan
+
+# How far a shrunk job may end from the uninterrupted run's weights, as a
+# share of the distance that run's weights moved after its first
+# checkpoint: the global batch is kept, but batch norm sees larger
+# per-worker batches after a shrink, so the paths part a little.
+SHRUNK_DRIFT = 0.25
+
+
+@dataclasses.dataclass
+class JobRecord:
+  """What a job did, as the soak saw it (all the invariants read)."""
+  plan: JobPlan
+  outcome: str  # completed, named, killed, unnamed, HANG, missed
+  seconds: float = 0.0  # From the last fault to the end.
+  bound: float = 0.0
+  last_line: str = ''
+  left_processes: Dict[str, List[str]] = dataclasses.field(
+      default_factory=dict)
+  # (last step logged before a restart, step it resumed at), per restart.
+  resumes: List[Tuple[int, int]] = dataclasses.field(default_factory=list)
+  # Steps of the readable checkpoints when the (first) fault struck.
+  readable_before: List[int] = dataclasses.field(default_factory=list)
+  readable_after: List[int] = dataclasses.field(default_factory=list)
+  # Checkpoint file name -> sha256, when the fault struck and at the end.
+  files_before: Dict[str, str] = dataclasses.field(default_factory=dict)
+  files_after: Dict[str, str] = dataclasses.field(default_factory=dict)
+  truncated: List[str] = dataclasses.field(default_factory=list)
+  interval: int = 4
+  weights: Optional[str] = None
+  reference_weights: Optional[str] = None
+  shrank: bool = False
+  # A shrunk job's final weights against the uninterrupted run's: the
+  # distance between them over the distance the uninterrupted run moved.
+  drift: Optional[float] = None
+  restarts_logged: int = 0
+  summary_restarts: Optional[int] = None
+  # The step each shrink or regrowth the log shows resumed at.
+  world_changes: List[int] = dataclasses.field(default_factory=list)
+  summary_world_sizes: Optional[int] = None
+  requeues_logged: int = 0
+  summary_requeues: Optional[int] = None
+  seconds_to_named: Optional[float] = None
+  restart_to_step: Optional[float] = None
+  goodput: Optional[float] = None
+  log_tail: str = ''
+
+
+ENDED_WELL = ('completed', 'named', 'killed')
+
+
+def check_ended(record: JobRecord) -> List[str]:
+  if record.outcome == 'HANG':
+    return [f'no end within {record.bound:.0f} s of the last fault']
+  if record.outcome == 'soak error':
+    return [f'the soak failed: {record.last_line}']
+  if record.outcome == 'unnamed':
+    return [f'ended without a line naming the fault: {record.last_line!r}']
+  return []
+
+
+def check_no_processes(record: JobRecord) -> List[str]:
+  return [f'left on {host}: {", ".join(procs)}'
+          for host, procs in sorted(record.left_processes.items())]
+
+
+def check_resumes(record: JobRecord) -> List[str]:
+  """Each restart resumes at a checkpoint no older than the newest that
+  read when the fault struck, and redoes at most one interval (two where
+  the fault truncated the newest)."""
+  broken = []
+  allowed = record.interval * (2 if record.plan.truncates else 1)
+  newest = max(record.readable_before, default=0)
+  for reached, resumed in record.resumes:
+    if reached - resumed > allowed:
+      broken.append(f'redid {reached - resumed} steps ({resumed} after '
+                    f'{reached}), more than {allowed}')
+    if resumed < newest - (record.interval if record.truncated else 0):
+      broken.append(f'resumed at step {resumed}, older than the newest '
+                    f'readable checkpoint ckpt-{newest}')
+  return broken
+
+
+def _step_of(name: str) -> Optional[int]:
+  found = re.match(r'ckpt-(\d+)\.', name)
+  return int(found.group(1)) if found else None
+
+
+def check_data(record: JobRecord) -> List[str]:
+  """No readable checkpoint lost; no checkpoint file that existed at the
+  fault gone or changed (the soak's own truncation aside; a resume may
+  write a checkpoint after its step again)."""
+  broken = []
+  lost = sorted(set(record.readable_before) - set(record.readable_after))
+  if lost:
+    broken.append('readable checkpoints lost: ' +
+                  ', '.join(f'ckpt-{s}' for s in lost))
+  resumed = min((r for _, r in record.resumes), default=None)
+  for name, digest in sorted(record.files_before.items()):
+    if name in record.truncated:
+      continue
+    if name not in record.files_after:
+      broken.append(f'{name} lost')
+    elif record.files_after[name] != digest and (
+        resumed is None or _step_of(name) <= resumed):
+      broken.append(f'{name} changed')
+  return broken
+
+
+def check_weights(record: JobRecord) -> List[str]:
+  if record.outcome != 'completed':
+    return []
+  if record.shrank:
+    if record.drift is not None and record.drift > SHRUNK_DRIFT:
+      return [f'a shrunk job ended {record.drift:.3f} of the uninterrupted '
+              f'run\'s own travel away from its weights (at most '
+              f'{SHRUNK_DRIFT})']
+    return []
+  if record.reference_weights is None or record.weights is None:
+    return []
+  if record.weights != record.reference_weights:
+    return ['weights differ from the uninterrupted run '
+            f'({record.weights[:12]} vs {record.reference_weights[:12]})']
+  return []
+
+
+def expected_world_sizes(change_steps: Sequence[int]) -> int:
+  """How many shapes world_sizes.json keeps after changes at these steps:
+  a change drops the shapes at or after its step (resnet_keras/world.py),
+  as a shrink before the first checkpoint replaces the first shape."""
+  kept = [0]
+  for step in change_steps:
+    kept = [s for s in kept if s < step] + [step]
+  return len(kept)
+
+
+def check_attempts(record: JobRecord) -> List[str]:
+  """run_summary.json counts the restarts, world sizes and requeues the
+  log shows (where the job completed and wrote one)."""
+  if record.outcome != 'completed':
+    return []
+  broken = []
+  for what, logged, recorded in (
+      ('restarts', record.restarts_logged, record.summary_restarts),
+      ('world sizes', expected_world_sizes(record.world_changes),
+       record.summary_world_sizes),
+      ('requeues', record.requeues_logged, record.summary_requeues)):
+    if recorded is not None and recorded != logged:
+      broken.append(f'run_summary.json has {recorded} {what}, the log '
+                    f'{logged}')
+  return broken
+
+
+INVARIANTS = (('ends', check_ended), ('no processes', check_no_processes),
+              ('resume', check_resumes), ('data', check_data),
+              ('weights', check_weights), ('attempts', check_attempts))
+
+
+def broken_invariants(record: JobRecord) -> List[str]:
+  return [f'{name}: {problem}' for name, check in INVARIANTS
+          for problem in check(record)]

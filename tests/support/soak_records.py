@@ -1,0 +1,28 @@
+"""Hand-made soak plans and job records (testbed/soak_plan.py,
+soak_invariants.py) for the soak's unit tests: a job that kept every
+invariant, changed field by field."""
+
+import dataclasses
+
+from testbed.soak_invariants import JobRecord
+from testbed.soak_plan import JobPlan
+
+
+def plan(**changes) -> JobPlan:
+  base = JobPlan(index=0, placement='ssh', backend='horovod',
+                 faults=(('kill_rank', 'mid_step'),), delay=0.5, victim=1,
+                 steps=24)
+  return dataclasses.replace(base, **changes)
+
+
+def record(**changes) -> JobRecord:
+  fields = dict(plan=plan(), outcome='completed', bound=300,
+                resumes=[(10, 8)], readable_before=[4, 8],
+                readable_after=[4, 8, 12, 16, 20, 24],
+                files_before={'ckpt-4.index': 'a', 'ckpt-8.index': 'b'},
+                files_after={'ckpt-4.index': 'a', 'ckpt-8.index': 'b',
+                             'ckpt-12.index': 'c'},
+                weights='w', reference_weights='w', restarts_logged=1,
+                summary_restarts=1, summary_world_sizes=1)
+  fields.update(changes)
+  return JobRecord(**fields)

@@ -1,0 +1,47 @@
+"""testbed/soak_evidence.py: the soak's readers of a job's log and of its
+checkpoints."""
+
+import pytest
+
+from testbed import soak_evidence
+
+
+def _run_dir(path, steps_and_values):
+  import tensorflow as tf  # pylint: disable=g-import-not-at-top
+  module = tf.Module()
+  module.kernel = tf.Variable([0.0, 0.0])
+  manager = tf.train.CheckpointManager(
+      tf.train.Checkpoint(model=module), str(path), max_to_keep=None)
+  for step, value in steps_and_values:
+    module.kernel.assign(value)
+    manager.save(checkpoint_number=step)
+  return str(path)
+
+
+def test_the_drift_of_a_shrunk_job_is_measured_against_the_reference_travel(
+    tmp_path):
+  # The reference moves from (0, 0) at its first checkpoint to (3, 4): 5.
+  reference = _run_dir(tmp_path / 'ref', [(4, [0.0, 0.0]), (24, [3.0, 4.0])])
+  shrunk = _run_dir(tmp_path / 'job', [(24, [3.0, 4.5])])
+  assert soak_evidence.weights_drift(shrunk, reference) == pytest.approx(0.1)
+  assert soak_evidence.weights_drift(reference, reference) == 0
+  # Nothing to compare: no checkpoint, or a reference with one.
+  assert soak_evidence.weights_drift(str(tmp_path / 'none'), reference) is None
+  assert soak_evidence.weights_drift(reference, shrunk) is None
+
+
+def test_the_log_readers():
+  lines = ['12:00:01 I step 2/24 | loss', '12:00:02 I step 6/24 | loss',
+           'job failed after 9 s (exit 137): rank 1 ...; restarting',
+           'restart 1 of 2: rank 1', '12:00:09 I restored from /m/ckpt-4 at '
+           'step 4', '12:00:10 I step 6/24 | loss',
+           '12:00:20 I port guard: could not remove']
+  assert soak_evidence.resumes_in(lines) == [(6, 4)]
+  assert soak_evidence.last_line(lines) == '12:00:10 I step 6/24 | loss'
+  assert soak_evidence.is_named(lines[2])
+  assert not soak_evidence.is_named(lines[1])
+  assert soak_evidence.world_changes([
+      'E elastic: the job shrinks from 3 to 2 host(s) (a, b): ...; from step '
+      '0 (no checkpoint yet); 53 s lost',
+      'E elastic: the job grows from 2 to 3 host(s) (a, b, c): ...; resuming '
+      'at step 12; 9 s lost']) == [0, 12]

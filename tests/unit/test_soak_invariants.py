@@ -1,0 +1,75 @@
+"""testbed/soak_invariants.py: each invariant on hand-made job records,
+passing and failing."""
+
+import pytest
+
+from testbed import soak_invariants
+from tests.support import soak_records
+
+
+def test_a_clean_record_breaks_no_invariant():
+  assert soak_invariants.broken_invariants(soak_records.record()) == []
+
+
+@pytest.mark.parametrize('changes,broken', [
+    (dict(outcome='HANG'), 'ends: no end within 300 s'),
+    (dict(outcome='unnamed', last_line='Killed'),
+     "ends: ended without a line naming the fault: 'Killed'"),
+    (dict(left_processes={'h2': ['orted']}), 'no processes: left on h2: orted'),
+    (dict(resumes=[(15, 8)]), 'resume: redid 7 steps (8 after 15), more '
+     'than 4'),
+    (dict(resumes=[(8, 4)]), 'resume: resumed at step 4, older than the '
+     'newest readable checkpoint ckpt-8'),
+    (dict(readable_after=[4, 12]), 'data: readable checkpoints lost: ckpt-8'),
+    (dict(readable_after=[]), 'data: readable checkpoints lost: ckpt-4, '
+     'ckpt-8'),
+    (dict(files_after={'ckpt-8.index': 'b'}), 'data: ckpt-4.index lost'),
+    (dict(files_after={'ckpt-4.index': 'x', 'ckpt-8.index': 'b'}),
+     'data: ckpt-4.index changed'),
+    (dict(weights='v'), 'weights: weights differ from the uninterrupted run'),
+    (dict(shrank=True, weights='v', world_changes=[12], summary_world_sizes=2,
+          drift=0.4), 'weights: a shrunk job ended 0.400 of the '
+     'uninterrupted run'),
+    (dict(summary_restarts=0), 'attempts: run_summary.json has 0 restarts, '
+     'the log 1'),
+    (dict(summary_world_sizes=2), 'attempts: run_summary.json has 2 world '
+     'sizes, the log 1'),
+    (dict(requeues_logged=1, summary_requeues=0), 'attempts: '
+     'run_summary.json has 0 requeues, the log 1'),
+])
+def test_each_invariant_fails_on_a_record_that_breaks_it(changes, broken):
+  found = soak_invariants.broken_invariants(soak_records.record(**changes))
+  assert len(found) == 1 and found[0].startswith(broken), found
+
+
+def test_what_the_invariants_allow():
+  # A truncated newest checkpoint: two intervals redone, from the one
+  # before it; the truncated files changed by the soak itself.
+  truncated = soak_records.record(
+      plan=soak_records.plan(faults=(('truncate_newest', 'mid_step'),)),
+      resumes=[(11, 4)], truncated=['ckpt-8.index'],
+      files_after={'ckpt-4.index': 'a', 'ckpt-8.index': 'rewritten'})
+  assert soak_invariants.broken_invariants(truncated) == []
+  # A checkpoint after the resumed step is written again by the resume.
+  assert soak_invariants.broken_invariants(soak_records.record(
+      files_before={'ckpt-4.index': 'a', 'ckpt-8.index': 'b',
+                    'ckpt-12.index': 'c'},
+      readable_before=[4, 8], resumes=[(12, 8)],
+      files_after={'ckpt-4.index': 'a', 'ckpt-8.index': 'b',
+                   'ckpt-12.index': 'again'})) == []
+  # A shrunk job's weights are not the uninterrupted run's; a job that
+  # ended on a named line wrote no summary to compare.
+  broken = lambda **changes: soak_invariants.broken_invariants(
+      soak_records.record(**changes))
+  assert broken(shrank=True, weights='v', world_changes=[12], drift=0.05,
+                summary_world_sizes=2) == []
+  # A shrink before the first checkpoint replaces the first shape.
+  assert broken(shrank=True, world_changes=[0], summary_world_sizes=1) == []
+  assert broken(outcome='named', weights=None, summary_restarts=None) == []
+
+
+def test_the_world_sizes_a_run_keeps():
+  assert soak_invariants.expected_world_sizes([]) == 1
+  assert soak_invariants.expected_world_sizes([0]) == 1
+  assert soak_invariants.expected_world_sizes([12, 20]) == 3
+  assert soak_invariants.expected_world_sizes([12, 12]) == 2
