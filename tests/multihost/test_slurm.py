@@ -3,7 +3,7 @@ and slurmd on the namespace cluster's three hosts), as a Slurm user runs
 it: batch jobs on every node under each backend, the batch script the
 launcher prints, Slurm's warning signal (save, requeue, exact resume) and
 a node lost mid-run (named in bounded time; with --no-kill the job goes on
-on the nodes left). One xdist group: the tests share the cluster and the
+on the nodes left), and the fault soak's jobs under Slurm. One xdist group: the tests share the cluster and the
 uninterrupted run the requeued one is compared with. They need root and
 skip without it, saying so."""
 
@@ -17,6 +17,9 @@ import pytest
 
 from testbed import cluster as cluster_lib
 from testbed import slurm as slurm_lib
+from testbed import soak
+from testbed import soak_invariants
+from testbed import soak_plan
 from tests.support import launcher
 from tests.support import runner
 
@@ -261,3 +264,23 @@ def test_a_lost_node_is_named_and_the_job_goes_on_without_it(slurm, tmp_path,
   assert [s['nodes'] for s in chief['scheduler']['starts']] == [
       [h.name for h in cluster.hosts], [h.name for h in cluster.hosts[:2]]]
 
+
+
+# The fault soak's CI tier under Slurm (testbed/soak.py, docs/testing.md):
+# the first two Slurm jobs of a fixed seed, 16 steps each, on this module's
+# cluster: a node set DOWN mid-step under multi_worker_mirrored, and the
+# preemption warning at start-up under Horovod.
+SOAK_SEED = 26
+
+
+@pytest.mark.parametrize('plan', soak_plan.draw_plan(
+    SOAK_SEED, 2, ('slurm',), soak_plan.BACKENDS, steps=(16,)),
+                         ids=lambda plan: f'{plan.backend}-{plan.fault}')
+def test_a_soak_job_keeps_every_invariant(slurm, tmp_path, plan):
+  started = time.monotonic()
+  record = soak.Soak(slurm.cluster, slurm, work_dir=str(tmp_path),
+                     compare_weights=False).run_job(plan)
+  print(soak.HEADER, soak.row(record), sep='\n')
+  print(f'{time.monotonic() - started:.0f} s')
+  assert record.outcome in soak_invariants.ENDED_WELL, record.last_line
+  assert soak_invariants.broken_invariants(record) == []
