@@ -18,7 +18,8 @@ import socket
 import sys
 import threading
 import time
-from typing import Any, Iterator, Optional, Sequence, Tuple
+from typing import (Any, Callable, ContextManager, Iterator, Optional,
+                    Sequence, Tuple)
 
 from absl import logging
 import tensorflow as tf
@@ -43,10 +44,22 @@ class Progress:
   each step). A watchdog polls `waiting_since` (resnet_keras/watchdog.py).
   Thread-safe; cheap enough to call every step."""
 
-  def __init__(self):
+  def __init__(self, joining_watch: Optional[
+      Callable[[], ContextManager[None]]] = None):
     self._lock = threading.Lock()
     self._depth = 0
     self._last = 0.0
+    self._joining_watch = joining_watch
+
+  @contextlib.contextmanager
+  def joining(self) -> Iterator[None]:
+    """Around the wait for every worker to join (hvd.init(), starting
+    multi_worker_mirrored): waiting, and watched from outside this process
+    where it was given a `joining_watch` (resnet_keras/watchdog.py)."""
+    outside = (self._joining_watch() if self._joining_watch else
+               contextlib.nullcontext())
+    with outside, self.waiting():
+      yield
 
   @contextlib.contextmanager
   def waiting(self) -> Iterator[None]:
@@ -211,21 +224,25 @@ class Backend:
       os._exit(0)  # Nothing left to write; skips TensorFlow's teardown.
 
 
-def build_backend(name: str, num_gpus: int = -1,
-                  use_horovod: bool = False) -> Backend:
+def build_backend(name: str, num_gpus: int = -1, use_horovod: bool = False,
+                  progress: Optional[Progress] = None) -> Backend:
   """The backend `--distribution_strategy`/`--use_horovod` ask for.
 
   `mirrored` on a machine without GPUs whose CPU was split into logical
-  devices (--num_cpu_replicas) replicates over those.
+  devices (--num_cpu_replicas) replicates over those. `progress` (the
+  backend's from then on) waits while the workers join: hvd.init() and
+  multi_worker_mirrored's start wait for every worker, for good if one
+  was frozen before it got there.
   """
+  progress = progress or Progress()
   if use_horovod:
-    return _horovod_backend()
+    return _horovod_backend(progress)
   # Only here: listing devices starts TensorFlow's runtime, and
   # multi_worker_mirrored must configure its collectives before that.
   cpus = tf.config.list_logical_devices('CPU') if name == 'mirrored' else ()
   if len(cpus) > 1:
     return Backend(tf.distribute.MirroredStrategy(
-        devices=[cpu.name for cpu in cpus]))
+        devices=[cpu.name for cpu in cpus]), progress=progress)
   if name == 'multi_worker_mirrored':
     _ensure_tf_config()
     _check_own_port_is_free(worker_contract.tf_config(os.environ))
@@ -241,7 +258,8 @@ def build_backend(name: str, num_gpus: int = -1,
     # threads grow with the steps (5,900 after 40 s of a tiny model at 10
     # steps/s with 120 s; its threads ran out at ~10,000 and it aborted).
     # A worker stuck or frozen is the watchdog's (resnet_keras/watchdog.py).
-    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with progress.joining():
+      strategy = tf.distribute.MultiWorkerMirroredStrategy()
   else:
     strategy = distribute_utils.get_distribution_strategy(
         distribution_strategy=name, num_gpus=num_gpus)
@@ -251,7 +269,7 @@ def build_backend(name: str, num_gpus: int = -1,
   if name == 'multi_worker_mirrored' and resolver is not None:
     worker_index = resolver.task_id or 0
     num_workers = len(resolver.cluster_spec().as_dict().get('worker', [1]))
-  return Backend(strategy, worker_index, num_workers)
+  return Backend(strategy, worker_index, num_workers, progress=progress)
 
 
 def _ensure_tf_config() -> None:
@@ -285,7 +303,7 @@ def _check_own_port_is_free(tf_config: str) -> None:
           '(TF_BASE_PORT for the launcher, or TF_CONFIG)') from None
 
 
-def _horovod_backend() -> Backend:
+def _horovod_backend(progress: Progress) -> Backend:
   try:
     import horovod.tensorflow as hvd  # pylint: disable=g-import-not-at-top
   except ImportError as e:
@@ -294,13 +312,15 @@ def _horovod_backend() -> Backend:
   gpus = tf.config.list_physical_devices('GPU')
   for name, value in horovod_defaults(bool(gpus)).items():
     os.environ.setdefault(name, value)  # Read by hvd.init().
-  hvd.init()
+  with progress.joining():
+    hvd.init()
   gpu = gpu_for_local_rank(gpus, hvd.local_rank(), hvd.local_size())
   if gpu is not None:
     # As the reference programs do: memory as needed, not all of it at once.
     tf.config.experimental.set_memory_growth(gpu, True)
     tf.config.set_visible_devices(gpu, 'GPU')
-  return Backend(tf.distribute.get_strategy(), hvd.rank(), hvd.size(), hvd)
+  return Backend(tf.distribute.get_strategy(), hvd.rank(), hvd.size(), hvd,
+                 progress=progress)
 
 
 # Horovod's background thread negotiates every HOROVOD_CYCLE_TIME ms

@@ -209,6 +209,19 @@ def several_workers(environ: Mapping[str, str]) -> bool:
   return bool(tf_config(environ)) or bool(ranks and ranks[1] > 1)
 
 
+def worker_index(environ: Mapping[str, str]) -> int:
+  """This worker's index before its backend is built: TF_CONFIG's task
+  index, else the MPI rank, else 0 (the backend's own index agrees)."""
+  config = tf_config(environ)
+  if config:
+    try:
+      return int(json.loads(config)['task']['index'])
+    except (ValueError, KeyError, TypeError):
+      return 0  # A malformed TF_CONFIG is the backend's to report.
+  ranks = mpi_rank_and_size(environ)
+  return ranks[0] if ranks else 0
+
+
 def tf_config_for_rank(rank: int, size: int, job_hosts: Sequence[str],
                        base_port: int = DEFAULT_TF_BASE_PORT) -> Dict:
   """TF_CONFIG of worker `rank` among `size`, laid out as mpirun places them.

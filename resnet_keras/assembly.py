@@ -92,16 +92,19 @@ class Parts:
         ema=self.ema)
 
 
-def set_up(cfg: RunConfig, distributed: bool = True) -> Basis:
+def set_up(cfg: RunConfig, distributed: bool = True,
+           progress: Optional[distribution.Progress] = None) -> Basis:
   """The runtime configured for cfg on this machine, its backend built and
   its data described (`distributed` False: this process alone, as the
-  tools run)."""
+  tools run). `progress`: the backend's, already watched while the workers
+  join (run.py)."""
   cfg, machine, runtime_record = runtime.configure(cfg)
   # The backend before anything runs a TensorFlow op: multi_worker_mirrored
   # configures collectives, which TensorFlow allows only before its context
   # starts (describe reads the TFRecords).
   backend = (distribution.build_backend(cfg.distribution_strategy,
-                                        cfg.num_gpus, cfg.use_horovod)
+                                        cfg.num_gpus, cfg.use_horovod,
+                                        progress)
              if distributed else
              distribution.Backend(tf.distribute.get_strategy()))
   info = datasets.describe(cfg)

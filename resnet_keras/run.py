@@ -121,24 +121,29 @@ def _run(cfg: RunConfig, started: float) -> Dict:
   they always have (time-to-accuracy figures compare them); goodput counts
   from the process's `started`."""
   run_started = time.time()
-  basis = _set_up(cfg)
-  stuck = watchdog.Watchdog(
-      _stuck_worker_timeout(basis.backend),
-      basis.backend.progress.waiting_since,
-      watchdog.end_stuck_worker(basis.backend.worker_index)).start()
+  # Watched from before the backend is built: the workers' joining waits
+  # for every one of them (a worker frozen while it started, as on a
+  # restart, held the others there for good).
+  timeout = _stuck_worker_timeout(cfg)
+  worker = worker_contract.worker_index(os.environ)
+  progress = distribution.Progress(
+      joining_watch=lambda: watchdog.watched_from_outside(
+          timeout, watchdog.stuck_line(worker, timeout)))
+  stuck = watchdog.Watchdog(timeout, progress.waiting_since,
+                            watchdog.end_stuck_worker(worker)).start()
   try:
-    return _run_on(basis, started, run_started)
+    return _run_on(_set_up(cfg, progress), started, run_started)
   finally:
     stuck.stop()
 
 
-def _stuck_worker_timeout(backend: distribution.Backend) -> float:
+def _stuck_worker_timeout(cfg: RunConfig) -> float:
   """Seconds a worker waits on the others' collectives before it ends
   itself (0: it waits; one worker, or no launcher set one)."""
-  if backend.num_workers < 2:
+  if not worker_contract.several_workers(os.environ):
     return 0
   return worker_contract.stuck_worker_timeout(
-      os.environ, use_horovod=bool(backend.hvd)) or 0
+      os.environ, use_horovod=cfg.use_horovod) or 0
 
 
 def _run_on(basis: assembly.Basis, started: float,
@@ -167,8 +172,10 @@ def _run_on(basis: assembly.Basis, started: float,
   return summary
 
 
-def _set_up(cfg: RunConfig) -> assembly.Basis:
-  """The run's runtime, backend and data; the chief's model_dir prepared."""
+def _set_up(cfg: RunConfig,
+            progress: distribution.Progress) -> assembly.Basis:
+  """The run's runtime, backend (watched by `progress`) and data; the
+  chief's model_dir prepared."""
   cfg.check()
   restarts = worker_contract.earlier_attempts(os.environ)
   if cfg.clean and not restarts:
@@ -176,7 +183,7 @@ def _set_up(cfg: RunConfig) -> assembly.Basis:
     run_directory.check_cleanable(cfg.model_dir)
   if cfg.wandb:
     tracking.import_wandb()  # Its absence is a usage error; say so first.
-  basis = assembly.set_up(cfg)
+  basis = assembly.set_up(cfg, progress=progress)
   backend = basis.backend
   if backend.is_chief:
     prepare_model_dir(cfg.model_dir, cfg.clean, restarts)

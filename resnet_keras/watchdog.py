@@ -9,14 +9,18 @@ background loop as its negotiation, which waits for that worker too, so it
 never fires; multi_worker_mirrored's collective timeout holds a thread per
 collective until it passes (common/distribution.py). What the collective
 watchdog polls is the backend's `Progress`, told by each step that the
-collectives still move.
+collectives still move. The wait for every worker to join the job is
+watched from a small process of its own too (`watched_from_outside`):
+multi_worker_mirrored's start holds the GIL, so no thread here runs then.
 """
 
+import contextlib
 import os
+import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from absl import logging
 
@@ -71,19 +75,68 @@ class Watchdog:
         return
 
 
+def stuck_line(worker_index: int, waited: float) -> str:
+  """The line a worker ends itself with (the launcher's supervisor reads
+  it to name the worker the others waited on)."""
+  return (f'worker {worker_index}: the job\'s collectives have not moved for '
+          f'{waited:.0f} s (the stuck-worker timeout, 10 x --failure_timeout):'
+          ' another worker is frozen or stuck; ending this one so that the '
+          'job ends (the launcher restarts it from the last checkpoint)')
+
+
 def end_stuck_worker(worker_index: int) -> Callable[[float], None]:
   """The collective watchdog's `on_timeout`: one line, then this worker
   ends, so that the launcher sees the job fail and restarts it."""
 
   def end(waited: float) -> None:
-    logging.error(
-        'worker %d: the job\'s collectives have not moved for %.0f s (the '
-        'stuck-worker timeout, 10 x --failure_timeout): another worker is '
-        'frozen or stuck; ending this one so that the job ends (the '
-        'launcher restarts it from the last checkpoint)', worker_index,
-        waited)
+    logging.error('%s', stuck_line(worker_index, waited))
     logging.flush()
     sys.stderr.flush()
     os._exit(STUCK_EXIT_CODE)  # pylint: disable=protected-access
 
   return end
+
+
+# The outside watcher (plain Python, no TensorFlow): after `timeout` s of
+# its parent's wait, not counting time the parent was itself stopped, it
+# writes the stuck line to the job's output and kills the parent; it ends
+# with its parent.
+_OUTSIDE = """
+import os, sys, time
+parent, timeout, line = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+def stopped():
+  try:
+    with open(f'/proc/{parent}/stat') as f:
+      return f.read().rsplit(')', 1)[1].split()[0] in 'tT'
+  except OSError:
+    return False
+waited = 0.0
+while waited < timeout:
+  time.sleep(0.5)
+  if os.getppid() != parent:
+    sys.exit(0)
+  if not stopped():
+    waited += 0.5
+os.write(2, (time.strftime('%H:%M:%S') + ' E ' + line + chr(10)).encode())
+os.kill(parent, 9)
+"""
+
+
+@contextlib.contextmanager
+def watched_from_outside(timeout: float, line: str) -> Iterator[None]:
+  """A wait the watchdog thread cannot see end: TensorFlow holds the GIL
+  while multi_worker_mirrored's start waits for every worker to join, so
+  no Python thread of this process runs until they have. A small process
+  of its own watches it instead: after `timeout` s it writes `line` and
+  kills this one (timeout 0: not watched)."""
+  if not timeout:
+    yield
+    return
+  watcher = subprocess.Popen(
+      [sys.executable, '-c', _OUTSIDE, str(os.getpid()), str(timeout), line],
+      stdin=subprocess.DEVNULL)
+  try:
+    yield
+  finally:
+    watcher.kill()
+    watcher.wait()

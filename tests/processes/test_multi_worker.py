@@ -222,6 +222,51 @@ def test_a_worker_waiting_on_a_frozen_one_ends_itself(tmp_path, backend_args,
     log.close()
 
 
+@pytest.mark.parametrize('backend_args,timeout_var', [
+    (['--use_horovod'], 'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS'),
+    (['-ds', 'multi_worker_mirrored'], 'RESNET_KERAS_COLLECTIVE_TIMEOUT')],
+                         ids=['horovod', 'mwm'])
+def test_a_worker_waiting_for_a_frozen_one_to_join_ends_itself(
+    tmp_path, backend_args, timeout_var):
+  """A rank frozen as it starts (the soak: frozen while a restart's ranks
+  came up): the others wait in hvd.init() or multi_worker_mirrored's start
+  for every worker to join, and end themselves after the stuck-worker time
+  (15 s here) instead of waiting there for good."""
+  log = open(tmp_path / 'log.txt', 'w+')
+  root = ['--allow-run-as-root'] if os.geteuid() == 0 else []
+  env = dict(os.environ, RESNET_TEST_JOB='pending', **{timeout_var: '15'})
+  trainer = [sys.executable, os.path.join(runner.REPO_ROOT,
+                                          'resnet_ctl_imagenet_main.py'),
+             f'--model_dir={tmp_path / "model"}', '--batch_size=8'
+            ] + backend_args + [a for a in TINY if not a.startswith('--batch')]
+  job = subprocess.Popen(
+      ['sh', '-c', 'RESNET_TEST_JOB=$$ exec "$@"', 'sh', 'mpirun'] + root + [
+          '-np', '2', '--oversubscribe', '-x', 'RESNET_TEST_JOB', '-x',
+          timeout_var] + trainer,
+      cwd=runner.REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+  try:
+    deadline = time.time() + 60
+    frozen = None
+    while frozen is None:
+      assert job.poll() is None and time.time() < deadline, (
+          tmp_path / 'log.txt').read_text()[-3000:]
+      frozen = next((pid for pid, rank in _rank_pids(job.pid).items()
+                     if rank == 1), None)
+      time.sleep(0.05)  # Polls /proc for the rank's process.
+    os.kill(frozen, signal.SIGSTOP)
+    assert job.wait(timeout=180) != 0
+    output = (tmp_path / 'log.txt').read_text()
+    assert "worker 0: the job's collectives have not moved for" in output, (
+        output[-3000:])
+    assert 'step 2/' not in output  # It never trained.
+  finally:
+    if job.poll() is None:
+      job.kill()
+    for pid in _rank_pids(job.pid):
+      os.kill(pid, signal.SIGKILL)
+    log.close()
+
+
 @pytest.mark.parametrize('backend_args,signalled_ranks', [
     (['-ds', 'multi_worker_mirrored'], (0, 1)),  # A preemption of the job.
     # One worker's signal stops both at the same step (no worker left

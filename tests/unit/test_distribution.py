@@ -46,3 +46,25 @@ def test_horovod_on_a_cpu_host_negotiates_every_10_ms_unless_told():
   assert distribution.horovod_defaults(has_gpu=False) == {
       'HOROVOD_CYCLE_TIME': '10'}
   assert distribution.horovod_defaults(has_gpu=True) == {}
+
+
+def test_the_backend_waits_on_the_progress_while_the_workers_join(
+    monkeypatch):
+  """hvd.init() waits for every rank: a rank frozen before it got there
+  held the others for good until the progress (the stuck-worker
+  watchdog's) was armed around it."""
+  import sys  # pylint: disable=g-import-not-at-top
+  import types  # pylint: disable=g-import-not-at-top
+  progress = distribution.Progress()
+  seen = []
+  fake = types.SimpleNamespace(
+      init=lambda: seen.append(progress.waiting_since()), rank=lambda: 1,
+      size=lambda: 2, local_rank=lambda: 0, local_size=lambda: 1)
+  monkeypatch.setitem(sys.modules, 'horovod.tensorflow', fake)
+  monkeypatch.setattr(distribution, 'horovod_defaults', lambda gpu: {})
+  backend = distribution.build_backend('off', use_horovod=True,
+                                       progress=progress)
+  assert seen and seen[0] > 0  # Waiting while init ran...
+  assert progress.waiting_since() == 0  # ...and no longer.
+  assert backend.progress is progress
+  assert (backend.worker_index, backend.num_workers) == (1, 2)

@@ -1,11 +1,18 @@
 """resnet_keras/watchdog.py and the backend's Progress it polls: a wait
-watched from a thread, ended only when it lasts too long."""
+watched from a thread, or from a process of its own where the thread
+cannot run, ended only when it lasts too long."""
 
 import collections
+import os
+import re
+import signal
+import subprocess
+import sys
 import time
 
 from common import distribution
 from resnet_keras import watchdog
+from tests.support import runner
 
 
 def test_a_watchdog_ends_only_a_long_wait():
@@ -76,3 +83,38 @@ def test_a_worker_that_was_frozen_itself_does_not_blame_the_others():
     time.sleep(0.01)
   dog.stop()
   assert fired and fired[0] >= 126
+
+
+_WAITER = ('import sys, time\n'
+           'from resnet_keras import watchdog\n'
+           'with watchdog.watched_from_outside(float(sys.argv[1]), "stuck"):\n'
+           '  print("waiting", flush=True)\n'
+           '  time.sleep(float(sys.argv[2]))\n')
+
+
+def _waiter(timeout, sleep):
+  return subprocess.Popen([sys.executable, '-c', _WAITER, str(timeout),
+                           str(sleep)], cwd=runner.REPO_ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True)
+
+
+def test_a_wait_watched_from_outside_that_ends_in_time_is_left_alone():
+  waiter = _waiter(5, 0.2)
+  out, err = waiter.communicate(timeout=60)
+  assert waiter.returncode == 0 and 'stuck' not in err, err
+
+
+def test_a_wait_watched_from_outside_that_lasts_ends_its_process_in_a_line():
+  """The process itself cannot act (TensorFlow holds the GIL): its
+  watcher writes the line and kills it, not counting the time the process
+  was itself stopped."""
+  waiter = _waiter(1.5, 60)
+  assert waiter.stdout.readline() == 'waiting\n'
+  os.kill(waiter.pid, signal.SIGSTOP)
+  time.sleep(3)  # Stopped for longer than the timeout: still not ended.
+  assert waiter.poll() is None
+  os.kill(waiter.pid, signal.SIGCONT)
+  _, err = waiter.communicate(timeout=30)
+  assert waiter.returncode == -signal.SIGKILL
+  assert re.fullmatch(r'\d\d:\d\d:\d\d E stuck\n', err), err

@@ -34,6 +34,17 @@ def test_tf_config_from_the_mpi_environment(environ, expected_rank):
                                          f'localhost:{port + 1}']
 
 
+@pytest.mark.parametrize('environ,index', [
+    ({'TF_CONFIG': '{"task": {"type": "worker", "index": 2}}',
+      'OMPI_COMM_WORLD_RANK': '1', 'OMPI_COMM_WORLD_SIZE': '3'}, 2),
+    ({'SLURM_PROCID': '1', 'SLURM_STEP_NUM_TASKS': '2'}, 1),
+    ({'TF_CONFIG': '{"cluster": {}}'}, 0),
+    ({}, 0),
+])
+def test_a_worker_knows_its_index_before_its_backend_is_built(environ, index):
+  assert contract.worker_index(environ) == index
+
+
 def test_no_tf_config_outside_mpi():
   assert contract.tf_config_from_mpi({'PATH': '/bin'}) is None
 
