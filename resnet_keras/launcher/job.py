@@ -56,6 +56,29 @@ def trainer_command(argv: Sequence[str], cfg: RunConfig,
   return [sys.executable, TRAINER] + forwarded + recipes.as_args(filled)
 
 
+class AttemptFiles:
+  """The private directory of the attempts' files (mpirun's hostfile),
+  made once and told to the placement: a shared /tmp gets no name another
+  user could guess and plant a link at (tempfile.mkdtemp: a new name, mode
+  0700)."""
+
+  def __init__(self, placement: Placement):
+    self._placement = placement
+    self._dir: Optional[str] = None
+
+  def make(self) -> None:
+    if self._dir is None:
+      self._dir = tempfile.mkdtemp(prefix=FILES_DIR_PREFIX)
+      self._placement.files_dir = self._dir
+
+  def remove(self) -> None:
+    """Removes the files and their directory, once the job has ended,
+    however it ended."""
+    if self._dir is not None:
+      shutil.rmtree(self._dir, ignore_errors=True)
+      self._dir = None
+
+
 class Job:
   """What each attempt of the job runs; `replan` is the supervisor's
   between attempts. It also restarts the lost tf.data service servers of
@@ -83,7 +106,7 @@ class Job:
     self._filled, self._servers = filled, servers
     self._started = time.time()
     self.data_servers = None  # DataServers, once started.
-    self._files_dir = None  # Where the attempts' files are (the hostfile).
+    self.files = AttemptFiles(placement)
     self.host_checks = host_checks.HostChecks(placement, cfg, servers,
                                               self.min_hosts)
     self._report = None  # The last pre-flight check's preflight.Report.
@@ -188,7 +211,7 @@ class Job:
                     elastic.resuming(step), lost)
     self.layout = layout
     self._started = time.time()
-    self.make_files_dir()
+    self.files.make()
     plan = self.command(layout if layout != self.planned else None,
                         report.hosts_per_machine)
     for note in plan.notes:
@@ -201,18 +224,3 @@ class Job:
                               {**self.placement.environ, **plan.env},
                               layout.hosts,
                               resume_step=(step or 0) if restart else None)
-
-  def make_files_dir(self) -> None:
-    """The private directory of the attempts' files, made once: a shared
-    /tmp gets no name another user could guess and plant a link at
-    (tempfile.mkdtemp: a new name, mode 0700)."""
-    if self._files_dir is None:
-      self._files_dir = tempfile.mkdtemp(prefix=FILES_DIR_PREFIX)
-      self.placement.files_dir = self._files_dir
-
-  def remove_files(self) -> None:
-    """Removes the attempts' files and their directory, once the job has
-    ended, however it ended."""
-    if self._files_dir is not None:
-      shutil.rmtree(self._files_dir, ignore_errors=True)
-      self._files_dir = None

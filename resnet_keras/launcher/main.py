@@ -210,7 +210,7 @@ def run(job: job_lib.Job, cfg: LaunchConfig,
     with port_guard.closed(guard, cfg.port_guard):
       return _supervise(job, cfg, servers, parse_output, attempt)
   finally:
-    job.remove_files()
+    job.files.remove()
 
 
 def _supervise(job: job_lib.Job, cfg: LaunchConfig,

@@ -99,7 +99,7 @@ class Placement(abc.ABC):
     self.cfg, self.environ = cfg, dict(environ)
     self.hosts = tuple(hosts)  # The planned hosts; empty: this host.
     # Where an attempt's files (mpirun's hostfile) go: the private
-    # directory the job makes for a launch (job.Job.make_files_dir); a dry
+    # directory the job makes for a launch (job.AttemptFiles); a dry
     # run, which makes none, shows its form.
     self.files_dir = os.path.join(tempfile.gettempdir(),
                                   FILES_DIR_PREFIX + 'XXXXXXXX')

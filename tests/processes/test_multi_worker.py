@@ -160,6 +160,27 @@ def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
     log.close()
 
 
+def _two_ranks_stuck_after_15_s(tmp_path, timeout_var, args):
+  """mpirun by hand, 2 ranks of the tiny trainer with `args`, the
+  stuck-worker time (`timeout_var`, as the launcher sets it) 15 s; the
+  process and its log file."""
+  log = open(tmp_path / 'log.txt', 'w+')
+  root = ['--allow-run-as-root'] if os.geteuid() == 0 else []
+  env = dict(os.environ, RESNET_TEST_JOB='pending', **{timeout_var: '15'})
+  flags = {a.split('=')[0] for a in args}
+  trainer = [sys.executable, os.path.join(runner.REPO_ROOT,
+                                          'resnet_ctl_imagenet_main.py'),
+             f'--model_dir={tmp_path / "model"}', '--batch_size=8'] + args + [
+                 a for a in TINY if a.split('=')[0] not in flags | {
+                     '--batch_size'}]
+  job = subprocess.Popen(
+      ['sh', '-c', 'RESNET_TEST_JOB=$$ exec "$@"', 'sh', 'mpirun'] + root + [
+          '-np', '2', '--oversubscribe', '-x', 'RESNET_TEST_JOB', '-x',
+          timeout_var] + trainer,
+      cwd=runner.REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+  return job, log
+
+
 # The line that names a frozen worker: the watchdog's under Horovod, whose
 # stall check waits with its negotiation and never fires; under
 # multi_worker_mirrored TensorFlow's coordination service misses the
@@ -180,20 +201,9 @@ def test_a_worker_waiting_on_a_frozen_one_ends_itself(tmp_path, backend_args,
   the frozen rank with it. multi_worker_mirrored's collective timeout, no
   longer used, held a thread per collective for its whole length: the
   workers' threads grew with the steps."""
-  log = open(tmp_path / 'log.txt', 'w+')
-  root = ['--allow-run-as-root'] if os.geteuid() == 0 else []
-  env = dict(os.environ, RESNET_TEST_JOB='pending', **{timeout_var: '15'})
-  trainer = [sys.executable, os.path.join(runner.REPO_ROOT,
-                                          'resnet_ctl_imagenet_main.py'),
-             f'--model_dir={tmp_path / "model"}', '--batch_size=8',
-             '--train_steps=100000', '--train_epochs=1'] + backend_args + [
-                 a for a in TINY if not a.startswith(('--train_steps',
-                                                      '--batch'))]
-  job = subprocess.Popen(
-      ['sh', '-c', 'RESNET_TEST_JOB=$$ exec "$@"', 'sh', 'mpirun'] + root + [
-          '-np', '2', '--oversubscribe', '-x', 'RESNET_TEST_JOB', '-x',
-          timeout_var] + trainer,
-      cwd=runner.REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+  job, log = _two_ranks_stuck_after_15_s(
+      tmp_path, timeout_var, backend_args + ['--train_steps=100000',
+                                             '--train_epochs=1'])
   try:
     deadline = time.time() + 240
     while 'step 40/' not in (tmp_path / 'log.txt').read_text():
@@ -232,18 +242,8 @@ def test_a_worker_waiting_for_a_frozen_one_to_join_ends_itself(
   came up): the others wait in hvd.init() or multi_worker_mirrored's start
   for every worker to join, and end themselves after the stuck-worker time
   (15 s here) instead of waiting there for good."""
-  log = open(tmp_path / 'log.txt', 'w+')
-  root = ['--allow-run-as-root'] if os.geteuid() == 0 else []
-  env = dict(os.environ, RESNET_TEST_JOB='pending', **{timeout_var: '15'})
-  trainer = [sys.executable, os.path.join(runner.REPO_ROOT,
-                                          'resnet_ctl_imagenet_main.py'),
-             f'--model_dir={tmp_path / "model"}', '--batch_size=8'
-            ] + backend_args + [a for a in TINY if not a.startswith('--batch')]
-  job = subprocess.Popen(
-      ['sh', '-c', 'RESNET_TEST_JOB=$$ exec "$@"', 'sh', 'mpirun'] + root + [
-          '-np', '2', '--oversubscribe', '-x', 'RESNET_TEST_JOB', '-x',
-          timeout_var] + trainer,
-      cwd=runner.REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+  job, log = _two_ranks_stuck_after_15_s(tmp_path, timeout_var,
+                                         backend_args)
   try:
     deadline = time.time() + 60
     frozen = None

@@ -158,7 +158,7 @@ def test_a_restart_resumes_at_the_last_checkpoint_and_says_so(tmp_path,
   assert restart.resume_step == 12 and restart.argv == first.argv
   assert 'the job restarts on the same host(s): resuming at step 12' in \
       caplog.text
-  job.remove_files()
+  job.files.remove()
 
 
 class _Lossy(SshHosts):
@@ -191,7 +191,7 @@ def test_an_elastic_restart_shrinks_on_the_hosts_that_pass(tmp_path, caplog,
                                '--warmup_epochs=3']
   assert 'the job shrinks from 3 to 2 host(s)' in caplog.text
   assert 'resuming at step 4' in caplog.text
-  job.remove_files()
+  job.files.remove()
 
 
 def test_ssh_is_as_mpirun_runs_it():
