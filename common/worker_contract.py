@@ -27,7 +27,9 @@ Pure functions of the environment they are given.
 """
 
 import json
+import os
 import socket
+import time
 from typing import Dict, List, Mapping, Optional, Sequence
 
 from common import hosts as hosts_lib
@@ -46,7 +48,11 @@ OWN_PREFIX = 'RESNET_KERAS_'
 # step than the one the launcher announced.
 RESTARTS_VAR = 'RESNET_KERAS_RESTARTS'
 RESUME_STEP_VAR = 'RESNET_KERAS_RESUME_STEP'
-ATTEMPT_VARS = (RESTARTS_VAR, RESUME_STEP_VAR)
+# And which job the attempt is of: the same for each attempt of one job (a
+# Slurm job's requeues too), so that an attempt takes the run directory
+# over from its job's earlier attempt (resnet_keras/ownership.py).
+JOB_VAR = 'RESNET_KERAS_JOB'
+ATTEMPT_VARS = (RESTARTS_VAR, RESUME_STEP_VAR, JOB_VAR)
 # multi_worker_mirrored: seconds a worker waits on the others' collectives
 # (its stuck-worker watchdog's, and the workers' last barrier).
 COLLECTIVE_TIMEOUT_VAR = 'RESNET_KERAS_COLLECTIVE_TIMEOUT'
@@ -114,11 +120,30 @@ def this_host(environ: Mapping[str, str]) -> Dict[str, str]:
   return {'hostname': socket.gethostname(), 'address': address}
 
 
-def attempt_env(restarts: int, resume_step: Optional[int]) -> Dict[str, str]:
-  """What an attempt's workers are told: the restarts before it and the
-  step it resumes at (None: not a restart)."""
+def attempt_env(restarts: int, resume_step: Optional[int],
+                job: str = '') -> Dict[str, str]:
+  """What an attempt's workers are told: the restarts before it, the step
+  it resumes at (None: not a restart) and the job's identity."""
   return {RESTARTS_VAR: str(restarts),
-          RESUME_STEP_VAR: '' if resume_step is None else str(resume_step)}
+          RESUME_STEP_VAR: '' if resume_step is None else str(resume_step),
+          JOB_VAR: job}
+
+
+def new_job_identity(environ: Mapping[str, str]) -> str:
+  """A job's identity, made once by its launcher: its Slurm job (whose
+  requeues start the launcher again), or this launcher's host, PID and
+  start."""
+  if in_slurm_allocation(environ):
+    return f'slurm-{slurm_job_id(environ)}'
+  return f'{socket.gethostname()}-{os.getpid()}-{time.time():.0f}'
+
+
+def job_identity(environ: Mapping[str, str]) -> Optional[str]:
+  """The job this process is an attempt of (None: none said, as for a
+  trainer started by hand): the launcher's, or a Slurm job's."""
+  if environ.get(JOB_VAR):
+    return environ[JOB_VAR]
+  return new_job_identity(environ) if in_slurm_allocation(environ) else None
 
 
 def restart_count(environ: Mapping[str, str]) -> int:

@@ -15,6 +15,7 @@ model_dir never resumes from it, while validate, --restore_from and
 """
 
 import dataclasses
+import json
 import os
 from typing import Iterable, List, Optional, Sequence
 
@@ -24,6 +25,7 @@ from common import files
 from common.errors import UsageError
 from resnet_keras import checkpoints
 from resnet_keras import optimizers
+from resnet_keras import ownership
 from resnet_keras import run_directory
 from resnet_keras import scoring
 from resnet_keras import ema as ema_lib
@@ -81,12 +83,30 @@ def describe_method(paths: Sequence[str], ema_decay: Optional[float]) -> str:
 
 
 def output_dir_for(model_dir: str, output_dir: Optional[str]) -> str:
+  """Where the average goes: MODEL_DIR/averaged, or --output_dir, which
+  must be new, empty or an earlier average of this run (not the run
+  itself, nor another run, whose training would resume from it)."""
   output_dir = output_dir or os.path.join(model_dir, OUTPUT_DIR)
   if os.path.realpath(output_dir) == os.path.realpath(model_dir):
     raise UsageError(f'--output_dir={output_dir} is the run\'s model_dir, '
                      'whose training would resume from the average; use '
                      'another directory (default: MODEL_DIR/averaged)')
+  ownership.check_new_or_own(output_dir, '--output_dir',
+                             lambda path: _is_average_of(path, model_dir))
   return output_dir
+
+
+def _is_average_of(output_dir: str, model_dir: str) -> bool:
+  """Whether output_dir holds an average of model_dir's checkpoints (its
+  averaging.json says so)."""
+  try:
+    with open(os.path.join(output_dir, RECORD_FILE)) as f:
+      sources = json.load(f)['sources']
+    return bool(sources) and all(
+        os.path.realpath(os.path.dirname(source)) ==
+        os.path.realpath(model_dir) for source in sources)
+  except (OSError, ValueError, KeyError, TypeError):
+    return False
 
 
 def write_averaged(evaluator: scoring.CheckpointEvaluator,
@@ -142,6 +162,16 @@ def average_run(model_dir: str, last: Optional[int],
   each step as it ends."""
   check_ema_decay(ema_decay)
   output_dir = output_dir_for(model_dir, output_dir)
+  # Before any work: the run and the average's directory, each held.
+  with ownership.take(model_dir, 'resnet_keras.average', new_run=False), \
+      ownership.take(output_dir, 'resnet_keras.average',
+                     flag='--output_dir'):
+    _average_into(model_dir, last, ema_decay, output_dir, export)
+
+
+def _average_into(model_dir: str, last: Optional[int],
+                  ema_decay: Optional[float], output_dir: str,
+                  export: bool) -> None:
   cfg, plan = checkpoints.read_config(model_dir)
   evaluator = scoring.CheckpointEvaluator(cfg, plan)
   paths = select_last(

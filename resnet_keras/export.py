@@ -23,10 +23,13 @@ env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 
 # pylint: disable=g-import-not-at-top
 import os
+import re
 
 from absl import flags
 
 from common import cli
+from resnet_keras import ownership
+from resnet_keras import run_directory
 from resnet_keras import tool_flags
 from resnet_keras.serving import contract
 from resnet_keras.serving import deployment
@@ -61,12 +64,26 @@ def define_flags(values: flags.FlagValues) -> None:
 def main(argv):
   values = flags.FLAGS
   cli.start_tool(argv, values.model_dir)
-  cfg, _ = tool_flags.run_config(values)
-  for path in deployment.export_checkpoints(
-      cfg, values.checkpoint, values.output_dir, values.format,
-      values.quantize, values.representative_images):
-    if os.path.isdir(path):  # The ONNX and TFLite files say their own line.
-      print(f'exported {path}')
+  if values.output_dir:
+    ownership.check_new_or_own(values.output_dir, '--output_dir',
+                               _holds_exports_only)
+  # The run's exports/ is the run's: its writer while it writes there.
+  with ownership.take(values.model_dir, 'resnet_keras.export',
+                      new_run=False):
+    cfg, _ = tool_flags.run_config(values)
+    for path in deployment.export_checkpoints(
+        cfg, values.checkpoint, values.output_dir, values.format,
+        values.quantize, values.representative_images):
+      if os.path.isdir(path):  # ONNX and TFLite files say their own line.
+        print(f'exported {path}')
+
+
+def _holds_exports_only(output_dir: str) -> bool:
+  """Whether output_dir holds only this tool's exports (a folder per
+  checkpoint): an earlier --output_dir of it."""
+  return all(re.fullmatch(rf'{run_directory.CHECKPOINT_PREFIX}-\d+', name) and
+             os.path.isdir(os.path.join(output_dir, name))
+             for name in os.listdir(output_dir))
 
 
 def run() -> None:

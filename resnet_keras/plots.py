@@ -9,6 +9,7 @@ from typing import List
 from common import cli
 from common.errors import UsageError
 from resnet_keras import curves
+from resnet_keras import ownership
 
 
 def main(argv: List[str]) -> None:
@@ -18,8 +19,10 @@ def main(argv: List[str]) -> None:
   model_dir = argv[1]
   if not os.path.isdir(model_dir):
     raise UsageError(f'{model_dir} is not a directory')
-  for path in curves.write_plots(model_dir):
-    print(path)
+  with ownership.take(model_dir, 'resnet_keras.plots', flag='MODEL_DIR',
+                      new_run=False):
+    for path in curves.write_plots(model_dir):
+      print(path)
 
 
 def run() -> None:

@@ -36,8 +36,8 @@ from resnet_keras import guards
 from resnet_keras import job_starts
 from resnet_keras import lr_schedules
 from resnet_keras import metrics
+from resnet_keras import ownership
 from resnet_keras import reporting
-from resnet_keras import run_directory
 from resnet_keras import start as start_lib
 from resnet_keras import tracking
 from resnet_keras import watchdog
@@ -52,32 +52,6 @@ from common.errors import RunStopped, UsageError
 # orbit's Controller logs every status twice (log and stdout) as multi-line
 # dicts; StepLogger and Reporting.evaluated print one line each instead.
 orbit.controller._log = logging.debug  # pylint: disable=protected-access
-
-
-def prepare_model_dir(model_dir: str, clean: bool, restarts: int = 0) -> None:
-  """Applies --clean (run_directory.clean: a run's entries only) and checks
-  model_dir is a writable directory.
-
-  --clean applies to a job's first attempt only: a restarted or requeued
-  one (`restarts` > 0 earlier attempts) resumes from the checkpoints the
-  first one wrote.
-  """
-  if clean and restarts:
-    logging.info('--clean: not applied to restart %d of this job, which '
-                 'resumes from the last checkpoint in %s', restarts,
-                 model_dir)
-  elif clean:
-    removed = run_directory.clean(model_dir)
-    if removed:
-      logging.info('--clean: removed what a run wrote in %s: %s', model_dir,
-                   ', '.join(removed))
-  try:
-    os.makedirs(model_dir, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=model_dir):
-      pass
-  except OSError as e:
-    raise UsageError(f'--model_dir={model_dir} is not a writable directory '
-                     f'({e.strerror}); choose another --model_dir') from None
 
 
 def with_model_dir(cfg: RunConfig, environ) -> RunConfig:
@@ -121,11 +95,25 @@ def _run(cfg: RunConfig, started: float) -> Dict:
   they always have (time-to-accuracy figures compare them); goodput counts
   from the process's `started`."""
   run_started = time.time()
+  cfg.check()
+  worker = worker_contract.worker_index(os.environ)
+  # The chief holds model_dir before anything is read or written there
+  # (ownership.py); the other workers write only their own worker_N/.
+  owner = (ownership.for_training(cfg.model_dir, cfg.clean, os.environ)
+           if worker == 0 else None)
+  try:
+    return _run_held(cfg, started, run_started, worker)
+  finally:
+    if owner:
+      owner.release()
+
+
+def _run_held(cfg: RunConfig, started: float, run_started: float,
+              worker: int) -> Dict:
   # Watched from before the backend is built: the workers' joining waits
   # for every one of them (a worker frozen while it started, as on a
   # restart, held the others there for good).
   timeout = _stuck_worker_timeout(cfg)
-  worker = worker_contract.worker_index(os.environ)
   progress = distribution.Progress(
       joining_watch=lambda: watchdog.watched_from_outside(
           timeout, watchdog.stuck_line(worker, timeout)))
@@ -174,20 +162,12 @@ def _run_on(basis: assembly.Basis, started: float,
 
 def _set_up(cfg: RunConfig,
             progress: distribution.Progress) -> assembly.Basis:
-  """The run's runtime, backend (watched by `progress`) and data; the
-  chief's model_dir prepared."""
-  cfg.check()
-  restarts = worker_contract.earlier_attempts(os.environ)
-  if cfg.clean and not restarts:
-    # Before any work: --clean of a directory it may not clean stops here.
-    run_directory.check_cleanable(cfg.model_dir)
+  """The run's runtime, backend (watched by `progress`) and data."""
   if cfg.wandb:
     tracking.import_wandb()  # Its absence is a usage error; say so first.
   basis = assembly.set_up(cfg, progress=progress)
   backend = basis.backend
-  if backend.is_chief:
-    prepare_model_dir(cfg.model_dir, cfg.clean, restarts)
-  else:
+  if not backend.is_chief:
     logging.info('worker %d: logging warnings only; the chief (worker 0) '
                  'logs the run', backend.worker_index)
     logging.set_verbosity(logging.WARNING)

@@ -18,6 +18,8 @@ serving/contract.py.
                          in worker_N/
   checkpoint, ckpt-N.*   TensorFlow's state file and the checkpoints,
                          named by step (checkpoints.py)
+  run.lock               who writes the directory now (ownership.py)
+  run_files.txt          every path a run wrote here (ownership.py)
   saved_model/           the run's export at its end
   plots/                 PNGs of metrics.jsonl (curves.py; the tool:
                          plots.py)
@@ -31,9 +33,11 @@ serving/contract.py.
   averaged/              the average tool's run directory, with
                          averaging.json
 
-`clean` is --clean's one deletion: it removes these entries and nothing
-else, and refuses, before removing anything, a model_dir that holds
-anything else (`foreign_entries`).
+Which of these a directory holds is the run's only where its record
+(run_files.txt) says a run wrote it: ownership.py holds the directory, and
+--clean removes what the record names and nothing else. The names here
+tell a run's entries only in a directory an earlier version wrote, which
+had no record.
 
 This module never imports TensorFlow: the launcher reads model_dir through
 it before TensorFlow loads.
@@ -43,10 +47,8 @@ import codecs
 import dataclasses
 import os
 import re
-import shutil
 from typing import List, Optional
 
-from common.errors import UsageError
 
 CONFIG_FILE = 'config.json'
 WORLD_FILE = 'world_sizes.json'
@@ -72,6 +74,8 @@ VALIDATION_FILE = 'validation.csv'
 VALIDATION_EXPORTS_FILE = 'validation_exports.csv'
 AVERAGED_DIR = 'averaged'
 AVERAGING_FILE = 'averaging.json'
+LOCK_FILE = 'run.lock'
+RECORD_FILE = 'run_files.txt'
 
 # The state file is a text-format CheckpointState; its latest checkpoint and
 # those it keeps are C-escaped string fields.
@@ -107,15 +111,37 @@ def _state(model_dir: str):
     return None, 0
 
 
+def _named_prefix(model_dir: str, escaped: str) -> str:
+  """The path a state file's field names. A relative path is relative to
+  model_dir, as TensorFlow writes and reads it; an absolute one stays."""
+  prefix = codecs.escape_decode(escaped.encode())[0].decode(errors='replace')
+  return os.path.join(model_dir, prefix)
+
+
+def _is_inside(model_dir: str, prefix: str) -> bool:
+  """Whether a checkpoint prefix lies directly in model_dir, as the run's
+  manager writes them (another folder's may not be read or pruned)."""
+  return ('\0' not in prefix and
+          os.path.realpath(os.path.dirname(prefix)) ==
+          os.path.realpath(model_dir))
+
+
+def checkpoints_outside(model_dir: str) -> List[str]:
+  """The paths model_dir's state file names outside model_dir."""
+  text, _ = _state(model_dir)
+  named = _LATEST.findall(text or '') + _KEPT.findall(text or '')
+  return [prefix for prefix in (_named_prefix(model_dir, e) for e in named)
+          if not _is_inside(model_dir, prefix)]
+
+
 def _checkpoint(model_dir: str, escaped: str,
                 written: float) -> Optional[LatestCheckpoint]:
-  """The checkpoint a state file's field names, if its files are there. A
-  relative path is relative to model_dir, as TensorFlow writes and reads
-  it."""
-  prefix = codecs.escape_decode(escaped.encode())[0].decode()
-  prefix = os.path.join(model_dir, prefix)  # an absolute prefix stays
+  """The checkpoint a state file's field names, if its files are there in
+  model_dir (one it names elsewhere is none of the run's)."""
+  prefix = _named_prefix(model_dir, escaped)
   step = re.fullmatch(r'.*-(\d+)', os.path.basename(prefix))
-  if not step or not (os.path.exists(prefix + '.index') or
+  if not step or not _is_inside(model_dir, prefix) or not (
+      os.path.exists(prefix + '.index') or
                       os.path.exists(prefix)):
     return None
   return LatestCheckpoint(prefix, int(step.group(1)), written)
@@ -144,15 +170,18 @@ def kept_checkpoints(model_dir: str) -> List[LatestCheckpoint]:
                  key=lambda c: -c.step)
   return ([latest] if latest else []) + older
 
-# A run's entries by name and kind. Besides the table above: what a write
+# A run's entries by name and kind, as a run of an earlier version (which
+# kept no record of what it wrote) named them: ownership.py adopts those of
+# such a directory. Besides the table above: what a write
 # cut short leaves (TensorFlow's temporary shards of a checkpoint and its
 # state file's temporary, the hidden temporary of an atomic write,
 # common/files.py, and an export's staging, serving/saved_model.py).
 _RUN_FILES = re.compile(
     r'(?P<hidden>\.)?(%s)(?(hidden)\.tmp)' % '|'.join(map(re.escape, (
         CONFIG_FILE, WORLD_FILE, SCHEDULER_FILE, WARM_START_FILE,
-        GOODPUT_FILE, METRICS_FILE, SUMMARY_FILE, CHECKPOINT_STATE_FILE, VALIDATION_FILE,
-        VALIDATION_EXPORTS_FILE))) +
+        GOODPUT_FILE, METRICS_FILE, SUMMARY_FILE, CHECKPOINT_STATE_FILE,
+        VALIDATION_FILE, VALIDATION_EXPORTS_FILE, LOCK_FILE,
+        RECORD_FILE))) +
     rf'|{CHECKPOINT_PREFIX}-\d+\.(index|data-\d+-of-\d+)'
     rf'|{CHECKPOINT_STATE_FILE}\.tmp[0-9a-f]*')
 _RUN_DIRS = re.compile('|'.join(re.escape(name) for name in (
@@ -160,68 +189,9 @@ _RUN_DIRS = re.compile('|'.join(re.escape(name) for name in (
     PROFILE_DIR, WANDB_DIR, EXPORTS_DIR, AVERAGED_DIR)) +
     rf'|{SAVED_MODEL_DIR}\.(partial|previous)'
     rf'|{CHECKPOINT_PREFIX}-\d+_temp.*|worker_\d+')
-# How many foreign entries --clean's refusal names.
-_NAMED = 3
 
 
 def is_run_entry(name: str, is_dir: bool) -> bool:
   """Whether a run writes an entry `name` (a folder if `is_dir`, else a
   file) in its model_dir."""
   return bool((_RUN_DIRS if is_dir else _RUN_FILES).fullmatch(name))
-
-
-def _entries(model_dir: str) -> List[os.DirEntry]:
-  try:
-    return list(os.scandir(model_dir))
-  except (FileNotFoundError, NotADirectoryError):
-    return []
-
-
-def _is_runs(entry: os.DirEntry) -> bool:
-  """A symbolic link is never a run's: a run writes none, and --clean must
-  not reach through one."""
-  if entry.is_symlink():
-    return False
-  is_dir = entry.is_dir(follow_symlinks=False)
-  return ((is_dir or entry.is_file(follow_symlinks=False)) and
-          is_run_entry(entry.name, is_dir))
-
-
-def foreign_entries(model_dir: str) -> List[str]:
-  """model_dir's entries no run writes, sorted, folders ending in '/'
-  ([] for an absent directory)."""
-  return sorted(entry.name + ('/' if entry.is_dir() else '')
-                for entry in _entries(model_dir) if not _is_runs(entry))
-
-
-def check_cleanable(model_dir: str) -> None:
-  """Refuses, in one line, a --clean of a model_dir holding anything a run
-  does not write: --clean deletes only a run's own files."""
-  foreign = foreign_entries(model_dir)
-  if not foreign:
-    return
-  named = ', '.join(foreign[:_NAMED])
-  more = f' and {len(foreign) - _NAMED} more' if len(foreign) > _NAMED else ''
-  raise UsageError(
-      f'--clean: --model_dir={model_dir} holds what no run writes ({named}'
-      f'{more}); nothing was removed: choose an empty or new --model_dir, '
-      'or move those away yourself')
-
-
-def clean(model_dir: str) -> List[str]:
-  """--clean: after `check_cleanable`, removes the run's entries from
-  model_dir and returns their names. The directory itself stays (its
-  owner, permissions, or a mount or link there are the user's). Nothing
-  is reached through a symbolic link: one in model_dir is refused, and
-  shutil.rmtree removes those inside a run's folders as links."""
-  check_cleanable(model_dir)
-  removed = []
-  for entry in _entries(model_dir):
-    if not _is_runs(entry):
-      continue  # Appeared since the check: not ours to remove.
-    if entry.is_dir(follow_symlinks=False):
-      shutil.rmtree(entry.path)
-    else:
-      os.remove(entry.path)
-    removed.append(entry.name)
-  return sorted(removed)

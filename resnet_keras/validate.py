@@ -24,6 +24,7 @@ env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 from absl import flags
 
 from common import cli
+from resnet_keras import ownership
 from resnet_keras import scoring
 from resnet_keras import tool_flags
 # pylint: enable=g-import-not-at-top
@@ -42,9 +43,12 @@ def define_flags(values: flags.FlagValues) -> None:
 def main(argv):
   values = flags.FLAGS
   cli.start_tool(argv, values.model_dir)
-  cfg, plan = tool_flags.run_config(values)
-  table, path = scoring.validate(cfg, plan, values.checkpoint,
-                                 values.saved_model)
+  # It writes its scores into the run: the run's writer while it does.
+  with ownership.take(values.model_dir, 'resnet_keras.validate',
+                      new_run=False):
+    cfg, plan = tool_flags.run_config(values)
+    table, path = scoring.validate(cfg, plan, values.checkpoint,
+                                   values.saved_model)
   print(table)
   print(f'wrote {path}')
 

@@ -17,6 +17,7 @@ from absl import logging
 from common import worker_contract
 from common.batch_rule import BatchRule
 from common.errors import UsageError
+from resnet_keras import ownership
 from resnet_keras import recipes
 from resnet_keras import run_directory
 from resnet_keras.config import RunConfig
@@ -159,7 +160,7 @@ class Job:
     if cleans:
       # The trainer's chief cleans; a model_dir it would refuse to clean
       # stops the job here, before any host is contacted.
-      run_directory.check_cleanable(self._cfg.model_dir)
+      ownership.check_cleanable(self._cfg.model_dir)
     self._report, _ = self.host_checks.run()
     step = None if cleans else self.saved_step()
     if requeues:

@@ -262,6 +262,7 @@ class Supervisor:
     self._job: Optional[subprocess.Popen] = None
     self._stopped_by: Optional[int] = None
     self._ended_after_finish = False
+    self._job_identity = worker_contract.new_job_identity(os.environ)
 
   def run(self) -> int:
     """The job's exit code (that of its last attempt)."""
@@ -312,7 +313,7 @@ class Supervisor:
     argv = list(self._attempt.argv)
     step = self._attempt.resume_step
     env = {**self._attempt.env,
-           **worker_contract.attempt_env(restarts, step)}
+           **worker_contract.attempt_env(restarts, step, self._job_identity)}
     tail: Deque[str] = collections.deque(maxlen=_TAIL_LINES)
     self._ended_after_finish = False
     if not self._parse_output:

@@ -88,19 +88,27 @@ def test_clean_refuses_a_run_directory_holding_foreign_entries(
   assert _tree(tmp_path) == before
 
 
-def test_clean_removes_a_real_run_and_never_follows_a_link(synthetic_run,
-                                                          tmp_path):
+def test_clean_removes_what_the_run_wrote_and_refuses_a_link(synthetic_run,
+                                                            tmp_path):
   model_dir = tmp_path / 'model'
   shutil.copytree(synthetic_run, model_dir)
   outside = tmp_path / 'outside'
   outside.mkdir()
   (outside / 'keep.txt').write_text('keep')
   (model_dir / 'plots' / 'elsewhere').symlink_to(outside)
+  before = _tree(tmp_path)
+  result = runner.run_main(runner.TINY + ['-md', str(model_dir), '--clean'])
+  assert result.returncode == 2
+  runner.assert_one_line_error(result, 'plots/elsewhere is a symbolic link')
+  assert _tree(tmp_path) == before
+  (model_dir / 'plots' / 'elsewhere').unlink()
+  (model_dir / 'plots' / 'mine.png').write_text('a user\'s')
   result = runner.run_main(runner.TINY + ['-md', str(model_dir), '--clean'])
   assert result.returncode == 0, result.stderr[-2000:]
   # A new run: its own files only, none of the copied run's checkpoints or
-  # its export.
+  # its export; the user's file in the run's plots/ stays.
   assert runner.checkpoint_steps(model_dir) == []
   assert not (model_dir / 'saved_model').exists()
   assert runner.read_summary(model_dir)['resumed_from_step'] == 0
+  assert (model_dir / 'plots' / 'mine.png').read_text() == 'a user\'s'
   assert (outside / 'keep.txt').read_text() == 'keep'

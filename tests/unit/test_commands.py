@@ -65,7 +65,7 @@ def test_only_relevant_set_variables_are_forwarded():
   forwarded = [plan.argv[i + 1] for i, a in enumerate(plan.argv) if a == '-x']
   # And what the supervisor tells each attempt (set as it runs mpirun).
   assert forwarded == ['HOROVOD_CYCLE_TIME', 'HOROVOD_FUSION_THRESHOLD',
-                       'NCCL_DEBUG', 'PATH', 'PYTHONPATH',
+                       'NCCL_DEBUG', 'PATH', 'PYTHONPATH', 'RESNET_KERAS_JOB',
                        'RESNET_KERAS_RESTARTS', 'RESNET_KERAS_RESUME_STEP',
                        'TF_CONFIG']
   assert plan.env == {'HOROVOD_CYCLE_TIME': '1'}

@@ -1,0 +1,586 @@
+"""Who may write a run directory, and what in it is the run's.
+
+One writer. A trainer's chief, and each tool writing into a run, holds
+model_dir/run.lock while it writes: an exclusive flock on it (the kernel
+drops it when the holder ends, however it ends; Linux's NFS client passes
+it to the server, so it holds across hosts) and, in the file, who holds it:
+program, host, PID, since when, and the job. A second writer refuses in
+one line naming the holder. A lock file nobody holds is a holder that died
+(killed, its host lost): the next writer takes the directory over and says
+so. Two guards against mistaking a live holder for a dead one where the
+filesystem's locks do not reach across hosts (NFS mounted `nolock`, some
+FUSE filesystems): the holder renews the file's time every
+`HEARTBEAT_SECONDS`, and a lock of another host renewed within
+`STALE_SECONDS` is live. A job's own attempts are one writer: the launcher
+gives every attempt of a job one identity (worker_contract.job_identity),
+and an attempt takes over a lock its job's earlier attempt still holds (a
+process on a host the job lost, which the launcher cannot reach to end).
+
+What a run owns. model_dir/run_files.txt records every path a run (or a
+tool in it) created, one JSON string a line: what appeared while it held the
+lock (walked when it takes the lock, every heartbeat and when it lets go)
+and, after a holder that died, what appeared from its `since` on.
+--clean removes those paths and nothing else: a user's file inside train/,
+exports/ or plots/ stays, and so does its folder. A directory without the
+record is a run's only if an earlier version's run wrote it (its config.json
+reads as a run's): it is adopted, its entries named as a run names them.
+Any other non-empty directory is refused, with --clean or without.
+
+Nothing outside. A run writes no symbolic links and follows none: one
+anywhere inside the directory is refused before anything is written, and
+so is a checkpoint state file naming a path outside the directory (the
+checkpoint manager would prune it), and a hard-linked file the run appends
+to (metrics.jsonl: the append would change the other name's file too).
+
+This module never imports TensorFlow: the launcher and the tools take the
+directory before it loads.
+"""
+
+import dataclasses
+import errno
+import fcntl
+import json
+import os
+import socket
+import threading
+import time
+from typing import Dict, List, Mapping, Optional, Set, Tuple
+
+from absl import logging
+
+from common import files
+from common import worker_contract
+from common.errors import UsageError
+from resnet_keras import run_directory
+
+LOCK_FILE = run_directory.LOCK_FILE
+RECORD_FILE = run_directory.RECORD_FILE
+# The holder renews the lock file's time this often, and a lock of another
+# host renewed within STALE_SECONDS is taken as live even if the filesystem
+# does not show its flock.
+HEARTBEAT_SECONDS = 10.0
+STALE_SECONDS = 6 * HEARTBEAT_SECONDS
+# What appeared within this many seconds before a dead holder's `since` is
+# still its: file times are set by the file server's clock, which may run a
+# little behind the holder's.
+_CLOCK_SLACK = 2.0
+# Files a run appends to (any other it replaces whole, or creates).
+_APPENDED = (run_directory.METRICS_FILE,)
+# How many entries a refusal names.
+_NAMED = 3
+
+
+def _describe_entries(names: List[str]) -> str:
+  more = f' and {len(names) - _NAMED} more' if len(names) > _NAMED else ''
+  return ', '.join(names[:_NAMED]) + more
+
+
+@dataclasses.dataclass(frozen=True)
+class Holder:
+  """Who holds (or held) a run directory."""
+  program: str
+  host: str
+  pid: int
+  since: float  # time.time() when it took the directory
+  job: Optional[str] = None  # worker_contract.job_identity
+
+  def describe(self) -> str:
+    when = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(self.since))
+    return f'{self.program} (pid {self.pid} on {self.host}, since {when})'
+
+  @classmethod
+  def read(cls, fd: int) -> Optional['Holder']:
+    """The holder a lock file names; None where it names none readable (a
+    write cut short, or a file that is not ours)."""
+    try:
+      text = os.pread(fd, 4096, 0).decode()
+      record = json.loads(text)
+      return cls(program=str(record['program']), host=str(record['host']),
+                 pid=int(record['pid']), since=float(record['since']),
+                 job=record.get('job') and str(record['job']))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+      return None
+
+
+def _same_file(fd: int, path: str) -> bool:
+  """Whether `path` still names the file open as `fd` (a takeover replaces
+  it, a release removes it)."""
+  try:
+    here, there = os.fstat(fd), os.lstat(path)
+  except OSError:
+    return False
+  return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
+
+
+def _open_lock(path: str, flag: str) -> int:
+  try:
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW |
+                   os.O_CLOEXEC, 0o644)
+  except OSError as e:
+    if e.errno == errno.ELOOP:
+      raise UsageError(f'{path} is a symbolic link; a run writes none and '
+                       'follows none: remove it') from None
+    raise UsageError(f'{flag}={os.path.dirname(path)} is not a writable '
+                     f'directory ({e.strerror}); choose another {flag}'
+                     ) from None
+
+
+def _try_flock(fd: int) -> bool:
+  """Takes the exclusive flock on `fd`: False where another holds it. A
+  filesystem without flocks counts as free: the heartbeat then guards."""
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return True
+  except BlockingIOError:
+    return False
+  except OSError as e:
+    if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+      return True
+    raise
+
+
+def _write_holder(fd: int, holder: Holder) -> None:
+  data = json.dumps(dataclasses.asdict(holder), sort_keys=True).encode()
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, data + b'\n', 0)
+  os.fsync(fd)
+
+
+def _in_use(flag: str, model_dir: str, holder: Optional[Holder],
+            renewed: Optional[float] = None) -> UsageError:
+  who = holder.describe() if holder else 'another process'
+  since = (f'; its lock was renewed {renewed:.0f} s ago (a holder gone '
+           f'with its host frees it {STALE_SECONDS:.0f} s after that)'
+           if renewed is not None else '')
+  return UsageError(
+      f'{flag}={model_dir} is in use by {who}{since}: one writer at a time; '
+      'wait for it to end (or stop it), or choose another ' + flag)
+
+
+def _take_lock(model_dir: str, holder: Holder,
+               flag: str) -> Tuple[int, Optional[Holder]]:
+  """The lock file's descriptor, flocked and naming `holder`, and the
+  holder it replaces (one that died, or this job's earlier attempt), if
+  any."""
+  path = os.path.join(model_dir, LOCK_FILE)
+  for _ in range(10):
+    fd = _open_lock(path, flag)
+    try:
+      if not _try_flock(fd):
+        previous = Holder.read(fd)
+        if holder.job and previous and previous.job == holder.job:
+          os.close(fd)
+          return _replace_lock(path, holder, flag), previous
+        raise _in_use(flag, model_dir, previous)
+      if not _same_file(fd, path):
+        os.close(fd)  # Let go or replaced while we waited: look again.
+        continue
+      previous = Holder.read(fd)
+      if previous and not (holder.job and previous.job == holder.job):
+        renewed = time.time() - os.fstat(fd).st_mtime
+        if _looks_alive(previous, holder, renewed, fd):
+          raise _in_use(flag, model_dir, previous, renewed)
+      _write_holder(fd, holder)
+      return fd, previous
+    except BaseException:
+      try:
+        os.close(fd)
+      except OSError:
+        pass
+      raise
+  raise UsageError(f'{flag}={model_dir}: its lock file changed hands ten '
+                   'times while this run tried to take it; try again')
+
+
+def _looks_alive(previous: Holder, holder: Holder, renewed: float,
+                 fd: int) -> bool:
+  """Whether the holder a free lock file names may yet be alive: where
+  flocks do not reach it. Another host's lock renewed within STALE_SECONDS;
+  on this host, a live PID where this filesystem ignores flocks."""
+  if previous.host != holder.host:
+    return renewed < STALE_SECONDS
+  return (previous.pid != holder.pid and _is_alive(previous.pid) and
+          _flocks_ignored(fd))
+
+
+def _flocks_ignored(fd: int) -> bool:
+  """Whether this filesystem ignores flocks: a second open of our own
+  flocked file takes one too."""
+  probe = os.open(f'/proc/self/fd/{fd}', os.O_RDONLY | os.O_CLOEXEC)
+  try:
+    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return True
+  except BlockingIOError:
+    return False
+  except OSError:
+    return True
+  finally:
+    os.close(probe)
+
+
+def _is_alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+    return True
+  except ProcessLookupError:
+    return False
+  except PermissionError:
+    return True
+
+
+def _replace_lock(path: str, holder: Holder, flag: str) -> int:
+  """Takes the lock over from this job's earlier attempt, still alive
+  somewhere: a new lock file renamed over its (its flock stays on a file
+  no path names)."""
+  staging = f'{path}.{holder.pid}.tmp'
+  fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
+               os.O_CLOEXEC, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _write_holder(fd, holder)
+    os.replace(staging, path)
+  except OSError as e:
+    os.close(fd)
+    raise UsageError(f'{flag}={os.path.dirname(path)}: its lock could not '
+                     f'be taken over ({e.strerror})') from None
+  return fd
+
+
+def _walk(model_dir: str) -> Tuple[Dict[str, Tuple[bool, float]], List[str]]:
+  """Every path under model_dir but the lock and the record, relative, a
+  folder's ending in '/', with its ctime; and the symbolic links among
+  them."""
+  found, links = {}, []
+  for folder, dirs, names in os.walk(model_dir, onerror=None):
+    relative = os.path.relpath(folder, model_dir)
+    for name in dirs + names:
+      path = os.path.join(folder, name)
+      rel = os.path.normpath(os.path.join(relative, name))
+      if relative == '.' and name in (LOCK_FILE, RECORD_FILE):
+        continue
+      try:
+        info = os.lstat(path)
+      except OSError:
+        continue  # Gone since it was listed.
+      if os.path.islink(path):
+        links.append(rel)
+        continue
+      is_dir = name in dirs
+      found[rel + '/' if is_dir else rel] = (is_dir, info.st_ctime)
+    dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
+  return found, links
+
+
+def _read_record(path: str) -> Set[str]:
+  recorded = set()
+  try:
+    with open(path, 'rb') as f:
+      for line in f:
+        try:
+          entry = json.loads(line)
+        except ValueError:
+          continue  # A line cut short by a crash: its path is walked again.
+        if isinstance(entry, str):
+          recorded.add(entry)
+  except FileNotFoundError:
+    pass
+  except OSError as e:
+    raise UsageError(f'{path} cannot be read ({e.strerror}); it records what '
+                     'the run wrote: restore its permissions') from None
+  return recorded
+
+
+def _is_legacy_run(model_dir: str) -> bool:
+  """Whether an earlier version's run wrote model_dir: its config.json reads
+  as a run's record."""
+  try:
+    with open(os.path.join(model_dir, run_directory.CONFIG_FILE)) as f:
+      record = json.load(f)
+    return (isinstance(record, dict) and
+            isinstance(record.get('config'), dict) and
+            'training_plan' in record)
+  except (OSError, ValueError):
+    return False
+
+
+def _named_as_a_runs(rel: str) -> bool:
+  """Whether a run names an entry so (its top-level name), as the earlier
+  versions' runs did."""
+  top, _, rest = rel.partition('/')
+  return run_directory.is_run_entry(top, is_dir=bool(rest) or
+                                    rel.endswith('/'))
+
+
+def _check_paths_inside(model_dir: str, links: List[str]) -> None:
+  """Refuses what would make a run reach outside model_dir."""
+  if links:
+    first = os.path.join(model_dir, links[0])
+    raise UsageError(
+        f'{first} is a symbolic link (to {os.readlink(first)}); a run writes '
+        'no links and follows none: remove it (or copy what it points at in '
+        f'its place){" and " + str(len(links) - 1) + " more" if len(links) > 1 else ""}')
+  for name in _APPENDED:
+    path = os.path.join(model_dir, name)
+    if os.path.isfile(path) and os.stat(path).st_nlink > 1:
+      raise UsageError(f'{path} has {os.stat(path).st_nlink} names (hard '
+                       'links); the run appends to it, which would change '
+                       'the other names\' file too: replace it with a copy')
+  outside = run_directory.checkpoints_outside(model_dir)
+  if outside:
+    raise UsageError(
+        f'{os.path.join(model_dir, run_directory.CHECKPOINT_STATE_FILE)} '
+        f'names {outside[0]}, outside {model_dir}; a run never writes that '
+        'and would prune it: remove that line (or the file)')
+
+
+def _top(rel: str) -> str:
+  """The top-level entry a path lies in ('train/' for 'train/events')."""
+  top, slash, _ = rel.partition('/')
+  return top + slash
+
+
+class Owner:
+  """A run directory held: its lock, and the record of what the run wrote.
+  `release` lets it go (a context manager does on exit)."""
+
+  def __init__(self, model_dir: str, fd: int, recorded: Set[str],
+               seen: Set[str]):
+    self.model_dir = model_dir
+    self._fd = fd
+    self._recorded = recorded
+    self._seen = seen
+    self._lock = threading.Lock()
+    self._stop = threading.Event()
+    self._heartbeat = threading.Thread(target=self._beat, daemon=True,
+                                       name='run_directory_heartbeat')
+    self._heartbeat.start()
+
+  def __enter__(self) -> 'Owner':
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.release()
+
+  def _record(self, paths) -> None:
+    new = sorted(set(paths) - self._recorded)
+    if not new:
+      return
+    with open(os.path.join(self.model_dir, RECORD_FILE), 'a') as f:
+      f.write(''.join(json.dumps(p) + '\n' for p in new))
+      f.flush()
+      os.fsync(f.fileno())
+    self._recorded.update(new)
+
+  def note_written(self) -> None:
+    """Records what appeared since the last look: the run's."""
+    with self._lock:
+      if self._fd is None:
+        return
+      found, _ = _walk(self.model_dir)
+      new = set(found) - self._seen
+      self._seen.update(new)
+      self._record(new)
+
+  def _beat(self) -> None:
+    while not self._stop.wait(HEARTBEAT_SECONDS):
+      try:
+        os.utime(self._fd)
+        self.note_written()
+      except (OSError, TypeError):
+        pass  # Released meanwhile, or the disk full: the next beat tries.
+
+  def clean(self) -> List[str]:
+    """--clean: removes every path the run wrote, and nothing else (a
+    folder that holds a user's file stays, with it); refuses, before
+    removing anything, a directory whose top level holds what no run
+    wrote. Returns the top-level names removed."""
+    with self._lock:
+      found, _ = _walk(self.model_dir)
+      _refuse_foreign(self.model_dir, _foreign(found, self._recorded))
+      removed = set()
+      ours = [rel for rel in found if rel in self._recorded]
+      for rel in sorted((r for r in ours if not r.endswith('/')),
+                        reverse=True):
+        os.remove(os.path.join(self.model_dir, rel))
+        removed.add(_top(rel))
+      for rel in sorted((r for r in ours if r.endswith('/')),
+                        key=lambda r: -r.count('/')):
+        try:
+          os.rmdir(os.path.join(self.model_dir, rel))
+          removed.add(_top(rel))
+        except OSError:
+          pass  # Holds what no run wrote: it stays, and so does that.
+      left = set(_walk(self.model_dir)[0])
+      self._recorded = {r for r in self._recorded if r in left}
+      _write_record(os.path.join(self.model_dir, RECORD_FILE),
+                    self._recorded)
+      self._seen = left
+      return sorted(removed)
+
+  def release(self) -> None:
+    """Records what the run wrote last and lets the directory go."""
+    self._stop.set()
+    if self._heartbeat is not threading.current_thread():
+      self._heartbeat.join()
+    if self._fd is None:
+      return
+    try:
+      self.note_written()
+    except OSError:
+      pass  # A full disk: the next holder records it from our `since`.
+    with self._lock:
+      path = os.path.join(self.model_dir, LOCK_FILE)
+      if _same_file(self._fd, path):
+        try:
+          os.remove(path)
+        except OSError:
+          pass
+      os.close(self._fd)
+      self._fd = None
+
+
+def take(model_dir: str, program: str, environ: Mapping[str, str] = None,
+         flag: str = '--model_dir', new_run: bool = True) -> Owner:
+  """Holds model_dir (created if absent) for `program`; refuses in one line
+  a directory another writer holds, one that is not a run's (unless empty,
+  and `new_run`: a trainer may start a run there, a tool may not), and one
+  whose links or files reach outside it."""
+  environ = os.environ if environ is None else environ
+  try:
+    os.makedirs(model_dir, exist_ok=True)
+  except OSError as e:
+    raise UsageError(f'{flag}={model_dir} is not a writable directory '
+                     f'({e.strerror}); choose another {flag}') from None
+  if not os.path.isdir(model_dir):
+    raise UsageError(f'{flag}={model_dir} is not a directory; choose '
+                     f'another {flag}')
+  holder = Holder(program=program, host=socket.gethostname(), pid=os.getpid(),
+                  since=time.time(), job=worker_contract.job_identity(environ))
+  fd, previous = _take_lock(model_dir, holder, flag)
+  try:
+    return _own(model_dir, fd, previous, flag, new_run)
+  except BaseException:
+    path = os.path.join(model_dir, LOCK_FILE)
+    if _same_file(fd, path) and previous is None:
+      os.remove(path)
+    os.close(fd)
+    raise
+
+
+def _recorded(model_dir: str, found: Dict, flag: str,
+              new_run: bool) -> Set[str]:
+  """What a run wrote in model_dir, by its record; for a directory an
+  earlier version's run wrote, what that run names its entries; refuses
+  any other directory but an empty one a new run may start in."""
+  record_path = os.path.join(model_dir, RECORD_FILE)
+  if os.path.lexists(record_path) and not os.path.isfile(record_path):
+    raise UsageError(f'{record_path} is not a file; it records what the run '
+                     'wrote: remove it')
+  if os.path.exists(record_path):
+    return _read_record(record_path)
+  if not found and new_run:
+    return set()
+  if _is_legacy_run(model_dir):
+    return {rel for rel in found if _named_as_a_runs(rel)}
+  if not found:
+    raise UsageError(f'{flag}={model_dir} is empty: no run wrote it')
+  raise UsageError(
+      f'{flag}={model_dir} holds what no run wrote '
+      f'({_describe_entries(sorted(found))}) and no {RECORD_FILE}; nothing '
+      f'was changed: choose an empty or new {flag}')
+
+
+def _foreign(found: Dict, recorded: Set[str]) -> List[str]:
+  """The top-level entries no run wrote."""
+  return sorted(rel for rel in found
+                if rel.rstrip('/').count('/') == 0 and rel not in recorded)
+
+
+def check_cleanable(model_dir: str) -> None:
+  """Refuses, in one line, a --clean that the trainer's chief would refuse
+  (the launcher asks before it contacts any host); takes nothing."""
+  if not os.path.isdir(model_dir):
+    return
+  found, links = _walk(model_dir)
+  _check_paths_inside(model_dir, links)
+  _refuse_foreign(model_dir, _foreign(found, _recorded(
+      model_dir, found, '--model_dir', new_run=True)))
+
+
+def _refuse_foreign(model_dir: str, foreign: List[str]) -> None:
+  if foreign:
+    raise UsageError(
+        f'--clean: --model_dir={model_dir} holds what no run wrote '
+        f'({_describe_entries(foreign)}); nothing was removed: choose an '
+        'empty or new --model_dir, or move those away yourself')
+
+
+def _own(model_dir: str, fd: int, previous: Optional[Holder], flag: str,
+         new_run: bool) -> Owner:
+  found, links = _walk(model_dir)
+  _check_paths_inside(model_dir, links)
+  record_path = os.path.join(model_dir, RECORD_FILE)
+  legacy = not os.path.exists(record_path) and bool(found)
+  recorded = _recorded(model_dir, found, flag, new_run)
+  if legacy:
+    logging.info('%s: a run of an earlier version wrote it; %s now records '
+                 'what the run wrote (%d paths)', model_dir, RECORD_FILE,
+                 len(recorded))
+  if previous:
+    # What appeared while a holder that died held it is that run's: its
+    # last look did not see it.
+    recorded |= {rel for rel, (_, ctime) in found.items()
+                 if ctime >= previous.since - _CLOCK_SLACK}
+    logging.info('%s: taken over from %s, which no longer holds it',
+                 model_dir, previous.describe())
+  recorded = {rel for rel in recorded if rel in found}
+  _write_record(record_path, recorded)
+  return Owner(model_dir, fd, recorded, set(found))
+
+
+def _write_record(path: str, recorded: Set[str]) -> None:
+  """The record rewritten whole (compacted: only what is there)."""
+  files.write_text_atomically(
+      path, ''.join(json.dumps(p) + '\n' for p in sorted(recorded)))
+
+
+def for_training(model_dir: str, clean: bool,
+                 environ: Mapping[str, str]) -> Owner:
+  """The trainer's chief holds model_dir, and applies --clean: to a job's
+  first attempt only; a restarted or requeued one resumes from the
+  checkpoints the first wrote."""
+  owner = take(model_dir, 'resnet_ctl_imagenet_main', environ)
+  try:
+    restarts = worker_contract.earlier_attempts(environ)
+    if clean and restarts:
+      logging.info('--clean: not applied to restart %d of this job, which '
+                   'resumes from the last checkpoint in %s', restarts,
+                   model_dir)
+    elif clean:
+      removed = owner.clean()
+      if removed:
+        logging.info('--clean: removed what a run wrote in %s: %s',
+                     model_dir, ', '.join(removed))
+  except BaseException:
+    owner.release()
+    raise
+  return owner
+
+
+def check_new_or_own(path: str, flag: str, is_own) -> None:
+  """Refuses, in one line before any work, a tool's output directory that is
+  a file, or a directory holding what the tool did not write there
+  (`is_own(path)`: an earlier output of this tool for this run); a new or
+  empty one is the tool's."""
+  if not os.path.lexists(path):
+    return
+  if not os.path.isdir(path):
+    raise UsageError(f'{flag}={path} {files.kind_of(path)}; a tool writes '
+                     'only into a new directory or its own earlier output: '
+                     f'choose another {flag}')
+  entries = sorted(os.listdir(path))
+  if entries and not is_own(path):
+    raise UsageError(
+        f'{flag}={path} holds what this tool did not write there '
+        f'({_describe_entries(entries)}: another run\'s directory?); nothing '
+        f'was written: choose a new or empty {flag}')
