@@ -14,6 +14,7 @@ model_dir never resumes from it, while validate, --restore_from and
 --pretrained_checkpoint take it like a run's model_dir.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -29,6 +30,8 @@ from resnet_keras import ownership
 from resnet_keras import run_directory
 from resnet_keras import scoring
 from resnet_keras import ema as ema_lib
+from resnet_keras.config import RunConfig
+from resnet_keras.plan import TrainingPlan
 from resnet_keras.serving import saved_model
 
 OUTPUT_DIR = run_directory.AVERAGED_DIR
@@ -86,13 +89,15 @@ def output_dir_for(model_dir: str, output_dir: Optional[str]) -> str:
   """Where the average goes: MODEL_DIR/averaged, or --output_dir, which
   must be new, empty or an earlier average of this run (not the run
   itself, nor another run, whose training would resume from it)."""
-  output_dir = output_dir or os.path.join(model_dir, OUTPUT_DIR)
+  default = os.path.join(model_dir, OUTPUT_DIR)
+  output_dir = output_dir or default
   if os.path.realpath(output_dir) == os.path.realpath(model_dir):
     raise UsageError(f'--output_dir={output_dir} is the run\'s model_dir, '
                      'whose training would resume from the average; use '
                      'another directory (default: MODEL_DIR/averaged)')
-  ownership.check_new_or_own(output_dir, '--output_dir',
-                             lambda path: _is_average_of(path, model_dir))
+  if os.path.realpath(output_dir) != os.path.realpath(default):
+    ownership.check_new_or_own(output_dir, '--output_dir',
+                               lambda path: _is_average_of(path, model_dir))
   return output_dir
 
 
@@ -162,17 +167,21 @@ def average_run(model_dir: str, last: Optional[int],
   each step as it ends."""
   check_ema_decay(ema_decay)
   output_dir = output_dir_for(model_dir, output_dir)
-  # Before any work: the run and the average's directory, each held.
-  with ownership.take(model_dir, 'resnet_keras.average', new_run=False), \
+  cfg, plan = checkpoints.read_config(model_dir)
+  # Before any work: the average's directory held, and the run too where
+  # the average goes into it (its averaged/).
+  inside = os.path.realpath(output_dir).startswith(
+      os.path.join(os.path.realpath(model_dir), ''))
+  with (ownership.take(model_dir, 'resnet_keras.average', new_run=False)
+        if inside else contextlib.nullcontext()), \
       ownership.take(output_dir, 'resnet_keras.average',
                      flag='--output_dir'):
-    _average_into(model_dir, last, ema_decay, output_dir, export)
+    _average_into(cfg, plan, model_dir, last, ema_decay, output_dir, export)
 
 
-def _average_into(model_dir: str, last: Optional[int],
-                  ema_decay: Optional[float], output_dir: str,
-                  export: bool) -> None:
-  cfg, plan = checkpoints.read_config(model_dir)
+def _average_into(cfg: RunConfig, plan: TrainingPlan, model_dir: str,
+                  last: Optional[int], ema_decay: Optional[float],
+                  output_dir: str, export: bool) -> None:
   evaluator = scoring.CheckpointEvaluator(cfg, plan)
   paths = select_last(
       checkpoints.checkpoint_paths(evaluator.manager, model_dir, 'all'),

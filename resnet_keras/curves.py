@@ -30,18 +30,32 @@ _FIGURES = {
 }
 
 
-def write_plots(model_dir: str) -> List[str]:
-  """Draws model_dir/metrics.jsonl into model_dir/plots; returns the paths."""
+def _matplotlib():
+  """matplotlib's canvas and figure classes; one line where it is missing."""
   try:
     from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
     from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top
   except ImportError:
     raise UsageError('matplotlib is not installed; pip install -r '
                      'requirements.txt') from None
+  return FigureCanvasAgg, Figure
+
+
+def drawable_records(model_dir: str) -> List[Dict]:
+  """model_dir's metrics.jsonl records; refuses, in one line, a directory
+  without any, or a machine without matplotlib."""
+  _matplotlib()
   records = metrics.read_metrics_log(model_dir)
   if not records:
     raise UsageError(f'{model_dir} has no {run_directory.METRICS_FILE} records '
                      'yet; it is written while a run trains')
+  return records
+
+
+def write_plots(model_dir: str) -> List[str]:
+  """Draws model_dir/metrics.jsonl into model_dir/plots; returns the paths."""
+  records = drawable_records(model_dir)
+  FigureCanvasAgg, Figure = _matplotlib()  # pylint: disable=invalid-name
   out_dir = os.path.join(model_dir, run_directory.PLOTS_DIR)
   os.makedirs(out_dir, exist_ok=True)
   paths = []

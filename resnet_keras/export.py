@@ -68,9 +68,9 @@ def main(argv):
     ownership.check_new_or_own(values.output_dir, '--output_dir',
                                _holds_exports_only)
   # The run's exports/ is the run's: its writer while it writes there.
+  cfg, _ = tool_flags.run_config(values)
   with ownership.take(values.model_dir, 'resnet_keras.export',
                       new_run=False):
-    cfg, _ = tool_flags.run_config(values)
     for path in deployment.export_checkpoints(
         cfg, values.checkpoint, values.output_dir, values.format,
         values.quantize, values.representative_images):

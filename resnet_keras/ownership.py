@@ -351,6 +351,7 @@ class Owner:
     self._seen = seen
     self._lock = threading.Lock()
     self._stop = threading.Event()
+    self.created = False  # take() made model_dir itself
     self._heartbeat = threading.Thread(target=self._beat, daemon=True,
                                        name='run_directory_heartbeat')
     self._heartbeat.start()
@@ -418,7 +419,9 @@ class Owner:
       return sorted(removed)
 
   def release(self) -> None:
-    """Records what the run wrote last and lets the directory go."""
+    """Records what the run wrote last and lets the directory go. Where
+    nothing was written (a run that stopped at bad input), nothing of its
+    own is left: no record, and no directory it made."""
     self._stop.set()
     if self._heartbeat is not threading.current_thread():
       self._heartbeat.join()
@@ -437,15 +440,22 @@ class Owner:
           pass
       os.close(self._fd)
       self._fd = None
+      if self._recorded or set(os.listdir(self.model_dir)) != {RECORD_FILE}:
+        return
+      os.remove(os.path.join(self.model_dir, RECORD_FILE))
+      if self.created:
+        _remove_if_empty(self.model_dir)
 
 
 def take(model_dir: str, program: str, environ: Mapping[str, str] = None,
-         flag: str = '--model_dir', new_run: bool = True) -> Owner:
+         flag: str = '--model_dir', new_run: bool = True,
+         clean: bool = False) -> Owner:
   """Holds model_dir (created if absent) for `program`; refuses in one line
   a directory another writer holds, one that is not a run's (unless empty,
-  and `new_run`: a trainer may start a run there, a tool may not), and one
-  whose links or files reach outside it."""
+  and `new_run`: a trainer may start a run there, a tool may not; `clean`:
+  in --clean's words), and one whose links or files reach outside it."""
   environ = os.environ if environ is None else environ
+  created = not os.path.lexists(model_dir)
   try:
     os.makedirs(model_dir, exist_ok=True)
   except OSError as e:
@@ -458,20 +468,33 @@ def take(model_dir: str, program: str, environ: Mapping[str, str] = None,
                   since=time.time(), job=worker_contract.job_identity(environ))
   fd, previous = _take_lock(model_dir, holder, flag)
   try:
-    return _own(model_dir, fd, previous, flag, new_run)
+    owner = _own(model_dir, fd, previous, '--clean' if clean else flag,
+                 new_run)
   except BaseException:
     path = os.path.join(model_dir, LOCK_FILE)
     if _same_file(fd, path) and previous is None:
       os.remove(path)
     os.close(fd)
+    if created:
+      _remove_if_empty(model_dir)
     raise
+  owner.created = created
+  return owner
+
+
+def _remove_if_empty(model_dir: str) -> None:
+  try:
+    os.rmdir(model_dir)
+  except OSError:
+    pass  # Something is there after all: it stays.
 
 
 def _recorded(model_dir: str, found: Dict, flag: str,
               new_run: bool) -> Set[str]:
   """What a run wrote in model_dir, by its record; for a directory an
   earlier version's run wrote, what that run names its entries; refuses
-  any other directory but an empty one a new run may start in."""
+  any other directory but an empty one a new run may start in (--clean's
+  refusal where `flag` is '--clean')."""
   record_path = os.path.join(model_dir, RECORD_FILE)
   if os.path.lexists(record_path) and not os.path.isfile(record_path):
     raise UsageError(f'{record_path} is not a file; it records what the run '
@@ -484,10 +507,12 @@ def _recorded(model_dir: str, found: Dict, flag: str,
     return {rel for rel in found if _named_as_a_runs(rel)}
   if not found:
     raise UsageError(f'{flag}={model_dir} is empty: no run wrote it')
+  if flag == '--clean':
+    _refuse_foreign(model_dir, _foreign(found, set()))
   raise UsageError(
       f'{flag}={model_dir} holds what no run wrote '
-      f'({_describe_entries(sorted(found))}) and no {RECORD_FILE}; nothing '
-      f'was changed: choose an empty or new {flag}')
+      f'({_describe_entries(_foreign(found, set()))}) and no {RECORD_FILE}; '
+      f'nothing was changed: choose an empty or new {flag}')
 
 
 def _foreign(found: Dict, recorded: Set[str]) -> List[str]:
@@ -504,7 +529,7 @@ def check_cleanable(model_dir: str) -> None:
   found, links = _walk(model_dir)
   _check_paths_inside(model_dir, links)
   _refuse_foreign(model_dir, _foreign(found, _recorded(
-      model_dir, found, '--model_dir', new_run=True)))
+      model_dir, found, '--clean', new_run=True)))
 
 
 def _refuse_foreign(model_dir: str, foreign: List[str]) -> None:
@@ -520,10 +545,11 @@ def _own(model_dir: str, fd: int, previous: Optional[Holder], flag: str,
   found, links = _walk(model_dir)
   _check_paths_inside(model_dir, links)
   record_path = os.path.join(model_dir, RECORD_FILE)
-  legacy = not os.path.exists(record_path) and bool(found)
+  had_record = os.path.exists(record_path)
   recorded = _recorded(model_dir, found, flag, new_run)
-  if legacy:
-    logging.info('%s: a run of an earlier version wrote it; %s now records '
+  read = set(recorded)
+  if found and not had_record:
+    logging.debug('%s: a run of an earlier version wrote it; %s now records '
                  'what the run wrote (%d paths)', model_dir, RECORD_FILE,
                  len(recorded))
   if previous:
@@ -534,7 +560,8 @@ def _own(model_dir: str, fd: int, previous: Optional[Holder], flag: str,
     logging.info('%s: taken over from %s, which no longer holds it',
                  model_dir, previous.describe())
   recorded = {rel for rel in recorded if rel in found}
-  _write_record(record_path, recorded)
+  if recorded != read or not had_record:  # Else: nothing changed on disk.
+    _write_record(record_path, recorded)
   return Owner(model_dir, fd, recorded, set(found))
 
 
@@ -549,9 +576,10 @@ def for_training(model_dir: str, clean: bool,
   """The trainer's chief holds model_dir, and applies --clean: to a job's
   first attempt only; a restarted or requeued one resumes from the
   checkpoints the first wrote."""
-  owner = take(model_dir, 'resnet_ctl_imagenet_main', environ)
+  restarts = worker_contract.earlier_attempts(environ)
+  owner = take(model_dir, 'resnet_ctl_imagenet_main', environ,
+               clean=clean and not restarts)
   try:
-    restarts = worker_contract.earlier_attempts(environ)
     if clean and restarts:
       logging.info('--clean: not applied to restart %d of this job, which '
                    'resumes from the last checkpoint in %s', restarts,

@@ -19,6 +19,7 @@ def main(argv: List[str]) -> None:
   model_dir = argv[1]
   if not os.path.isdir(model_dir):
     raise UsageError(f'{model_dir} is not a directory')
+  curves.drawable_records(model_dir)  # Before taking the run: what it lacks.
   with ownership.take(model_dir, 'resnet_keras.plots', flag='MODEL_DIR',
                       new_run=False):
     for path in curves.write_plots(model_dir):

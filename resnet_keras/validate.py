@@ -43,10 +43,10 @@ def define_flags(values: flags.FlagValues) -> None:
 def main(argv):
   values = flags.FLAGS
   cli.start_tool(argv, values.model_dir)
+  cfg, plan = tool_flags.run_config(values)
   # It writes its scores into the run: the run's writer while it does.
   with ownership.take(values.model_dir, 'resnet_keras.validate',
                       new_run=False):
-    cfg, plan = tool_flags.run_config(values)
     table, path = scoring.validate(cfg, plan, values.checkpoint,
                                    values.saved_model)
   print(table)

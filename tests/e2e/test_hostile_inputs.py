@@ -3,8 +3,8 @@ missing, empty and wrong-kind paths, a FIFO for an image, corrupt records,
 bad YAML and config.json values, negative, zero, NaN and huge numbers,
 host names that are options, malformed Slurm node lists, ports out of
 range. Each ends in exactly one `error:` line naming the input, exit code
-2, no traceback, and an existing trained run left as it was (its tree's
-hash before and after). All in this process (support/runner.call)."""
+2, no traceback, and nothing on disk changed (the tree's hash before and
+after, of the trained run and every other place the cases name). All in this process (support/runner.call)."""
 
 import contextlib
 import hashlib
@@ -15,6 +15,7 @@ import shutil
 
 import pytest
 
+from resnet_keras import ownership
 from tests.support import images
 from tests.support import records
 from tests.support import runner
@@ -70,6 +71,17 @@ def place(records_run, tmp_path_factory):
     record['config'].update(change)
     with open(root / name / 'config.json', 'w') as f:
       json.dump(record, f)
+  # A user's folder with a run's names in it (no run wrote it), another
+  # run, and runs whose files reach outside them.
+  (root / 'user' / 'saved_model').mkdir(parents=True)
+  (root / 'user' / 'config.json').write_text('{"my": "settings"}\n')
+  for name in ('other_run', 'linked', 'outside_state', 'hard_linked'):
+    shutil.copytree(run, root / name)
+  (root / 'linked' / 'plots').mkdir(exist_ok=True)
+  (root / 'linked' / 'plots' / 'elsewhere').symlink_to(root / 'empty')
+  with open(root / 'outside_state' / 'checkpoint', 'a') as f:
+    f.write(f'all_model_checkpoint_paths: "{root}/other_run/ckpt-4"\n')
+  os.link(root / 'hard_linked' / 'metrics.jsonl', root / 'metrics_copy')
   return {'root': str(root), 'run': str(run), 'data': data_dir,
           'corrupt': str(corrupt), 'saved_model': str(run / 'saved_model')}
 
@@ -95,6 +107,22 @@ CASES = [
     (TRAINER, ['--train_epochs=99999999999999999999'], {}, ['train_epochs']),
     (TRAINER, ['--image_size=-1'], {}, ['--image_size']),
     (TRAINER, ['--flagfile={root}/flags.txt'], {}, ['no_such_flag']),
+    # Run directories: one no run wrote, with or without --clean, and runs
+    # whose files point outside them.
+    (TRAINER, ['--model_dir={root}/user'], {},
+     ['--model_dir={root}/user holds what no run wrote (config.json, '
+      'saved_model/)']),
+    (TRAINER, ['--model_dir={root}/user', '--clean'], {},
+     ['holds what no run wrote']),
+    (TRAINER, ['--model_dir={root}/linked'], {},
+     ['linked/plots/elsewhere is a symbolic link']),
+    (TRAINER, ['--model_dir={root}/linked', '--clean'], {},
+     ['linked/plots/elsewhere is a symbolic link']),
+    (TRAINER, ['--model_dir={root}/outside_state'], {},
+     ['names {root}/other_run/ckpt-4, outside']),
+    (TRAINER, ['--model_dir={root}/hard_linked'], {},
+     ['metrics.jsonl has 2 names']),
+    (TRAINER, ['--model_dir={root}/a_file'], {}, ['a_file']),
     # The launcher (dry runs: nothing would start either way).
     (LAUNCHER, ['--dry_run'], {'TF_BASE_PORT': 'abc'}, ['TF_BASE_PORT=abc']),
     (LAUNCHER, ['--dry_run'], {'TF_BASE_PORT': '99999'},
@@ -170,6 +198,22 @@ CASES = [
      ['--ema']),
     ('resnet_keras.average', ['--model_dir={root}/negative_depth',
                               '--last=2'], {}, ['config.json']),
+    ('resnet_keras.average', ['--model_dir={run}', '--last=2',
+                              '--output_dir={root}/other_run'], {},
+     ['--output_dir={root}/other_run holds what this tool did not write']),
+    ('resnet_keras.average', ['--model_dir={run}', '--last=2',
+                              '--output_dir={root}/a_file'], {},
+     ['--output_dir={root}/a_file is a file']),
+    ('resnet_keras.average', ['--model_dir={root}/user', '--last=2'], {},
+     ['user/config.json is unreadable']),
+    ('resnet_keras.export', ['--model_dir={run}',
+                             '--output_dir={root}/other_run'], {},
+     ['--output_dir={root}/other_run holds what this tool did not write']),
+    ('resnet_keras.export', ['--model_dir={root}/outside_state'], {},
+     ['outside']),
+    ('resnet_keras.validate', ['--model_dir={root}/linked'], {},
+     ['symbolic link']),
+    ('resnet_keras.plots', ['{root}/linked'], {}, ['symbolic link']),
     ('resnet_keras.predict', ['--saved_model={root}/nothing',
                               '{root}/fifo.jpg'], {}, ['fifo.jpg']),
     ('resnet_keras.predict', ['--saved_model={saved_model}',
@@ -208,7 +252,7 @@ def run(program, args, env=None):
                          ids=[_id(c) for c in CASES])
 def test_bad_input_is_one_line_and_touches_nothing(place, program, args, env,
                                                    fragments, fresh_tensorflow_state):
-  before = tree_hash(place['run'])
+  before = tree_hash(place['root'])
   args = [a.format(**place) for a in args]
   if program == TRAINER:
     args = RUN_ARGS + [f'--data_dir={place["data"]}',
@@ -220,7 +264,7 @@ def test_bad_input_is_one_line_and_touches_nothing(place, program, args, env,
   assert len(errors) == 1, result.stderr
   for fragment in fragments:
     assert fragment.format(**place) in errors[0], errors[0]
-  assert tree_hash(place['run']) == before
+  assert tree_hash(place['root']) == before
 
 
 def test_a_fifo_among_the_images_is_skipped_with_a_line(place, tmp_path):
@@ -235,3 +279,28 @@ def test_a_fifo_among_the_images_is_skipped_with_a_line(place, tmp_path):
   assert str(folder / 'b.jpg') not in result.stdout
   assert len(images.parse_predictions(result.stdout)) == len(
       [n for n in os.listdir(folder) if n != 'b.jpg'])
+
+
+@pytest.mark.parametrize('program,args', [
+    (TRAINER, []), (TRAINER, ['--clean']),
+    ('resnet_keras.validate', ['--model_dir={run}']),
+    ('resnet_keras.export', ['--model_dir={run}']),
+    ('resnet_keras.average', ['--model_dir={run}', '--last=2']),
+    ('resnet_keras.plots', ['{run}'])],
+    ids=lambda v: v.split('.')[-1] if isinstance(v, str) else ' '.join(v))
+def test_a_second_writer_is_refused_and_the_first_untouched(
+    place, program, args, fresh_tensorflow_state):
+  """A run directory held (by a trainer still running, say) refuses every
+  other writer in one line naming the holder, and changes nothing."""
+  with ownership.take(place['run'], 'resnet_ctl_imagenet_main'):
+    before = tree_hash(place['root'])
+    args = [a.format(**place) for a in args]
+    if program == TRAINER:
+      args = RUN_ARGS + [f'--data_dir={place["data"]}',
+                         f'--model_dir={place["run"]}'] + args
+    result = run(program, args)
+    assert tree_hash(place['root']) == before
+  runner.assert_one_line_error(
+      result, f'is in use by resnet_ctl_imagenet_main (pid {os.getpid()} on',
+      'one writer at a time')
+  assert result.returncode == 2

@@ -177,8 +177,10 @@ def test_recompute_sync_batch_norm_nesterov_resume_without_recompute(
 def test_uint8_loader_bf16_with_python_loop_and_clean(tmp_path):
   model_dir = tmp_path / 'u8'
   model_dir.mkdir()
-  # A checkpoint of an earlier run: --clean removes a run's own files.
+  # A checkpoint of an earlier run: --clean removes what a run recorded
+  # that it wrote.
   (model_dir / 'ckpt-99.index').write_text('old run')
+  (model_dir / 'run_files.txt').write_text('"ckpt-99.index"\n')
   result = runner.run_main(runner.TINY + [
       '-md', str(model_dir), '--clean', '-dt', 'bf16', '-dlit', 'uint8',
       '--nouse_tf_while_loop', '--lr_schedule', 'cosine',

@@ -44,7 +44,9 @@ def test_a_run_logs_every_log_line_and_eval_and_plots_them(synthetic_run):
 
 
 def test_plots_command_draws_a_metrics_log(synthetic_run, tmp_path):
-  shutil.copy(os.path.join(synthetic_run, 'metrics.jsonl'), tmp_path)
+  # A run's directory (config.json says so): the tool writes into runs only.
+  for name in ('metrics.jsonl', 'config.json'):
+    shutil.copy(os.path.join(synthetic_run, name), tmp_path)
   result = runner.run_tool('resnet_keras.plots', [str(tmp_path)])
   assert result.returncode == 0, result.stderr
   expected = [str(tmp_path / 'plots' / (n + '.png')) for n in FIGURES]

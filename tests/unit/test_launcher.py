@@ -138,8 +138,11 @@ def test_commands_by_placement(tmp_path):
 
 
 def _write_checkpoint_state(model_dir, step):
-  """The files of model_dir's latest checkpoint that say its step."""
+  """The files of model_dir's latest checkpoint that say its step (in a
+  run's directory: its record of what it wrote)."""
   os.makedirs(model_dir, exist_ok=True)
+  with open(os.path.join(model_dir, 'run_files.txt'), 'a') as f:
+    f.write(f'"checkpoint"\n"ckpt-{step}.index"\n')
   with open(os.path.join(model_dir, 'checkpoint'), 'w') as f:
     f.write(f'model_checkpoint_path: "ckpt-{step}"\n'
             f'all_model_checkpoint_paths: "ckpt-{step}"\n')

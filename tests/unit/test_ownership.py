@@ -48,6 +48,8 @@ def test_a_second_writer_is_refused_with_the_holder_named(tmp_path):
   # Let go: the next takes it, and no lock is left behind.
   assert not os.path.exists(os.path.join(run, 'run.lock'))
   ownership.take(run, 'second').release()
+  # Nothing written: nothing of the runs' left, not even the directory.
+  assert not os.path.exists(run)
 
 
 def test_a_writer_in_another_process_is_refused(tmp_path):
@@ -165,7 +167,8 @@ def test_an_earlier_versions_run_is_adopted_by_its_names(tmp_path):
 
 def test_links_and_paths_outside_are_refused_before_anything(tmp_path):
   run = str(tmp_path / 'run')
-  ownership.take(run, 'trainer').release()
+  with ownership.take(run, 'trainer'):
+    _write(os.path.join(run, 'config.json'))
   os.symlink(tmp_path, os.path.join(run, 'train'))
   with pytest.raises(UsageError) as raised:
     ownership.take(run, 'trainer')
