@@ -76,9 +76,11 @@ def test_a_writer_in_another_process_is_refused(tmp_path):
 
 
 def test_a_dead_holders_lock_is_taken_over_and_what_it_wrote_is_the_runs(
-    tmp_path, caplog, monkeypatch):
+    tmp_path, monkeypatch):
   monkeypatch.setattr(ownership, '_CLOCK_SLACK', 0)
-  caplog.set_level('INFO')
+  said = []
+  monkeypatch.setattr(ownership.logging, 'info',
+                      lambda message, *args: said.append(message % args))
   run = str(tmp_path / 'run')
   with ownership.take(run, 'first'):
     _write(os.path.join(run, 'config.json'))
@@ -89,7 +91,7 @@ def test_a_dead_holders_lock_is_taken_over_and_what_it_wrote_is_the_runs(
   _lock_record(run, pid=2**22 + 12345, since=since)  # no process holds it
   _write(os.path.join(run, 'ckpt-4.index'))  # the dead run's last write
   with ownership.take(run, 'second') as owner:
-    assert 'taken over from old' in caplog.text
+    assert f'{run}: taken over from old (pid {2**22 + 12345} on ' in said[0]
     assert owner.clean() == ['ckpt-4.index', 'config.json', 'train/']
   assert sorted(os.listdir(run)) == ['run_files.txt', 'train']
   assert os.listdir(os.path.join(run, 'train')) == ['mine.txt']
