@@ -233,3 +233,36 @@ def test_a_tools_output_is_new_or_its_own(tmp_path):
     ownership.check_new_or_own(str(tmp_path / 'run' / 'config.json'),
                                '--output_dir', never)
   _one_line(raised, 'config.json is a file')
+
+
+def test_damaged_lock_and_record_files(tmp_path):
+  run = str(tmp_path / 'run')
+  with ownership.take(run, 'trainer') as owner:
+    _write(os.path.join(run, 'config.json'))
+  # A lock file of garbage nobody holds (a write cut short): taken.
+  _write(os.path.join(run, 'run.lock'), '\0\0{not json')
+  with open(os.path.join(run, 'run_files.txt'), 'a') as f:
+    f.write('"plots/a.p')  # a line cut short by a crash
+  with ownership.take(run, 'trainer') as owner:
+    assert owner.clean() == ['config.json']
+  assert os.listdir(run) == []  # nothing of a run's left: nor its record
+  os.mkdir(os.path.join(run, 'run_files.txt'))
+  with pytest.raises(UsageError) as raised:
+    ownership.take(run, 'trainer')
+  _one_line(raised, 'run_files.txt is not a file')
+
+
+@pytest.mark.parametrize('link', ['config.json', 'metrics.jsonl', 'worker_1',
+                                  'train/events.1'])
+def test_a_link_anywhere_is_refused(tmp_path, link):
+  run = str(tmp_path / 'run')
+  with ownership.take(run, 'trainer'):
+    _write(os.path.join(run, 'train', 'events.0'))
+  os.symlink(tmp_path, os.path.join(run, link))
+  with pytest.raises(UsageError) as raised:
+    ownership.take(run, 'trainer')
+  _one_line(raised, f'{link} is a symbolic link')
+  # The directory itself may be reached through one: it is the user's.
+  os.remove(os.path.join(run, link))
+  os.symlink(run, tmp_path / 'alias')
+  ownership.take(str(tmp_path / 'alias'), 'trainer').release()
