@@ -17,9 +17,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from common.errors import UsageError
+from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher.commands import DataServer
 
 READY = 'ready at'
@@ -36,6 +37,9 @@ class DataServers:
     self._processes: List[Optional[subprocess.Popen]] = [None] * len(servers)
     self._ready = [threading.Event() for _ in servers]
     self._last_line = [''] * len(servers)
+    # What each server reported of itself (commands.PID_LINE): the only
+    # process its stop may end.
+    self._pids: List[Optional[Tuple[str, str]]] = [None] * len(servers)
     self._stopping = False
     self._left_out = set()  # Indices of servers whose host failed a check.
     self.lost: List[DataServer] = []
@@ -49,6 +53,7 @@ class DataServers:
 
   def _launch(self, i: int, timeout: float) -> None:
     self._ready[i] = threading.Event()
+    self._pids[i] = None
     self._processes[i] = subprocess.Popen(
         self._servers[i].argv, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -105,6 +110,10 @@ class DataServers:
     server, process = self._servers[i], self._processes[i]
     for line in process.stdout:
       line = line.rstrip('\n')
+      pid = self._pids[i] is None and launch.read_pid_line(line)
+      if pid:
+        self._pids[i] = pid
+        continue
       if line.strip():
         self._last_line[i] = line.strip()
       if READY in line:
@@ -131,8 +140,8 @@ class DataServers:
     return sorted({server.host for server in self.lost})
 
   def stop(self) -> None:
-    """Ends every server: its ssh session, then whatever of it outlived
-    that on its host."""
+    """Ends every server: its ssh session, then the process it reported
+    on its host, if that outlived it (never another process there)."""
     self._stopping = True
     for process in self._processes:
       if process is not None and process.poll() is None:
@@ -142,8 +151,10 @@ class DataServers:
       if process is None or i in self._left_out:
         continue
       try:
-        subprocess.run(server.stop_argv, stdin=subprocess.DEVNULL,
-                       capture_output=True, timeout=_STOP_TIMEOUT)
+        if self._pids[i]:  # None: it never started there.
+          subprocess.run(server.stop_argv(*self._pids[i]),
+                         stdin=subprocess.DEVNULL, capture_output=True,
+                         timeout=_STOP_TIMEOUT)
       except subprocess.TimeoutExpired:
         self._log(f'could not reach {server.host} to stop its tf.data '
                   f'service {server.role}: stop it there')
