@@ -51,9 +51,10 @@ PROTOCOL = 'grpc'
 ROLES = ('dispatcher', 'worker')  # The servers, one per process.
 
 
-def parse_address(address: str) -> Tuple[str, int]:
+def parse_address(address: str,
+                  flag: str = '--tf_data_service') -> Tuple[str, int]:
   """(host, port) of a 'grpc://HOST:PORT' dispatcher address (an IPv6
-  host in brackets: grpc://[::1]:5050)."""
+  host in brackets: grpc://[::1]:5050), given as `flag`."""
   parsed = parse.urlsplit(address)
   try:
     if parsed.scheme == PROTOCOL and parsed.path in ('', '/'):
@@ -62,8 +63,8 @@ def parse_address(address: str) -> Tuple[str, int]:
     pass
   ipv6 = (' (an IPv6 address in brackets: grpc://[::1]:5050)'
           if parsed.netloc.count(':') > 1 else '')
-  raise UsageError(f'--tf_data_service={address} is not a dispatcher '
-                   f'address: give grpc://HOST:PORT{ipv6}')
+  raise UsageError(f'{flag}={address} is not a dispatcher address: give '
+                   f'grpc://HOST:PORT{ipv6}')
 
 
 def job_name(base: str, model_dir: str, start_step: int,
@@ -209,7 +210,7 @@ def start_worker(port: int, dispatcher: str, worker_address: Optional[str]):
   if not dispatcher:
     raise UsageError('a worker needs --dispatcher HOST:PORT')
   address = dispatcher if '://' in dispatcher else f'{PROTOCOL}://{dispatcher}'
-  host, dispatcher_port = parse_address(address)
+  host, dispatcher_port = parse_address(address, '--dispatcher')
   check_reachable(address, timeout=30)
   config = tf.data.experimental.service.WorkerConfig(
       dispatcher_address=hosts.host_port(host, dispatcher_port), port=port,

@@ -107,6 +107,14 @@ def mpirun_command(program: Sequence[str], *, workers_per_host: int,
                  'physical cores: not binding workers to cores')
   argv += ['--tag-output', '--merge-stderr-to-stdout']
   files = {}
+  ipv6 = [host for host in hosts if hosts_lib.is_ipv6(host)]
+  if ipv6:
+    # Measured with OpenMPI 4.1.4: 'the regex parser has detected the
+    # presence of an illegal character in the following node name: ::1'.
+    raise UsageError(f'{worker_contract.HOSTS_VAR}: {ipv6[0]} is an IPv6 '
+                     'address, which mpirun does not take as a host (its '
+                     'node names are letters, digits, "-" and "."): give '
+                     'the hosts\' names (/etc/hosts or DNS) instead')
   if hosts:
     files[hostfile_path] = ''.join(
         f'{h} slots={workers_per_host}\n' for h in hosts)
