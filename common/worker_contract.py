@@ -23,7 +23,9 @@ TORCHELASTIC_RESTART_COUNT).
                            what a Slurm job tells its processes: the
                            allocation, its nodes, and its requeues
 
-Pure functions of the environment they are given.
+Pure functions of the environment they are given. The launcher and the
+trainer read the numbers among them once before any work
+(`check_environment`): a value set wrong is one line naming it.
 """
 
 import json
