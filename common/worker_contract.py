@@ -89,14 +89,19 @@ def parse_hosts(multi_hls_ips: Optional[str]) -> List[str]:
     return []
   hosts = [hosts_lib.check_host(h.strip(), HOSTS_VAR)
            for h in multi_hls_ips.split(',') if h.strip()]
-  check_distinct(hosts, HOSTS_VAR)
+  # What this host's names and hosts file say is the launcher's to check:
+  # on another host of the job they name another host.
+  check_distinct(hosts, HOSTS_VAR, here=False)
   return hosts
 
 
-def check_distinct(hosts: Sequence[str], source: str) -> None:
+def check_distinct(hosts: Sequence[str], source: str,
+                   here: bool = True) -> None:
   """UsageError where two of `hosts` are one host: their workers would
-  listen on the same ports there."""
-  twice = hosts_lib.same_host(hosts)
+  listen on the same ports there. `here`: as this host knows them too (its
+  own name, its hosts file)."""
+  twice = (hosts_lib.same_host(hosts) if here else
+           hosts_lib.same_host(hosts, etc_hosts={}, this_name=''))
   if twice:
     first, second = twice
     said = ('lists a host twice' if first == second else

@@ -18,6 +18,7 @@ from importlib import metadata
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from common import hosts as hosts_lib
+from common import worker_contract
 from resnet_keras.launcher import fanout
 
 _SSH_TIMEOUT = 20
@@ -185,6 +186,7 @@ def ports_by_host(workers: Sequence[str]) -> Dict[str, List[int]]:
   ports each host's workers listen on."""
   ports = collections.defaultdict(list)
   for address in workers:
-    host, port = hosts_lib.split_host_port(address, 'TF_CONFIG')
+    host, port = hosts_lib.split_host_port(address,
+                                           worker_contract.TF_CONFIG_VAR)
     ports[host].append(port)
   return dict(ports)

@@ -4,6 +4,7 @@ TF_CONFIG derived from a rank, as pure functions of the environment."""
 import json
 import pathlib
 import re
+import socket
 
 import pytest
 
@@ -103,6 +104,17 @@ ETC_HOSTS = {'localhost': ['127.0.0.1', '::1'], 'vm': ['127.0.1.1'],
 def test_two_names_of_one_host_are_found_without_asking_the_network(
     hosts, pair):
   assert hosts_lib.same_host(hosts, ETC_HOSTS, this_name='myhost') == pair
+
+
+def test_a_worker_reads_the_hosts_without_its_own_names():
+  # The launcher checked them as its host knows them; on another host of
+  # the job, that host's own name is another host than 'localhost'.
+  other = 'h2' if socket.gethostname().lower() in ('localhost',) else (
+      socket.gethostname())
+  assert contract.parse_hosts(f'localhost,{other}') == ['localhost', other]
+  with pytest.raises(UsageError, match='names one host twice'):
+    contract.check_distinct(['localhost', socket.gethostname() + '.'],
+                            'MULTI_HLS_IPS')
 
 
 def test_a_host_listed_twice_is_one_line():
