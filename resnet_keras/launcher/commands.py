@@ -118,9 +118,8 @@ def mpirun_command(program: Sequence[str], *, workers_per_host: int,
   if hosts:
     files[hostfile_path] = ''.join(
         f'{h} slots={workers_per_host}\n' for h in hosts)
-    ssh_port = environ.get('DOCKER_SSHD_PORT', str(DEFAULT_SSH_PORT))
     argv += ['--hostfile', hostfile_path,
-             '--mca', 'plm_rsh_args', f'-p{ssh_port}']
+             '--mca', 'plm_rsh_args', f'-p{ssh_port(environ)}']
   if environ.get('MPI_TCP_INCLUDE'):
     interfaces = environ['MPI_TCP_INCLUDE']
     argv += ['--mca', 'btl_tcp_if_include', interfaces,
@@ -134,6 +133,16 @@ def mpirun_command(program: Sequence[str], *, workers_per_host: int,
     argv += ['-x', name]
   return Launch(argv=argv + list(program), env=extra_env, files=files,
                 notes=notes)
+
+
+def ssh_port(environ: Mapping[str, str]) -> str:
+  """DOCKER_SSHD_PORT (default DEFAULT_SSH_PORT), checked: ssh and mpirun
+  would take anything as a port and fail host by host."""
+  port = environ.get('DOCKER_SSHD_PORT', str(DEFAULT_SSH_PORT))
+  if not port.isdigit() or not 1 <= int(port) <= 65535:
+    raise UsageError(f'DOCKER_SSHD_PORT={port!r} is not a port: give the '
+                     'port sshd listens on in every host, from 1 to 65535')
+  return port
 
 
 def keepalive_args(failure_timeout: int) -> List[str]:

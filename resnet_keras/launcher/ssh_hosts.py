@@ -14,7 +14,7 @@ from resnet_keras.launcher.launch_config import LaunchConfig
 
 def ssh(environ: Mapping[str, str]):
   """(ssh argv, its port) as mpirun and the data service hosts use it."""
-  port = environ.get('DOCKER_SSHD_PORT', str(launch.DEFAULT_SSH_PORT))
+  port = launch.ssh_port(environ)
   return preflight.ssh_command(environ, port), port
 
 

@@ -2,6 +2,7 @@
 stripping, as pure functions."""
 
 import subprocess
+import time
 
 import psutil
 import pytest
@@ -171,15 +172,22 @@ def test_a_server_is_stopped_by_the_pid_it_reported_and_only_that(tmp_path):
                                         str(tmp_path), 5050, '/j')
   other_job = subprocess.Popen(['/bin/sh', '-c', servers[1].argv[-1]],
                                stdout=subprocess.PIPE, text=True)
+  running, pids = input_servers.DataServers(servers, print), []
   try:
-    running = input_servers.DataServers(servers, print).start(timeout=30)
+    running.start(timeout=30)
     pids = [int(pid) for pid, _ in running._pids]  # pylint: disable=protected-access
-    assert all(psutil.Process(pid).cmdline() ==
-               psutil.Process(other_job.pid).cmdline() for pid in pids)
-    running.stop()
-    assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status()
-                   != psutil.STATUS_ZOMBIE for pid in pids)
-    assert other_job.poll() is None
+    # Each says it is ready just before it execs its serving part.
+    deadline = time.monotonic() + 30
+    while not all(psutil.Process(pid).cmdline() == ['sleep', '600']
+                  for pid in pids + [other_job.pid]):
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
   finally:
-    other_job.kill()
-    other_job.communicate()
+    running.stop()
+    try:
+      assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status()
+                     != psutil.STATUS_ZOMBIE for pid in pids)
+      assert other_job.poll() is None
+    finally:
+      other_job.kill()
+      other_job.communicate()
