@@ -105,8 +105,8 @@ def read_etc_hosts(path: str = ETC_HOSTS) -> Dict[str, List[str]]:
 
 def _address_key(text: str) -> Optional[str]:
   """The address `text` spells (any spelling of it: '::1', '0::1',
-  '::ffff:127.0.0.1'), this host for a loopback one; None: not an
-  address."""
+  '::ffff:127.0.0.1'), this host for a loopback or unspecified one; None:
+  not an address."""
   try:
     address = ipaddress.ip_address(text)
   except ValueError:
@@ -118,7 +118,9 @@ def _address_key(text: str) -> Optional[str]:
       return None
   mapped = getattr(address, 'ipv4_mapped', None)
   address = mapped or address
-  return _THIS_HOST if address.is_loopback else str(address)
+  # 0.0.0.0 and :: reach this host too, as a connection's destination.
+  return (_THIS_HOST if address.is_loopback or address.is_unspecified
+          else str(address))
 
 
 def same_host(hosts: Sequence[str],

@@ -95,6 +95,7 @@ ETC_HOSTS = {'localhost': ['127.0.0.1', '::1'], 'vm': ['127.0.1.1'],
     (['::1', '0:0::1'], ('::1', '0:0::1')),
     (['::ffff:127.0.0.1', '127.0.0.2'], ('::ffff:127.0.0.1', '127.0.0.2')),
     (['127.1', 'ip6-localhost'], ('127.1', 'ip6-localhost')),
+    (['0.0.0.0', '::1'], ('0.0.0.0', '::1')),
     (['localhost', 'Myhost'], ('localhost', 'Myhost')),  # its own name
     (['vm', '::1'], ('vm', '::1')),  # the hosts file: loopback
     (['n1', 'n2', 'n1.cluster'], ('n1', 'n1.cluster')),
