@@ -57,8 +57,9 @@ class DataServers:
     self._processes[i] = subprocess.Popen(
         self._servers[i].argv, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    threading.Thread(target=self._follow, args=(i,), daemon=True).start()
-    self._await(i, timeout)
+    follower = threading.Thread(target=self._follow, args=(i,), daemon=True)
+    follower.start()
+    self._await(i, timeout, follower)
 
   @property
   def num_workers(self) -> int:
@@ -93,13 +94,18 @@ class DataServers:
                      f'{server.host}')
     return lines
 
-  def _await(self, i: int, timeout: float) -> None:
+  def _await(self, i: int, timeout: float,
+             follower: threading.Thread) -> None:
     server, deadline = self._servers[i], time.monotonic() + timeout
     while not self._ready[i].wait(0.2):
-      if self._processes[i].poll() is not None or time.monotonic() > deadline:
+      exited = self._processes[i].poll() is not None
+      if exited or time.monotonic() > deadline:
+        if exited:
+          follower.join(timeout=5)  # Its last line, read to the end.
         self.stop()
-        why = (f'exited: {self._last_line[i]}'
-               if self._processes[i].poll() is not None
+        # Its own one-line error, as the cause of the launcher's.
+        said = self._last_line[i].removeprefix('error: ')
+        why = (f'exited: {said}' if exited
                else f'not ready within {timeout:.0f} s')
         raise UsageError(f'the tf.data service {server.role} on '
                          f'{server.host} did not start ({why}); nothing '

@@ -155,20 +155,37 @@ def test_ipv6_data_service_hosts_are_bracketed_where_a_port_follows():
       'grpc://[fd00::2]:5050')
 
 
+def _stand_ins(folder, server):
+  """An ssh that runs the command apart from its own process, as a host
+  does (ending the session leaves the server running there), and a
+  `python` whose server is the shell script `server`."""
+  ssh, python = folder / 'ssh', folder / 'python'
+  ssh.write_text('#!/bin/sh\nwhile [ "$1" != -- ]; do shift; done\n'
+                 '/bin/sh -c "$3" &\nwait\n')
+  python.write_text('#!/bin/sh\n' + server)
+  for script in (ssh, python):
+    script.chmod(0o755)
+  return str(ssh), str(python)
+
+
+def test_a_server_that_cannot_start_is_the_launchers_one_line(tmp_path):
+  ssh, python = _stand_ins(tmp_path, 'echo "error: the tf.data service '
+                           'dispatcher cannot listen on port 5050"; exit 2\n')
+  servers = launch.data_service_servers(['h2'], [ssh], python,
+                                        str(tmp_path), 5050, '/j')
+  with pytest.raises(UsageError, match='^the tf.data service dispatcher on '
+                     'h2 did not start \\(exited: the tf.data service '
+                     'dispatcher cannot listen on port 5050\\); nothing else '
+                     'was started$'):
+    input_servers.DataServers(servers, print).start(timeout=30)
+
+
 def test_a_server_is_stopped_by_the_pid_it_reported_and_only_that(tmp_path):
   """Another job's server with the very same command line (a pattern of
   it matched both, as root any user's) is left running."""
-  # ssh as a host answers it: the command runs apart from the ssh process,
-  # so ending the session leaves the server running there.
-  ssh = tmp_path / 'ssh'
-  ssh.write_text('#!/bin/sh\nwhile [ "$1" != -- ]; do shift; done\n'
-                 '/bin/sh -c "$3" &\nwait\n')
-  python = tmp_path / 'python'  # A server: ready, then serving.
-  python.write_text('#!/bin/sh\necho "tf.data service server ready at x"\n'
-                    'exec sleep 600\n')
-  for script in (ssh, python):
-    script.chmod(0o755)
-  servers = launch.data_service_servers(['h2'], [str(ssh)], str(python),
+  ssh, python = _stand_ins(tmp_path, 'echo "tf.data service server ready '
+                           'at x"\nexec sleep 600\n')
+  servers = launch.data_service_servers(['h2'], [ssh], python,
                                         str(tmp_path), 5050, '/j')
   other_job = subprocess.Popen(['/bin/sh', '-c', servers[1].argv[-1]],
                                stdout=subprocess.PIPE, text=True)
