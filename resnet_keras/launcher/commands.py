@@ -232,7 +232,8 @@ class DataServer:
   host: str
   role: str  # 'dispatcher' or 'worker'
   port: int
-  argv: List[str]  # ssh ... -- HOST 'cd REPO && echo PID_LINE ... && exec python -m ...'
+  # ssh ... -- HOST 'cd REPO && echo PID_LINE ... && exec python -m ...'
+  argv: List[str]
   ssh: Tuple[str, ...]
 
   def stop_argv(self, pid: str, started: str) -> List[str]:
