@@ -21,6 +21,7 @@ _LOOPBACK_NAMES = frozenset({
     'localhost', 'localhost.localdomain', 'localhost4',
     'localhost4.localdomain4', 'localhost6', 'localhost6.localdomain6',
     'ip6-localhost', 'ip6-loopback'})
+_LOOPBACK = (ipaddress.ip_address('127.0.0.1'), ipaddress.ip_address('::1'))
 _THIS_HOST = 'this host'
 ETC_HOSTS = '/etc/hosts'
 
@@ -105,8 +106,8 @@ def read_etc_hosts(path: str = ETC_HOSTS) -> Dict[str, List[str]]:
 
 def _address_key(text: str) -> Optional[str]:
   """The address `text` spells (any spelling of it: '::1', '0::1',
-  '::ffff:127.0.0.1'), this host for a loopback or unspecified one; None:
-  not an address."""
+  '::ffff:127.0.0.1'), 'this host' for localhost's or an unspecified one;
+  None: not an address."""
   try:
     address = ipaddress.ip_address(text)
   except ValueError:
@@ -118,8 +119,10 @@ def _address_key(text: str) -> Optional[str]:
       return None
   mapped = getattr(address, 'ipv4_mapped', None)
   address = mapped or address
-  # 0.0.0.0 and :: reach this host too, as a connection's destination.
-  return (_THIS_HOST if address.is_loopback or address.is_unspecified
+  # What localhost resolves to, and 0.0.0.0 and :: (a connection to them
+  # reaches this host). Other loopback addresses stay apart: tests and
+  # benchmarks stand one in for each of many hosts.
+  return (_THIS_HOST if address in _LOOPBACK or address.is_unspecified
           else str(address))
 
 
@@ -129,9 +132,9 @@ def same_host(hosts: Sequence[str],
               ) -> Optional[Tuple[str, str]]:
   """The first two of `hosts` that are one host, or None: the same name
   (in any case), the same address (in any spelling), two names of this
-  host (loopback, its own name), or names the hosts file gives the same
-  address. Looks nothing up on the network: a name DNS alone resolves
-  stands for itself."""
+  host (localhost's names and addresses, its own name), or names the hosts
+  file gives the same address. Looks nothing up on the network: a name DNS
+  alone resolves stands for itself."""
   etc_hosts = read_etc_hosts() if etc_hosts is None else etc_hosts
   this_name = (socket.gethostname() if this_name is None else this_name)
   this_names = {this_name.lower(), this_name.lower().split('.')[0]}
@@ -141,11 +144,10 @@ def same_host(hosts: Sequence[str],
     address = _address_key(name)
     if address:
       keys = {address}
-    elif name in _LOOPBACK_NAMES or name in this_names:
-      keys = {_THIS_HOST}
     else:
-      keys = {'name ' + name} | {_address_key(a) or a
-                                 for a in etc_hosts.get(name, [])}
+      here = name in _LOOPBACK_NAMES or name in this_names
+      keys = {_THIS_HOST if here else 'name ' + name} | {
+          _address_key(a) or a for a in etc_hosts.get(name, [])}
     for key in keys:
       if key in seen:
         return seen[key], host

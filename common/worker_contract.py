@@ -104,10 +104,10 @@ def check_distinct(hosts: Sequence[str], source: str,
            hosts_lib.same_host(hosts, etc_hosts={}, this_name=''))
   if twice:
     first, second = twice
-    said = ('lists a host twice' if first == second else
+    said = (f'lists {first} twice' if first == second else
             f'names one host twice ({first} and {second})')
-    raise UsageError(f'{source}={",".join(hosts)} {said}: its workers would '
-                     'listen on the same ports; give each host once')
+    raise UsageError(f'{source} {said}: their servers would listen on the '
+                     'same ports there; give each host once')
 
 
 def hosts(environ: Mapping[str, str]) -> List[str]:

@@ -329,10 +329,9 @@ def test_dry_run_shows_the_port_guard_and_on_fails_in_one_line(tmp_path):
 def test_clean_of_a_foreign_directory_stops_the_launch_before_any_host(
     tmp_path):
   (tmp_path / 'thesis.txt').write_text('mine')
-  # A host that runs no sshd: the launch stops before asking it anything.
-  result = launch(['--use_horovod', '--num_workers_per_hls=2', '--clean',
-                   f'--model_dir={tmp_path}'],
-                  env={'MULTI_HLS_IPS': '127.0.0.2'})
+  # Hosts that run no sshd: the launch stops before asking them anything.
+  result = launch(['--use_horovod', '--clean', f'--model_dir={tmp_path}'],
+                  env={'MULTI_HLS_IPS': '127.0.0.2,127.0.0.3'})
   assert result.returncode == 2
   runner.assert_one_line_error(result, '--clean', 'thesis.txt',
                                'nothing was removed')
@@ -340,6 +339,6 @@ def test_clean_of_a_foreign_directory_stops_the_launch_before_any_host(
 
 
 def test_a_launch_of_several_workers_needs_a_model_dir():
-  result = launch(['--use_horovod', '--num_workers_per_hls=2'],
-                  env={'MULTI_HLS_IPS': '127.0.0.2'})
+  result = launch(['--use_horovod'],
+                  env={'MULTI_HLS_IPS': '127.0.0.2,127.0.0.3'})
   runner.assert_one_line_error(result, 'needs --model_dir')

@@ -81,7 +81,7 @@ CASES = [
     # The launcher (dry runs: nothing would start either way).
     (LAUNCHER, ['--dry_run', '--use_horovod'],
      {**NO_ALLOCATION, 'MULTI_HLS_IPS': '127.0.0.1,localhost'},
-     ['MULTI_HLS_IPS=127.0.0.1,localhost names one host twice',
+     ['MULTI_HLS_IPS names one host twice (127.0.0.1 and localhost)',
       'give each host once']),
     (LAUNCHER, ['--dry_run', '--use_horovod'],
      {**NO_ALLOCATION, 'MULTI_HLS_IPS': f'localhost,{socket.gethostname()}'},
@@ -90,8 +90,8 @@ CASES = [
      {**NO_ALLOCATION, 'MULTI_HLS_IPS': 'h1,h2,H1.'},
      ['names one host twice (h1 and H1.)']),
     (LAUNCHER, ['--dry_run', '--data_service_hosts=h2,localhost,::1'],
-     NO_ALLOCATION, ['--data_service_hosts=h2,localhost,::1 names one host '
-                     'twice (localhost and ::1)']),
+     NO_ALLOCATION, ['--data_service_hosts names one host twice '
+                     '(localhost and ::1)']),
     (LAUNCHER, ['--dry_run', '--use_horovod', '--num_workers_per_hls=2'],
      {**NO_ALLOCATION, 'MULTI_HLS_IPS': '::1,2001:db8::2'},
      ['MULTI_HLS_IPS: ::1 is an IPv6 address, which mpirun does not take',

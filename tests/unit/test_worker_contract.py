@@ -54,7 +54,7 @@ def test_no_tf_config_outside_mpi():
 def test_hosts_parsing():
   assert contract.parse_hosts(None) == []
   assert contract.parse_hosts(' a, b ,') == ['a', 'b']
-  with pytest.raises(UsageError, match='lists a host twice'):
+  with pytest.raises(UsageError, match='^MULTI_HLS_IPS lists a twice'):
     contract.parse_hosts('a,a')
 
 
@@ -85,6 +85,7 @@ def test_host_names_and_addresses_are_hosts(host):
 
 
 ETC_HOSTS = {'localhost': ['127.0.0.1', '::1'], 'vm': ['127.0.1.1'],
+             'runsc': ['127.0.0.1'],
              'n1': ['10.0.0.1'], 'n1.cluster': ['10.0.0.1'],
              'n2': ['10.0.0.2', 'fd00::2']}
 
@@ -93,14 +94,17 @@ ETC_HOSTS = {'localhost': ['127.0.0.1', '::1'], 'vm': ['127.0.1.1'],
     (['127.0.0.1', 'localhost'], ('127.0.0.1', 'localhost')),
     (['h1', 'H1.'], ('h1', 'H1.')),
     (['::1', '0:0::1'], ('::1', '0:0::1')),
-    (['::ffff:127.0.0.1', '127.0.0.2'], ('::ffff:127.0.0.1', '127.0.0.2')),
+    (['::ffff:127.0.0.1', 'localhost'], ('::ffff:127.0.0.1', 'localhost')),
     (['127.1', 'ip6-localhost'], ('127.1', 'ip6-localhost')),
     (['0.0.0.0', '::1'], ('0.0.0.0', '::1')),
+    (['vm', '127.0.1.1'], ('vm', '127.0.1.1')),
     (['localhost', 'Myhost'], ('localhost', 'Myhost')),  # its own name
-    (['vm', '::1'], ('vm', '::1')),  # the hosts file: loopback
+    (['localhost', 'runsc'], ('localhost', 'runsc')),  # the hosts file
     (['n1', 'n2', 'n1.cluster'], ('n1', 'n1.cluster')),
     (['fd00::2', 'n2'], ('fd00::2', 'n2')),
     (['10.77.0.1', '10.77.0.2', 'n3', 'n4', 'fd00::3'], None),
+    # Stand-ins for many hosts on one machine (tests, benchmarks).
+    (['127.0.1.1', '127.0.1.2', '127.0.0.3'], None),
 ])
 def test_two_names_of_one_host_are_found_without_asking_the_network(
     hosts, pair):
@@ -119,11 +123,13 @@ def test_a_worker_reads_the_hosts_without_its_own_names():
 
 
 def test_a_host_listed_twice_is_one_line():
-  with pytest.raises(UsageError, match=r'^MULTI_HLS_IPS=127\.0\.0\.1,'
-                     r'localhost names one host twice \(127\.0\.0\.1 and '
-                     r'localhost\): its workers would listen on the same '
-                     'ports; give each host once$'):
+  with pytest.raises(UsageError, match=r'^MULTI_HLS_IPS names one host '
+                     r'twice \(127\.0\.0\.1 and localhost\): their servers '
+                     'would listen on the same ports there; give each host '
+                     'once$'):
     contract.parse_hosts('127.0.0.1,localhost')
+  with pytest.raises(UsageError, match='^MULTI_HLS_IPS lists h1 twice'):
+    contract.parse_hosts('h1,h2,h1')
 
 
 def test_ipv6_hosts_are_bracketed_wherever_a_port_follows():
