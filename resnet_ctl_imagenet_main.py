@@ -8,6 +8,7 @@
 Flags -> RunConfig (resnet_keras/flags.py) -> run (resnet_keras/run.py).
 """
 
+import os
 import time
 
 from common import env
@@ -17,6 +18,7 @@ env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 from absl import flags  # pylint: disable=g-import-not-at-top
 
 from common import cli  # pylint: disable=g-import-not-at-top
+from common import worker_contract  # pylint: disable=g-import-not-at-top
 from resnet_keras import flags as flags_lib  # pylint: disable=g-import-not-at-top
 from resnet_keras import recipes  # pylint: disable=g-import-not-at-top
 from resnet_keras.flags import define_flags  # pylint: disable=g-import-not-at-top
@@ -35,6 +37,7 @@ def main(argv):
   if flags.FLAGS.print_config:
     print(recipes.dump(cfg), end='')
     return
+  worker_contract.check_environment(os.environ)
   from resnet_keras import run  # pylint: disable=g-import-not-at-top
   run.run(cfg, started)
 

@@ -12,7 +12,6 @@ batch under Horovod (every process is a worker with its own program).
 import contextlib
 import dataclasses
 import functools
-import json
 import os
 import socket
 import sys
@@ -26,6 +25,7 @@ import tensorflow as tf
 from official.common import distribute_utils
 from tensorflow.python.eager import context
 
+from common import hosts
 from common import worker_contract
 from common.batch_rule import BatchRule
 from common.errors import UsageError
@@ -245,7 +245,7 @@ def build_backend(name: str, num_gpus: int = -1, use_horovod: bool = False,
         devices=[cpu.name for cpu in cpus]), progress=progress)
   if name == 'multi_worker_mirrored':
     _ensure_tf_config()
-    _check_own_port_is_free(worker_contract.tf_config(os.environ))
+    _check_own_address(os.environ)
   gpus = len(tf.config.list_physical_devices('GPU'))
   if num_gpus < 0:
     num_gpus = gpus
@@ -280,27 +280,44 @@ def _ensure_tf_config() -> None:
     logging.info('TF_CONFIG from the MPI rank: %s', tf_config)
 
 
-def _check_own_port_is_free(tf_config: str) -> None:
-  """This task's server port must be free, or TensorFlow fails obscurely."""
+def _check_own_address(environ) -> None:
+  """Every address of TF_CONFIG readable, and this task's one this host
+  can listen at, before TensorFlow starts its server: at an address it
+  cannot read (an IPv6 one without brackets) or that is not this host's,
+  it starts it and then waits for good, deaf to SIGTERM."""
+  kind, index, host, port = worker_contract.tf_config_task(environ)
+  where = f'{kind} {index} of TF_CONFIG ({hosts.host_port(host, port)})'
   try:
-    config = json.loads(tf_config)
-    task = config['task']
-    address = config['cluster'][task['type']][task['index']]
-    host, port = address.rsplit(':', 1)
-    port = int(port)
-  except (ValueError, KeyError, IndexError, TypeError):
-    raise UsageError(f'TF_CONFIG is not a valid cluster description '
-                     f'({tf_config[:200]}); see docs/multi_host.md, '
-                     '"The launcher"') from None
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+  except socket.gaierror as e:
+    raise UsageError(f'{where}: {host} has no address ({e.strerror}); give '
+                     'this host\'s own name or address for its task') from None
+  if all(_bind_error(family, (address[0], 0, *address[2:]))
+         for family, _, _, _, address in infos):
+    raise UsageError(f'{where}: {host} is not an address of this host, so '
+                     'this worker cannot listen there; give this host\'s own '
+                     'name or address for its task')
+  # TensorFlow listens on every interface, IPv6's too where there is one.
+  any_address = ((socket.AF_INET6, ('::', port)) if socket.has_ipv6 and
+                 os.path.exists('/proc/net/if_inet6')
+                 else (socket.AF_INET, ('', port)))
+  busy = _bind_error(*any_address, reuse=True)
+  if busy:
+    raise UsageError(
+        f'{where}: port {port} is not free ({busy}); stop what holds it, or '
+        'choose other ports (TF_BASE_PORT for the launcher, or TF_CONFIG)')
+
+
+def _bind_error(family, address, reuse: bool = False) -> Optional[str]:
+  """Why a TCP socket cannot bind `address` (None: it can)."""
+  with socket.socket(family, socket.SOCK_STREAM) as probe:
+    if reuse:  # A port left in TIME_WAIT is free to a server.
+      probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-      probe.bind(('', port))
+      probe.bind(address)
     except OSError as e:
-      raise UsageError(
-          f'port {port} of {task["type"]} {task["index"]} ({host}) is not '
-          f'free ({e.strerror}); stop what holds it, or choose other ports '
-          '(TF_BASE_PORT for the launcher, or TF_CONFIG)') from None
+      return e.strerror or str(e)
+  return None
 
 
 def _horovod_backend(progress: Progress) -> Backend:

@@ -23,14 +23,16 @@ TORCHELASTIC_RESTART_COUNT).
                            what a Slurm job tells its processes: the
                            allocation, its nodes, and its requeues
 
-Pure functions of the environment they are given.
+Pure functions of the environment they are given. The launcher and the
+trainer read the numbers among them once before any work
+(`check_environment`): a value set wrong is one line naming it.
 """
 
 import json
 import os
 import socket
 import time
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from common import hosts as hosts_lib
 from common import slurm
@@ -75,6 +77,9 @@ SLURM_RESTART_COUNT_VAR = 'SLURM_RESTART_COUNT'
 _RANK_VARS = (('OMPI_COMM_WORLD_RANK', 'OMPI_COMM_WORLD_SIZE'),
               ('PMI_RANK', 'PMI_SIZE'), ('PMIX_RANK', 'PMIX_SIZE'),
               ('SLURM_PROCID', 'SLURM_STEP_NUM_TASKS'))
+# The pairs whose launchers always set both (PMIx sets no PMIX_SIZE; a
+# Slurm batch script has a SLURM_PROCID and no step).
+_PAIRED_RANK_VARS = ('OMPI_COMM_WORLD_RANK', 'PMI_RANK')
 
 DEFAULT_TF_BASE_PORT = 2410
 DEFAULT_FAILURE_TIMEOUT = 60
@@ -90,10 +95,25 @@ def parse_hosts(multi_hls_ips: Optional[str]) -> List[str]:
     return []
   hosts = [hosts_lib.check_host(h.strip(), HOSTS_VAR)
            for h in multi_hls_ips.split(',') if h.strip()]
-  if len(set(hosts)) != len(hosts):
-    raise UsageError(f'{HOSTS_VAR}={multi_hls_ips} lists a host twice; '
-                     'give each host once')
+  # What this host's names and hosts file say is the launcher's to check:
+  # on another host of the job they name another host.
+  check_distinct(hosts, HOSTS_VAR, here=False)
   return hosts
+
+
+def check_distinct(hosts: Sequence[str], source: str,
+                   here: bool = True) -> None:
+  """UsageError where two of `hosts` are one host: their workers would
+  listen on the same ports there. `here`: as this host knows them too (its
+  own name, its hosts file)."""
+  twice = (hosts_lib.same_host(hosts) if here else
+           hosts_lib.same_host(hosts, etc_hosts={}, this_name=''))
+  if twice:
+    first, second = twice
+    said = (f'lists {first} twice' if first == second else
+            f'names one host twice ({first} and {second})')
+    raise UsageError(f'{source} {said}: their servers would listen on the '
+                     'same ports there; give each host once')
 
 
 def hosts(environ: Mapping[str, str]) -> List[str]:
@@ -148,14 +168,48 @@ def job_identity(environ: Mapping[str, str]) -> Optional[str]:
 
 def restart_count(environ: Mapping[str, str]) -> int:
   """How many times the launcher restarted this job before this attempt."""
-  return int(environ.get(RESTARTS_VAR, '0') or 0)
+  return _count(environ, RESTARTS_VAR) or 0
 
 
 def requeues(environ: Mapping[str, str]) -> int:
   """How many times the scheduler requeued this job before (Slurm's
   SLURM_RESTART_COUNT): the batch script, and the launcher in it, run again
   from the start."""
-  return int(environ.get(SLURM_RESTART_COUNT_VAR, '0') or 0)
+  return _count(environ, SLURM_RESTART_COUNT_VAR) or 0
+
+
+def _count(environ: Mapping[str, str], name: str,
+           lowest: int = 0) -> Optional[int]:
+  """Variable `name` as a whole number from `lowest` (None: unset or
+  empty); UsageError naming it otherwise."""
+  value = environ.get(name, '').strip()
+  if not value:
+    return None
+  if not value.isdigit() or int(value) < lowest:
+    owner = ('the launcher' if name.startswith(OWN_PREFIX) else
+             'its launcher or scheduler')
+    raise UsageError(f'{name}={environ[name]!r} is not a whole number from '
+                     f'{lowest}: {owner} sets it; unset it (or fix it) in '
+                     'the environment this ran from')
+  return int(value)
+
+
+def check_environment(environ: Mapping[str, str]) -> None:
+  """The numbers the launcher and the schedulers hand a worker (its rank
+  and world size, restarts, requeues, the step it resumes at), read once
+  before any work: a value set half or wrong is one line naming it."""
+  for name in (RESTARTS_VAR, RESUME_STEP_VAR, SLURM_RESTART_COUNT_VAR):
+    _count(environ, name)
+  for rank_var, size_var in _RANK_VARS:
+    rank = _count(environ, rank_var)
+    size = _count(environ, size_var, lowest=1)
+    if rank_var in _PAIRED_RANK_VARS and (rank is None) != (size is None):
+      given, missing = ((rank_var, size_var) if size is None else
+                        (size_var, rank_var))
+      raise UsageError(f'{given} is set without {missing}: an MPI launcher '
+                       'sets both; unset it in the environment this ran '
+                       'from')
+  mpi_rank_and_size(environ)
 
 
 def earlier_attempts(environ: Mapping[str, str]) -> int:
@@ -167,8 +221,7 @@ def earlier_attempts(environ: Mapping[str, str]) -> int:
 def resume_step(environ: Mapping[str, str]) -> Optional[int]:
   """The step of the checkpoint the launcher restarted this attempt to
   resume at (0: it saw none), or None (a first attempt, or no launcher)."""
-  value = environ.get(RESUME_STEP_VAR, '')
-  return int(value) if value else None
+  return _count(environ, RESUME_STEP_VAR)
 
 
 def failure_env(failure_timeout: int, use_horovod: bool) -> Dict[str, str]:
@@ -220,10 +273,18 @@ def _seconds(environ: Mapping[str, str], name: str) -> Optional[float]:
 
 
 def mpi_rank_and_size(environ: Mapping[str, str]):
-  """(rank, size) from an MPI launcher's environment, or None."""
+  """(rank, size) from an MPI launcher's environment, or None: the first
+  pair of _RANK_VARS set whole."""
   for rank_var, size_var in _RANK_VARS:
-    if rank_var in environ and size_var in environ:
-      return int(environ[rank_var]), int(environ[size_var])
+    if environ.get(rank_var) and environ.get(size_var):
+      rank = _count(environ, rank_var)
+      size = _count(environ, size_var, lowest=1)
+      if rank >= size:
+        raise UsageError(f'{rank_var}={rank} is not a rank of '
+                         f'{size_var}={size} workers: its launcher sets '
+                         'both; unset them (or fix them) in the environment '
+                         'this ran from')
+      return rank, size
   return None
 
 
@@ -260,7 +321,8 @@ def tf_config_for_rank(rank: int, size: int, job_hosts: Sequence[str],
     raise UsageError(f'{size} workers cannot be spread evenly over '
                      f'{len(job_hosts)} hosts in {HOSTS_VAR}')
   per_host = size // len(job_hosts)
-  workers = [f'{job_hosts[r // per_host]}:{base_port + r % per_host}'
+  workers = [hosts_lib.host_port(job_hosts[r // per_host],
+                                 base_port + r % per_host)
              for r in range(size)]
   return {'cluster': {'worker': workers},
           'task': {'type': 'worker', 'index': rank}}
@@ -271,6 +333,9 @@ def tf_base_port(environ: Mapping[str, str], workers_per_host: int) -> int:
   workers listen on it and the `workers_per_host` - 1 ports above it."""
   value = environ.get(TF_BASE_PORT_VAR, str(DEFAULT_TF_BASE_PORT))
   highest = 65536 - max(1, workers_per_host)
+  if highest < 1:
+    raise UsageError(f'{workers_per_host} workers per host would each listen '
+                     'on a port of its own; a host has 65,535: start fewer')
   try:
     port = int(value)
   except ValueError:
@@ -302,6 +367,33 @@ def tf_config_from_mpi(environ: Mapping[str, str]) -> Optional[str]:
 def tf_config(environ: Mapping[str, str]) -> str:
   """The TF_CONFIG set for this process ('': none)."""
   return environ.get(TF_CONFIG_VAR, '')
+
+
+def tf_config_task(environ: Mapping[str, str]) -> Tuple[str, int, str, int]:
+  """(task type, index, host, port) of this process in its TF_CONFIG, every
+  address of the cluster checked first: TensorFlow reads an address it
+  cannot use (an IPv6 one without brackets) and then waits for good, deaf
+  to SIGTERM."""
+  text = tf_config(environ)
+  try:
+    config = json.loads(text)
+    cluster, task = config['cluster'], config['task']
+    kind, index = task['type'], int(task['index'])
+    addresses = {name: list(cluster[name]) for name in cluster}
+    if not 0 <= index < len(addresses[kind]):
+      raise IndexError(index)
+  except (ValueError, KeyError, IndexError, TypeError):
+    raise UsageError(f'{TF_CONFIG_VAR} is not a valid cluster description '
+                     f'({text[:200]}); see docs/multi_host.md, '
+                     '"The launcher"') from None
+  host = port = None
+  for name, tasks in addresses.items():
+    for i, each in enumerate(tasks):
+      parsed = hosts_lib.split_host_port(
+          str(each), f'{TF_CONFIG_VAR}\'s {name} {i}')
+      if (name, i) == (kind, index):
+        host, port = parsed
+  return kind, index, host, port
 
 
 def ensure_tf_config(environ) -> Optional[str]:

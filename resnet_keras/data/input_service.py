@@ -51,18 +51,20 @@ PROTOCOL = 'grpc'
 ROLES = ('dispatcher', 'worker')  # The servers, one per process.
 
 
-def parse_address(address: str) -> Tuple[str, int]:
-  """(host, port) of a 'grpc://HOST:PORT' dispatcher address."""
+def parse_address(address: str,
+                  flag: str = '--tf_data_service') -> Tuple[str, int]:
+  """(host, port) of a 'grpc://HOST:PORT' dispatcher address (an IPv6
+  host in brackets: grpc://[::1]:5050), given as `flag`."""
   parsed = parse.urlsplit(address)
   try:
-    port = parsed.port
-  except ValueError:
-    port = None
-  if (parsed.scheme != PROTOCOL or not parsed.hostname or not port or
-      parsed.path not in ('', '/')):
-    raise UsageError(f'--tf_data_service={address} is not a dispatcher '
-                     'address: give grpc://HOST:PORT')
-  return parsed.hostname, port
+    if parsed.scheme == PROTOCOL and parsed.path in ('', '/'):
+      return hosts.split_host_port(parsed.netloc, address)
+  except UsageError:
+    pass
+  ipv6 = (' (an IPv6 address in brackets: grpc://[::1]:5050)'
+          if parsed.netloc.count(':') > 1 else '')
+  raise UsageError(f'{flag}={address} is not a dispatcher address: give '
+                   f'grpc://HOST:PORT{ipv6}')
 
 
 def job_name(base: str, model_dir: str, start_step: int,
@@ -208,19 +210,41 @@ def start_worker(port: int, dispatcher: str, worker_address: Optional[str]):
   if not dispatcher:
     raise UsageError('a worker needs --dispatcher HOST:PORT')
   address = dispatcher if '://' in dispatcher else f'{PROTOCOL}://{dispatcher}'
-  host, dispatcher_port = parse_address(address)
+  host, dispatcher_port = parse_address(address, '--dispatcher')
   check_reachable(address, timeout=30)
   config = tf.data.experimental.service.WorkerConfig(
-      dispatcher_address=f'{host}:{dispatcher_port}', port=port,
-      worker_address=(worker_address or
-                      f'{hosts.address_toward(host, dispatcher_port)}:{port}'))
+      dispatcher_address=hosts.host_port(host, dispatcher_port), port=port,
+      worker_address=(worker_address or hosts.host_port(
+          hosts.address_toward(host, dispatcher_port), port)))
   return tf.data.experimental.service.WorkerServer(config), config
+
+
+def _check_port_free(role: str, port: int) -> None:
+  """One line naming the port where TensorFlow's server would fail with a
+  traceback ('Could not start gRPC server'), before it starts."""
+  family, everywhere = ((socket.AF_INET6, '::') if socket.has_ipv6 and
+                        os.path.exists('/proc/net/if_inet6')
+                        else (socket.AF_INET, ''))
+  with socket.socket(family, socket.SOCK_STREAM) as probe:
+    probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+      probe.bind((everywhere, port))
+    except OSError as e:
+      raise UsageError(_port_taken(role, port, e.strerror)) from None
+
+
+def _port_taken(role: str, port: int, why: str) -> str:
+  return (f'the tf.data service {role} cannot listen on port {port} '
+          f'({why}): stop what holds it (ss -ltnp \'sport = :{port}\' '
+          'names it), or give another --port (the launcher\'s '
+          '--data_service_port)')
 
 
 def start_server(role: str, port: int, work_dir: Optional[str],
                  dispatcher: Optional[str], worker_address: Optional[str]):
   """Starts the server of `role` (ROLES) on `port`; returns it and its line
   saying it is ready."""
+  _check_port_free(role, port)
   try:
     if role == 'dispatcher':
       server = start_dispatcher(port, work_dir)
@@ -233,6 +257,11 @@ def start_server(role: str, port: int, work_dir: Optional[str],
   except tf.errors.OpError as e:
     raise UsageError(f'the {role} did not start on port {port}: '
                      f'{" ".join(e.message.split())}') from None
+  except RuntimeError as e:
+    if 'gRPC server' not in str(e):
+      raise
+    # Taken between the check and the start (TensorFlow says no more).
+    raise UsageError(_port_taken(role, port, str(e))) from None
   return server, (f'tf.data service worker ready at {config.worker_address}, '
                   f'serving {config.dispatcher_address}')
 

@@ -10,10 +10,10 @@ attempt's variables) is common/worker_contract.py.
 
 import dataclasses
 import os
-import re
 import shlex
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from common import hosts as hosts_lib
 from common import worker_contract
 from common.errors import UsageError
 
@@ -107,12 +107,19 @@ def mpirun_command(program: Sequence[str], *, workers_per_host: int,
                  'physical cores: not binding workers to cores')
   argv += ['--tag-output', '--merge-stderr-to-stdout']
   files = {}
+  ipv6 = [host for host in hosts if hosts_lib.is_ipv6(host)]
+  if ipv6:
+    # Measured with OpenMPI 4.1.4: 'the regex parser has detected the
+    # presence of an illegal character in the following node name: ::1'.
+    raise UsageError(f'{worker_contract.HOSTS_VAR}: {ipv6[0]} is an IPv6 '
+                     'address, which mpirun does not take as a host (its '
+                     'node names are letters, digits, "-" and "."): give '
+                     'the hosts\' names (/etc/hosts or DNS) instead')
   if hosts:
     files[hostfile_path] = ''.join(
         f'{h} slots={workers_per_host}\n' for h in hosts)
-    ssh_port = environ.get('DOCKER_SSHD_PORT', str(DEFAULT_SSH_PORT))
     argv += ['--hostfile', hostfile_path,
-             '--mca', 'plm_rsh_args', f'-p{ssh_port}']
+             '--mca', 'plm_rsh_args', f'-p{ssh_port(environ)}']
   if environ.get('MPI_TCP_INCLUDE'):
     interfaces = environ['MPI_TCP_INCLUDE']
     argv += ['--mca', 'btl_tcp_if_include', interfaces,
@@ -126,6 +133,16 @@ def mpirun_command(program: Sequence[str], *, workers_per_host: int,
     argv += ['-x', name]
   return Launch(argv=argv + list(program), env=extra_env, files=files,
                 notes=notes)
+
+
+def ssh_port(environ: Mapping[str, str]) -> str:
+  """DOCKER_SSHD_PORT (default DEFAULT_SSH_PORT), checked: ssh and mpirun
+  would take anything as a port and fail host by host."""
+  port = environ.get('DOCKER_SSHD_PORT', str(DEFAULT_SSH_PORT))
+  if not port.isdigit() or not 1 <= int(port) <= 65535:
+    raise UsageError(f'DOCKER_SSHD_PORT={port!r} is not a port: give the '
+                     'port sshd listens on in every host, from 1 to 65535')
+  return port
 
 
 def keepalive_args(failure_timeout: int) -> List[str]:
@@ -194,14 +211,49 @@ def physical_core_count() -> int:
   return len(cores) or os.cpu_count() or 1
 
 
+# The first line a server's remote shell prints, before it becomes the
+# server: its PID and that process's start time (in clock ticks since boot),
+# by which the launcher stops it and only it. A pattern of its command line
+# matched another job's server on the same interpreter and port (as root,
+# any user's); a PID alone may be a later process's by then.
+PID_LINE = 'resnet_keras data server: pid'
+# The start time of process {} from /proc/{}/stat: its 22nd field, the
+# 20th after the name in parentheses (which may hold spaces).
+_START_TIME = "sed 's/.*) //' /proc/{}/stat 2>/dev/null | cut -d' ' -f20"
+# Whether process $p is the one that started at $t, and not yet ended (a
+# zombie's parent may take its time to reap it: seconds on gVisor).
+_SAME = ("s=$(sed 's/.*) //' /proc/$p/stat 2>/dev/null | cut -d' ' -f1,20); "
+         '[ "${s#? }" = "$t" ] && [ "${s%% *}" != Z ]')
+
+
 @dataclasses.dataclass(frozen=True)
 class DataServer:
   """A tf.data service server the launcher starts on a host over ssh."""
   host: str
   role: str  # 'dispatcher' or 'worker'
   port: int
-  argv: List[str]  # ssh ... -- HOST 'cd REPO && exec python -m ...'
-  stop_argv: List[str]  # ssh ... -- HOST 'pkill ...': what ends it there
+  # ssh ... -- HOST 'cd REPO && echo PID_LINE ... && exec python -m ...'
+  argv: List[str]
+  ssh: Tuple[str, ...]
+
+  def stop_argv(self, pid: str, started: str) -> List[str]:
+    """What ends the server that reported `pid` and `started` (PID_LINE)
+    on its host: SIGTERM (it stops itself), then SIGKILL after 10 s, each
+    only while that PID is still the process that started then."""
+    script = (f'p={shlex.quote(pid)}; t={shlex.quote(started)}; '
+              f'same() {{ {_SAME}; }}; same || exit 0; kill "$p"; '
+              'for _ in $(seq 50); do same || exit 0; sleep 0.2; done; '
+              'kill -KILL "$p"')
+    return list(self.ssh) + ['--', self.host, script]
+
+
+def read_pid_line(line: str) -> Optional[Tuple[str, str]]:
+  """(pid, start time) of a server's PID_LINE; None for any other line."""
+  words = line.split()
+  if (line.startswith(PID_LINE) and len(words) == len(PID_LINE.split()) + 2
+      and all(word.isdigit() for word in words[-2:])):
+    return words[-2], words[-1]
+  return None
 
 
 def data_service_servers(hosts: Sequence[str], ssh: Sequence[str],
@@ -211,35 +263,23 @@ def data_service_servers(hosts: Sequence[str], ssh: Sequence[str],
   `work_dir` there) and a data worker on each (at port + 1), started over
   `ssh` in the project at `repo` (the same path on every host)."""
   servers = [('dispatcher', hosts[0], port, ['--work_dir', work_dir])]
-  servers += [('worker', host, port + 1, ['--dispatcher', f'{hosts[0]}:{port}'])
+  servers += [('worker', host, port + 1,
+               ['--dispatcher', hosts_lib.host_port(hosts[0], port)])
               for host in hosts]
+  # $$ is the remote shell's PID, which `exec` hands to the server.
+  report = f'echo "{PID_LINE} $$ $({_START_TIME.format("$$")})"'
   built = []
   for role, host, server_port, args in servers:
-    head = [python, '-m', 'resnet_keras.data.service', role, '--port',
-            str(server_port)]
-    # SIGTERM (the server stops itself), then SIGKILL for what is left
-    # after 10 s; only this user's processes.
-    match = f'-U "$(id -u)" -f {shlex.quote(server_pattern(head))}'
-    stop = (f'pkill {match}; for _ in $(seq 50); do pgrep {match} '
-            f'>/dev/null || exit 0; sleep 0.2; done; pkill -KILL {match}')
-    command = head + args
+    command = [python, '-m', 'resnet_keras.data.service', role, '--port',
+               str(server_port)] + args
     built.append(DataServer(
         host=host, role=role, port=server_port,
-        argv=list(ssh) + ['--', host, f'cd {shlex.quote(repo)} && exec '
-                          f'{shlex.join(command)}'],
-        stop_argv=list(ssh) + ['--', host, stop]))
+        argv=list(ssh) + ['--', host, f'cd {shlex.quote(repo)} && {report} '
+                          f'&& exec {shlex.join(command)}'],
+        ssh=tuple(ssh)))
   return built
-
-
-def server_pattern(head: Sequence[str]) -> str:
-  """pgrep's extended regular expression for exactly the processes whose
-  command line begins with the words `head`: anchored at its start (never
-  the shell that runs pkill) and at the end of the last word (port 5051
-  is not 50510, another job's)."""
-  words = [re.sub(r'([.\[\]{}()\\*+?^$|])', r'\\\1', word) for word in head]
-  return '^' + ' '.join(words) + '( |$)'
 
 
 def data_service_address(hosts: Sequence[str], port: int) -> str:
   """The dispatcher's address, as the trainer's --tf_data_service."""
-  return f'grpc://{hosts[0]}:{port}'
+  return f'grpc://{hosts_lib.host_port(hosts[0], port)}'

@@ -17,9 +17,10 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from common.errors import UsageError
+from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher.commands import DataServer
 
 READY = 'ready at'
@@ -36,6 +37,9 @@ class DataServers:
     self._processes: List[Optional[subprocess.Popen]] = [None] * len(servers)
     self._ready = [threading.Event() for _ in servers]
     self._last_line = [''] * len(servers)
+    # What each server reported of itself (commands.PID_LINE): the only
+    # process its stop may end.
+    self._pids: List[Optional[Tuple[str, str]]] = [None] * len(servers)
     self._stopping = False
     self._left_out = set()  # Indices of servers whose host failed a check.
     self.lost: List[DataServer] = []
@@ -49,11 +53,13 @@ class DataServers:
 
   def _launch(self, i: int, timeout: float) -> None:
     self._ready[i] = threading.Event()
+    self._pids[i] = None
     self._processes[i] = subprocess.Popen(
         self._servers[i].argv, stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    threading.Thread(target=self._follow, args=(i,), daemon=True).start()
-    self._await(i, timeout)
+    follower = threading.Thread(target=self._follow, args=(i,), daemon=True)
+    follower.start()
+    self._await(i, timeout, follower)
 
   @property
   def num_workers(self) -> int:
@@ -88,13 +94,18 @@ class DataServers:
                      f'{server.host}')
     return lines
 
-  def _await(self, i: int, timeout: float) -> None:
+  def _await(self, i: int, timeout: float,
+             follower: threading.Thread) -> None:
     server, deadline = self._servers[i], time.monotonic() + timeout
     while not self._ready[i].wait(0.2):
-      if self._processes[i].poll() is not None or time.monotonic() > deadline:
+      exited = self._processes[i].poll() is not None
+      if exited or time.monotonic() > deadline:
+        if exited:
+          follower.join(timeout=5)  # Its last line, read to the end.
         self.stop()
-        why = (f'exited: {self._last_line[i]}'
-               if self._processes[i].poll() is not None
+        # Its own one-line error, as the cause of the launcher's.
+        said = self._last_line[i].removeprefix('error: ')
+        why = (f'exited: {said}' if exited
                else f'not ready within {timeout:.0f} s')
         raise UsageError(f'the tf.data service {server.role} on '
                          f'{server.host} did not start ({why}); nothing '
@@ -105,6 +116,10 @@ class DataServers:
     server, process = self._servers[i], self._processes[i]
     for line in process.stdout:
       line = line.rstrip('\n')
+      pid = self._pids[i] is None and launch.read_pid_line(line)
+      if pid:
+        self._pids[i] = pid
+        continue
       if line.strip():
         self._last_line[i] = line.strip()
       if READY in line:
@@ -131,8 +146,8 @@ class DataServers:
     return sorted({server.host for server in self.lost})
 
   def stop(self) -> None:
-    """Ends every server: its ssh session, then whatever of it outlived
-    that on its host."""
+    """Ends every server: its ssh session, then the process it reported
+    on its host, if that outlived it (never another process there)."""
     self._stopping = True
     for process in self._processes:
       if process is not None and process.poll() is None:
@@ -142,8 +157,10 @@ class DataServers:
       if process is None or i in self._left_out:
         continue
       try:
-        subprocess.run(server.stop_argv, stdin=subprocess.DEVNULL,
-                       capture_output=True, timeout=_STOP_TIMEOUT)
+        if self._pids[i]:  # None: it never started there.
+          subprocess.run(server.stop_argv(*self._pids[i]),
+                         stdin=subprocess.DEVNULL, capture_output=True,
+                         timeout=_STOP_TIMEOUT)
       except subprocess.TimeoutExpired:
         self._log(f'could not reach {server.host} to stop its tf.data '
                   f'service {server.role}: stop it there')

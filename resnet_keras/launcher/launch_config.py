@@ -23,6 +23,7 @@ from resnet_keras.options import option
 # The trainer's flags the launcher consumes (the recipe it fills in, the
 # config it prints) rather than forwards.
 CONSUMED_TRAINER_FLAGS = {'config': str, 'print_config': bool}
+MAX_WORKERS_PER_HOST = 1024
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +35,10 @@ class LaunchConfig:
       'Habana host; its hosts list is MULTI_HLS_IPS). More than one worker '
       'in total runs them with mpirun; needs --use_horovod or '
       '--distribution_strategy=multi_worker_mirrored.',
-      within='>= 1')
+      # Each worker of a host takes a port above TF_BASE_PORT and a share
+      # of its cores: no host has cores (or GPUs) for more.
+      within=f'[1, {MAX_WORKERS_PER_HOST}]',
+      note='(one process per GPU or group of cores)')
   horovod_hierarchical_allreduce: bool = option(
       False,
       'Set HOROVOD_HIERARCHICAL_ALLREDUCE=1 (allreduce within each host '
@@ -130,8 +134,9 @@ class LaunchConfig:
 
   def check(self) -> None:
     options.check_fields(self, LaunchConfig)
-    for host in self.data_service_hosts:
-      hosts_lib.check_host(host, '--data_service_hosts')
+    hosts = [hosts_lib.check_host(host, '--data_service_hosts')
+             for host in self.data_service_hosts]
+    worker_contract.check_distinct(hosts, '--data_service_hosts')
 
 
 FIELDS = tuple(f.name for f in dataclasses.fields(LaunchConfig))

@@ -122,7 +122,8 @@ def dry_run(job: job_lib.Job, cfg: RunConfig,
   for server in servers:
     print(f'data service {server.role} on {server.host}: '
           f'{shlex.join(server.argv)}')
-    print(f'  stopped at the end with: {shlex.join(server.stop_argv)}')
+    print('  stopped at the end by the PID and start time it reports '
+          f'as it starts: {shlex.join(server.stop_argv("PID", "START"))}')
   for line in job.host_checks.lines():
     print(line)
   if job.is_elastic:
@@ -162,6 +163,7 @@ def launch(argv: Sequence[str], values: flags.FlagValues,
   """Launches the job `argv` (the launcher's command line, parsed into
   `values`) describes; its exit code (its last attempt's)."""
   environ = dict(environ)
+  worker_contract.check_environment(environ)
   argv = launch_config.as_parsed(argv, values)
   recipe = flags_lib.apply_config(  # The launcher's recipe keys too.
       values, allowed=flags_lib.RUN_CONFIG_KEYS | set(launch_config.RECIPE_KEYS))

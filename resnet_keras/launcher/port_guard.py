@@ -116,13 +116,16 @@ def remove_script(rules: Rules) -> str:
 
 
 def add_script(rules: Rules) -> str:
-  """One shell command for a host: that it can (root, iptables), the rules
-  (ip6tables' where the kernel has IPv6), or none and why not."""
+  """One shell command for a host: that it can (root, iptables, and
+  ip6tables where the kernel has IPv6, which the servers listen on too),
+  the rules, or none and why not."""
   add4, add6 = (' && '.join(shlex.join(c) for c in add_commands(rules, tool))
                 for tool in (IPV4, IPV6))
   return (f'[ "$(id -u)" = 0 ] || {{ echo not root; exit {_CANNOT}; }}; '
           f'command -v {IPV4} >/dev/null || '
           f'{{ echo no {IPV4}; exit {_CANNOT}; }}; '
+          f'[ ! -e /proc/net/if_inet6 ] || command -v {IPV6} >/dev/null || '
+          f'{{ echo no {IPV6}; exit {_CANNOT}; }}; '
           f'{{ {add4} && {{ [ ! -e /proc/net/if_inet6 ] || {{ {add6}; }}; }}; }}'
           f' || {{ {remove_script(rules)}; exit 4; }}')
 
@@ -351,5 +354,10 @@ def for_job(mode: str, placement: str, hosts: Sequence[str],
   named = [h for h in ports_by_host if h != THIS_HOST] + list(hosts)
   sources = resolve(list(dict.fromkeys(named)))
   if named:  # The launcher's own address, which mpirun's daemons call.
-    sources += (hosts_lib.address_toward(named[0]),)
+    try:
+      sources += (hosts_lib.address_toward(named[0]),)
+    except OSError as e:
+      raise UsageError(f'host {named[0]}: no route to it from this host '
+                       f'({e.strerror or e}): fix MULTI_HLS_IPS or '
+                       '--data_service_hosts, or the network') from None
   return Guard(ports_by_host, tuple(dict.fromkeys(sources)), ssh), ''

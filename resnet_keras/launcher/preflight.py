@@ -17,6 +17,8 @@ import sys
 from importlib import metadata
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from common import hosts as hosts_lib
+from common import worker_contract
 from resnet_keras.launcher import fanout
 
 _SSH_TIMEOUT = 20
@@ -180,10 +182,11 @@ def check(hosts: Sequence[str], ssh: Sequence[str], want: Expected,
 
 
 def ports_by_host(workers: Sequence[str]) -> Dict[str, List[int]]:
-  """TF_CONFIG's worker addresses ('host:port') -> the ports each host's
-  workers listen on."""
+  """TF_CONFIG's worker addresses ('host:port', '[ipv6]:port') -> the
+  ports each host's workers listen on."""
   ports = collections.defaultdict(list)
   for address in workers:
-    host, port = address.rsplit(':', 1)
-    ports[host].append(int(port))
+    host, port = hosts_lib.split_host_port(address,
+                                           worker_contract.TF_CONFIG_VAR)
+    ports[host].append(port)
   return dict(ports)

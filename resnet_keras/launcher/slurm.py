@@ -152,8 +152,10 @@ def tasks_per_node(value: str) -> List[int]:
   for part in value.split(','):
     match = re.fullmatch(r'(\d+)(?:\(x(\d+)\))?', part.strip())
     if not match:
-      raise UsageError(f'cannot read '
-                       f'{worker_contract.SLURM_TASKS_PER_NODE_VAR}={value!r}')
+      raise UsageError(f'cannot read {contract.SLURM_TASKS_PER_NODE_VAR}='
+                       f'{value!r}: Slurm writes counts per node such as '
+                       '2(x3),1; run inside an sbatch or salloc allocation, '
+                       'or unset it')
     counts += [int(match.group(1))] * int(match.group(2) or 1)
   return counts
 

@@ -5,6 +5,7 @@ TensorFlow, Horovod and project path, the TF_CONFIG ports free)."""
 
 from typing import Dict, List, Mapping, Sequence
 
+from common import worker_contract
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import preflight
 from resnet_keras.launcher import placement
@@ -13,7 +14,7 @@ from resnet_keras.launcher.launch_config import LaunchConfig
 
 def ssh(environ: Mapping[str, str]):
   """(ssh argv, its port) as mpirun and the data service hosts use it."""
-  port = environ.get('DOCKER_SSHD_PORT', str(launch.DEFAULT_SSH_PORT))
+  port = launch.ssh_port(environ)
   return preflight.ssh_command(environ, port), port
 
 
@@ -27,6 +28,12 @@ class SshHosts(placement.Placement):
              hosts: Sequence[str]) -> bool:
     del cfg, environ
     return bool(hosts)
+
+  @classmethod
+  def create(cls, cfg: LaunchConfig, environ: Mapping[str, str],
+             hosts: Sequence[str], use_horovod: bool) -> 'SshHosts':
+    worker_contract.check_distinct(hosts, worker_contract.HOSTS_VAR)
+    return super().create(cfg, environ, hosts, use_horovod)
 
   def check(self, hosts: Sequence[str], want: preflight.Expected,
             ports: Mapping[str, Sequence[int]]) -> preflight.Report:

@@ -270,8 +270,10 @@ def test_data_service_hosts_lose_a_worker_and_the_dispatcher_then_the_last(
   h1, one trainer on h1. h2's worker killed: training goes on and the log
   says so; the dispatcher killed and restarted by hand from its work_dir:
   goes on; h1's worker, the last, killed: the job ends within the
-  trainer's --tf_data_service_timeout, naming both hosts; no server is
-  left on either host."""
+  trainer's --tf_data_service_timeout, naming both hosts; no server the
+  launcher started is left on either host, and the dispatcher restarted by
+  hand, not the launcher's, is left running (a pattern of its command line
+  stopped it too)."""
   h1, h2 = healthy.hosts
   data_dir = str(tmp_path / 'data')
   write_dataset(data_dir, num_classes=4, train_per_shard=(32, 32),
@@ -308,10 +310,11 @@ def test_data_service_hosts_lose_a_worker_and_the_dispatcher_then_the_last(
     for pid in healthy.processes(h2, dispatcher):
       os.kill(pid, signal.SIGKILL)
     launcher.wait_for_line(job, log, f'dispatcher on {h2.address} exited')
-    healthy.popen(h2, [sys.executable, '-m', 'resnet_keras.data.service',
-                       'dispatcher', '--port', '5050', '--work_dir',
-                       work_dir], env=dict(os.environ), cwd=runner.REPO_ROOT,
-                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    by_hand = healthy.popen(
+        h2, [sys.executable, '-m', 'resnet_keras.data.service', 'dispatcher',
+             '--port', '5050', '--work_dir', work_dir], env=dict(os.environ),
+        cwd=runner.REPO_ROOT, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
     step = launcher.wait_for_step(job, log, step + 30)
 
     for pid in healthy.processes(h1, worker):
@@ -328,5 +331,11 @@ def test_data_service_hosts_lose_a_worker_and_the_dispatcher_then_the_last(
       f'the tf.data service lost its servers on {h1.address}, {h2.address} '
       'during the job: restart them there (or drop them from '
       '--data_service_hosts) and rerun to resume')
-  for host in (h1, h2):
-    assert not healthy.processes(host, 'resnet_keras.data.service')
+  try:
+    assert by_hand.poll() is None
+    assert len(healthy.processes(h2, dispatcher)) == 1  # By hand.
+    assert not healthy.processes(h2, worker)
+    assert not healthy.processes(h1, 'resnet_keras.data.service')
+  finally:
+    by_hand.kill()
+    by_hand.wait()

@@ -2,10 +2,13 @@
 stripping, as pure functions."""
 
 import subprocess
+import time
 
+import psutil
 import pytest
 
 from resnet_keras.launcher import commands as launch
+from resnet_keras.launcher import input_servers
 from common.errors import UsageError
 
 PROGRAM = ['python', 'resnet_ctl_imagenet_main.py', '-bs', '8']
@@ -125,34 +128,83 @@ def test_data_service_servers_start_and_stop_over_ssh():
   dispatcher, _, worker = servers
   # '--': a host is never read as one of ssh's options.
   assert dispatcher.argv[:5] == ['ssh', '-p', '3022', '--', 'h2']
-  assert dispatcher.argv[5] == (
-      "cd '/repo dir' && exec /py/bin/python3 -m resnet_keras.data.service "
-      'dispatcher --port 5050 --work_dir /tmp/journal')
+  # The remote shell reports its PID, which exec hands to the server.
+  assert dispatcher.argv[5].startswith(
+      "cd '/repo dir' && echo \"resnet_keras data server: pid $$ ")
+  assert dispatcher.argv[5].endswith(
+      '&& exec /py/bin/python3 -m resnet_keras.data.service dispatcher '
+      '--port 5050 --work_dir /tmp/journal')
   assert worker.argv[5].endswith('worker --port 5051 --dispatcher h2:5050')
-  # Stopped by its own command line, anchored at both ends, this user's.
-  stop = worker.stop_argv[5]
-  assert worker.stop_argv[:5] == ['ssh', '-p', '3022', '--', 'h3']
-  pattern = ("'^/py/bin/python3 -m resnet_keras\\.data\\.service worker "
-             "--port 5051( |$)'")
-  assert stop.startswith(f'pkill -U "$(id -u)" -f {pattern};')
-  assert stop.endswith(f'pkill -KILL -U "$(id -u)" -f {pattern}')
+  stop = worker.stop_argv('4242', '987')
+  assert stop[:5] == ['ssh', '-p', '3022', '--', 'h3']
+  assert stop[5].startswith('p=4242; t=987; ')
   assert launch.data_service_address(['h2', 'h3'], 5050) == 'grpc://h2:5050'
+  assert launch.read_pid_line('resnet_keras data server: pid 12 345') == (
+      '12', '345')
+  for other in ('resnet_keras data server: pid 12', 'ready at x',
+                'resnet_keras data server: pid 1;x 2'):
+    assert launch.read_pid_line(other) is None
 
 
-def test_a_server_is_matched_by_its_whole_command_line_only():
-  pattern = launch.server_pattern(
-      ['/py 3/python3.11', '-m', 'resnet_keras.data.service', 'worker',
-       '--port', '5051'])
-  lines = [
-      '/py 3/python3.11 -m resnet_keras.data.service worker --port 5051',
-      '/py 3/python3.11 -m resnet_keras.data.service worker --port 5051 '
-      '--dispatcher h2:5050',
-      # Another job's server, one on another interpreter, and the shell
-      # that runs pkill: none of them.
-      '/py 3/python3.11 -m resnet_keras.data.service worker --port 50510',
-      '/py 3/python3x11 -m resnet_keras.data.service worker --port 5051',
-      f"bash -c pkill -f '{pattern}'"]
-  # pgrep's own regular expressions (POSIX extended), through grep -E.
-  matched = subprocess.run(['grep', '-E', pattern], input='\n'.join(lines),
-                           capture_output=True, text=True).stdout
-  assert matched.splitlines() == lines[:2]
+def test_ipv6_data_service_hosts_are_bracketed_where_a_port_follows():
+  servers = launch.data_service_servers(
+      ['fd00::2', 'fd00::3'], ['ssh'], 'python3', '/repo', 5050, '/j')
+  assert servers[2].argv[:3] == ['ssh', '--', 'fd00::3']  # ssh's own form
+  assert servers[2].argv[3].endswith("--dispatcher '[fd00::2]:5050'")
+  assert launch.data_service_address(['fd00::2'], 5050) == (
+      'grpc://[fd00::2]:5050')
+
+
+def _stand_ins(folder, server):
+  """An ssh that runs the command apart from its own process, as a host
+  does (ending the session leaves the server running there), and a
+  `python` whose server is the shell script `server`."""
+  ssh, python = folder / 'ssh', folder / 'python'
+  ssh.write_text('#!/bin/sh\nwhile [ "$1" != -- ]; do shift; done\n'
+                 '/bin/sh -c "$3" &\nwait\n')
+  python.write_text('#!/bin/sh\n' + server)
+  for script in (ssh, python):
+    script.chmod(0o755)
+  return str(ssh), str(python)
+
+
+def test_a_server_that_cannot_start_is_the_launchers_one_line(tmp_path):
+  ssh, python = _stand_ins(tmp_path, 'echo "error: the tf.data service '
+                           'dispatcher cannot listen on port 5050"; exit 2\n')
+  servers = launch.data_service_servers(['h2'], [ssh], python,
+                                        str(tmp_path), 5050, '/j')
+  with pytest.raises(UsageError, match='^the tf.data service dispatcher on '
+                     'h2 did not start \\(exited: the tf.data service '
+                     'dispatcher cannot listen on port 5050\\); nothing else '
+                     'was started$'):
+    input_servers.DataServers(servers, print).start(timeout=30)
+
+
+def test_a_server_is_stopped_by_the_pid_it_reported_and_only_that(tmp_path):
+  """Another job's server with the very same command line (a pattern of
+  it matched both, as root any user's) is left running."""
+  ssh, python = _stand_ins(tmp_path, 'echo "tf.data service server ready '
+                           'at x"\nexec sleep 600\n')
+  servers = launch.data_service_servers(['h2'], [ssh], python,
+                                        str(tmp_path), 5050, '/j')
+  other_job = subprocess.Popen(['/bin/sh', '-c', servers[1].argv[-1]],
+                               stdout=subprocess.PIPE, text=True)
+  running, pids = input_servers.DataServers(servers, print), []
+  try:
+    running.start(timeout=30)
+    pids = [int(pid) for pid, _ in running._pids]  # pylint: disable=protected-access
+    # Each says it is ready just before it execs its serving part.
+    deadline = time.monotonic() + 30
+    while not all(psutil.Process(pid).cmdline() == ['sleep', '600']
+                  for pid in pids + [other_job.pid]):
+      assert time.monotonic() < deadline
+      time.sleep(0.05)
+  finally:
+    running.stop()
+    try:
+      assert not any(psutil.pid_exists(pid) and psutil.Process(pid).status()
+                     != psutil.STATUS_ZOMBIE for pid in pids)
+      assert other_job.poll() is None
+    finally:
+      other_job.kill()
+      other_job.communicate()

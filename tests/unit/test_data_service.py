@@ -4,6 +4,7 @@ service cannot serve is told, the input watchdog, and in-process servers
 feeding the input fn. (A run through the service: e2e/; the servers as
 processes, and faults: processes/.)"""
 
+import re
 import time
 
 import pytest
@@ -20,6 +21,11 @@ from tests.support.data_service import service_config
 def test_dispatcher_addresses_and_job_names():
   assert input_service.parse_address('grpc://h2:5050') == ('h2', 5050)
   assert input_service.parse_address('grpc://10.1.2.3:80/') == ('10.1.2.3', 80)
+  assert input_service.parse_address('grpc://[::1]:5050') == ('::1', 5050)
+  with pytest.raises(UsageError, match=re.escape(
+      'give grpc://HOST:PORT (an IPv6 address in brackets: '
+      'grpc://[::1]:5050)')):
+    input_service.parse_address('grpc://::1:5050')
   for bad in ('h2:5050', 'grpc://h2', 'http://h2:5050', 'grpc://:5050',
               'grpc://h2:5050/x', 'grpc://h2:port'):
     with pytest.raises(UsageError, match='give grpc://HOST:PORT'):

@@ -46,8 +46,12 @@ def test_the_launchers_flags_come_from_its_declarations():
                               '--config=x', '--print_config',
                               '--elastic_batch=scale', '-bs',
                               '4']) == ['-bs', '4']
-  with pytest.raises(Exception, match='num_workers_per_hls must be >= 1'):
-    LaunchConfig(num_workers_per_hls=0).check()
+  for workers in (0, 1025, 1000000000):
+    # Not a TF_BASE_PORT 'from 1 to -999934464' for the last.
+    with pytest.raises(Exception, match=re.escape(
+        f'--num_workers_per_hls must be in [1, 1024] (one process per GPU '
+        f'or group of cores), got {workers}')):
+      LaunchConfig(num_workers_per_hls=workers).check()
 
 
 def _parsed(argv):

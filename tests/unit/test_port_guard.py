@@ -76,7 +76,7 @@ def test_port_ranges(ports, ranges, text):
 
 def _server(host, port):
   return launch.DataServer(host=host, role='worker', port=port, argv=[],
-                           stop_argv=[])
+                           ssh=())
 
 
 def test_job_ports_by_host():
@@ -152,6 +152,20 @@ def test_for_job_on_ssh_hosts_lets_the_hosts_and_the_launcher_in():
                                               '127.0.0.1')
   assert guard.argv('127.0.0.2', 'x') == ['ssh', '-p', '22', '--', '127.0.0.2',
                                            'x']
+
+
+def test_ipv6_hosts_are_let_in_by_ip6tables_and_the_launchers_address():
+  # A job on IPv6 hosts: the launcher's own address on the route to them
+  # is an IPv6 one (it was a socket.gaierror: an IPv4 socket asked).
+  guard, _ = port_guard.for_job('auto', 'ssh_hosts', ['::1'], [2410], None,
+                                [], ['ssh'], True, True)
+  assert guard.rules['::1'].sources == ('::1',)
+  add6 = port_guard.add_commands(guard.rules['::1'], port_guard.IPV6)
+  assert ['ip6tables', '-w', '-A', guard.chain, '-s', '::1', '-j',
+          'RETURN'] in add6
+  assert not any('::1' in c for c in port_guard.add_commands(
+      guard.rules['::1'], port_guard.IPV4))
+  assert 'command -v ip6tables' in port_guard.add_script(guard.rules['::1'])
 
 
 def test_an_unknown_host_name_is_one_line():

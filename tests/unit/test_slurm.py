@@ -7,6 +7,7 @@ import pytest
 
 from common import slurm as node_lists
 from common import worker_contract as contract
+from common.errors import UsageError
 from resnet_keras import job_starts
 from resnet_keras.launcher import slurm
 
@@ -58,6 +59,9 @@ def test_a_thousand_nodes_compress_to_one_range():
 def test_tasks_per_node_and_bad_lists():
   assert slurm.tasks_per_node('2(x3),1') == [2, 2, 2, 1]
   assert slurm.tasks_per_node('4') == [4]
+  with pytest.raises(UsageError, match="^cannot read SLURM_TASKS_PER_NODE="
+                     "'abc': Slurm writes counts per node such as 2"):
+    slurm.tasks_per_node('abc')
   for bad in ('s[a-b]', 's[1-x]', 'n[1-', 'n[1-]', 'n1]', 'n[[1]]', 'n[1'):
     with pytest.raises(Exception, match='cannot read the Slurm node list'):
       node_lists.expand_nodelist(bad)
