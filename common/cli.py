@@ -5,6 +5,7 @@ import errno
 import inspect
 import logging as py_logging
 import os
+import signal
 import sys
 
 from absl import app
@@ -15,8 +16,38 @@ from common.errors import RunStopped, UsageError
 
 
 def fail(message: str, exit_code: int = UsageError.exit_code) -> None:
-  print(f'error: {message}', file=sys.stderr, flush=True)
+  try:
+    print(f'error: {message}', file=sys.stderr, flush=True)
+  except OSError:
+    pass  # A terminal that closed (SIGHUP): the exit code still tells.
   sys.exit(exit_code)
+
+
+# Ctrl-C where no handler of the program's own saves first (its imports,
+# set-up, a tool's work, a second Ctrl-C while a run saves): every write
+# of the package is atomic, so what was written is whole or absent.
+INTERRUPTED = ('interrupted by Ctrl-C (SIGINT); what was written before is '
+               'kept: rerun the same command to go on')
+INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
+
+
+def _interrupted_in_one_line(kind, value, traceback):
+  if not issubclass(kind, KeyboardInterrupt):
+    _previous_excepthook(kind, value, traceback)
+    return
+  try:
+    print(f'error: {INTERRUPTED}', file=sys.stderr, flush=True)
+  finally:
+    # Python would otherwise end by SIGINT (-2) after this hook, where the
+    # rest of a program's Ctrl-C exits are 130.
+    os._exit(INTERRUPTED_EXIT_CODE)  # pylint: disable=protected-access
+
+
+# Installed as this module loads: every entry point imports it before
+# TensorFlow, whose import takes seconds, and a Ctrl-C there (or in the
+# rest of a module's imports) ends before run_main can catch anything.
+_previous_excepthook = sys.excepthook
+sys.excepthook = _interrupted_in_one_line
 
 
 _HELP_FLAGS = ('-h', '-?', '--help', '-help', '--helpfull', '-helpfull',
@@ -49,6 +80,8 @@ def run_main(main, argv):
     return main(argv)
   except (UsageError, RunStopped) as e:
     fail(str(e), e.exit_code)
+  except KeyboardInterrupt:
+    fail(INTERRUPTED, INTERRUPTED_EXIT_CODE)
   except Exception as e:  # pylint: disable=broad-except
     if not _is_disk_full(e):
       raise

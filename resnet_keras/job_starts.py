@@ -11,18 +11,36 @@ import os
 import time
 from typing import Dict, List, Mapping, Optional
 
+from absl import logging
+
 from common import worker_contract as contract
 from common.files import write_json_atomically
 from resnet_keras import run_directory
 
 
 def read(model_dir: str) -> List[Dict]:
-  """The recorded starts, oldest first."""
+  """The recorded starts, oldest first. A damaged file is passed over with
+  one warning, keeping the starts that read: it is only an account, which
+  no step depends on (as goodput.json)."""
+  path = os.path.join(model_dir, run_directory.SCHEDULER_FILE)
   try:
-    with open(os.path.join(model_dir, run_directory.SCHEDULER_FILE)) as f:
-      return json.load(f)
+    with open(path) as f:
+      starts = json.load(f)
   except FileNotFoundError:
     return []
+  except (OSError, ValueError) as e:
+    starts, why = [], str(e) or type(e).__name__
+  else:
+    why = None if isinstance(starts, list) else 'not a list of starts'
+  starts = starts if isinstance(starts, list) else []
+  readable = [s for s in starts
+              if isinstance(s, dict) and isinstance(s.get('job_id'), str)]
+  if why or len(readable) < len(starts):
+    logging.warning('%s is damaged (%s): it goes on with the %d starts that '
+                    'read', path, why or f'{len(starts) - len(readable)} of '
+                    f'its {len(starts)} starts are not records of a start',
+                    len(readable))
+  return readable
 
 
 def _write(model_dir: str, starts: List[Dict]) -> None:
