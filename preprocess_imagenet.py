@@ -37,6 +37,7 @@ from absl import app, flags
 
 from common import cli
 from common import env
+from common import interrupts
 from common.errors import RunStopped, UsageError
 from resnet_keras.data import imagenet_converter
 
@@ -85,7 +86,7 @@ def main(argv):
   except KeyboardInterrupt:
     raise RunStopped('interrupted by Ctrl-C (SIGINT); complete shards are '
                      'kept: rerun the same command to write the rest',
-                     cli.INTERRUPTED_EXIT_CODE) from None
+                     interrupts.EXIT_CODE) from None
 
 
 def run() -> None:

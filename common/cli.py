@@ -5,13 +5,13 @@ import errno
 import inspect
 import logging as py_logging
 import os
-import signal
 import sys
 
 from absl import app
 from absl import flags
 from absl import logging
 
+from common import interrupts
 from common.errors import RunStopped, UsageError
 
 
@@ -23,31 +23,9 @@ def fail(message: str, exit_code: int = UsageError.exit_code) -> None:
   sys.exit(exit_code)
 
 
-# Ctrl-C where no handler of the program's own saves first (its imports,
-# set-up, a tool's work, a second Ctrl-C while a run saves): every write
-# of the package is atomic, so what was written is whole or absent.
-INTERRUPTED = ('interrupted by Ctrl-C (SIGINT); what was written before is '
-               'kept: rerun the same command to go on')
-INTERRUPTED_EXIT_CODE = 128 + signal.SIGINT
-
-
-def _interrupted_in_one_line(kind, value, traceback):
-  if not issubclass(kind, KeyboardInterrupt):
-    _previous_excepthook(kind, value, traceback)
-    return
-  try:
-    print(f'error: {INTERRUPTED}', file=sys.stderr, flush=True)
-  finally:
-    # Python would otherwise end by SIGINT (-2) after this hook, where the
-    # rest of a program's Ctrl-C exits are 130.
-    os._exit(INTERRUPTED_EXIT_CODE)  # pylint: disable=protected-access
-
-
-# Installed as this module loads: every entry point imports it before
-# TensorFlow, whose import takes seconds, and a Ctrl-C there (or in the
-# rest of a module's imports) ends before run_main can catch anything.
-_previous_excepthook = sys.excepthook
-sys.excepthook = _interrupted_in_one_line
+# Entry points import this module before TensorFlow: a Ctrl-C from here on
+# is one line (common/interrupts.py), also before run_main.
+interrupts.install()
 
 
 _HELP_FLAGS = ('-h', '-?', '--help', '-help', '--helpfull', '-helpfull',
@@ -81,8 +59,10 @@ def run_main(main, argv):
   except (UsageError, RunStopped) as e:
     fail(str(e), e.exit_code)
   except KeyboardInterrupt:
-    fail(INTERRUPTED, INTERRUPTED_EXIT_CODE)
+    fail(interrupts.MESSAGE, interrupts.EXIT_CODE)
   except Exception as e:  # pylint: disable=broad-except
+    if interrupts.happened():  # A Ctrl-C another exception carried on.
+      fail(interrupts.MESSAGE, interrupts.EXIT_CODE)
     if not _is_disk_full(e):
       raise
     fail('no space left on the device of --model_dir (or of the export); '

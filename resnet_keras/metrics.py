@@ -139,7 +139,12 @@ class StepLogger:
             record['train_accuracy'], record['learning_rate'], rate,
             record.get('loss_scale'), wait, self._mixed_targets)
         if self._bar is not None:
-          self._bar.write(line)
+          try:
+            self._bar.write(line)
+          except OSError:
+            # Its terminal closed (SIGHUP: the run saves and stops at this
+            # loop's end); the log's line still goes to stderr.
+            self._bar = None
         logging.info(line)
         if self._metrics_log is not None:
           self._metrics_log.append(record)
