@@ -4,7 +4,7 @@ a glob for shards) never sees one half-written, whatever stops the writer."""
 import json
 import os
 import stat
-from typing import Dict
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from common.errors import UsageError
 
@@ -34,6 +34,29 @@ def write_text_atomically(path: str, text: str) -> None:
 def write_json_atomically(path: str, content: Dict) -> None:
   write_text_atomically(path, json.dumps(content, indent=2, sort_keys=True) +
                         '\n')
+
+
+def read_records(path: str, readable: Callable[[Any], bool]
+                 ) -> Tuple[List, Optional[str]]:
+  """The records of the JSON list at `path` that `readable` accepts ([]
+  without the file), and why any were left out: the file cut short, not
+  JSON, not a list, or records of another shape (None: none left out).
+  For a run's record files, which a user, a full disk or a crash may have
+  damaged: the caller decides whether that stops it."""
+  try:
+    with open(path) as f:
+      records = json.load(f)
+  except FileNotFoundError:
+    return [], None
+  except (OSError, ValueError) as e:
+    return [], str(e) or type(e).__name__
+  if not isinstance(records, list):
+    return [], 'not a JSON list'
+  kept = [r for r in records if readable(r)]
+  if len(kept) < len(records):
+    return kept, (f'{len(records) - len(kept)} of its {len(records)} records '
+                  'are not of the shape it holds')
+  return kept, None
 
 
 _KINDS = ((stat.S_ISDIR, 'is a directory'), (stat.S_ISREG, 'is a file'),

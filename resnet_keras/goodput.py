@@ -37,13 +37,13 @@ This module never imports TensorFlow.
 """
 
 import contextlib
-import json
 import os
 import time
 from typing import Dict, List, Optional, Tuple
 
 from absl import logging
 
+from common import files
 from common.files import write_json_atomically
 from resnet_keras import run_directory
 from resnet_keras.metrics import LOOP_RECORD
@@ -68,24 +68,12 @@ def read(model_dir: str) -> List[Dict]:
   refused to resume over it would lose more time than the account
   measures. The next write replaces it with what was read."""
   path = os.path.join(model_dir, run_directory.GOODPUT_FILE)
-  try:
-    with open(path) as f:
-      attempts = json.load(f)
-  except FileNotFoundError:
-    return []
-  except (OSError, ValueError) as e:
-    attempts, why = [], str(e) or type(e).__name__
-  else:
-    why = None if isinstance(attempts, list) else 'not a list of attempts'
-  attempts = attempts if isinstance(attempts, list) else []
-  readable = [a for a in attempts if _readable(a)]
-  if why or len(readable) < len(attempts):
-    logging.warning(
-        '%s is damaged (%s): the job\'s goodput counts the %d attempts that '
-        'read, and this one', path,
-        why or f'{len(attempts) - len(readable)} of its {len(attempts)} '
-        'attempts are not records of an attempt', len(readable))
-  return readable
+  attempts, why = files.read_records(path, _readable)
+  if why:
+    logging.warning('%s is damaged (%s): the job\'s goodput counts the %d '
+                    'attempts that read, and this one', path, why,
+                    len(attempts))
+  return attempts
 
 
 def _readable(attempt) -> bool:

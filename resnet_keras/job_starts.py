@@ -6,13 +6,13 @@ run_summary.json names the scheduler, the job, its nodes and every
 requeue. Outside a Slurm job nothing is written.
 """
 
-import json
 import os
 import time
 from typing import Dict, List, Mapping, Optional
 
 from absl import logging
 
+from common import files
 from common import worker_contract as contract
 from common.files import write_json_atomically
 from resnet_keras import run_directory
@@ -23,24 +23,12 @@ def read(model_dir: str) -> List[Dict]:
   one warning, keeping the starts that read: it is only an account, which
   no step depends on (as goodput.json)."""
   path = os.path.join(model_dir, run_directory.SCHEDULER_FILE)
-  try:
-    with open(path) as f:
-      starts = json.load(f)
-  except FileNotFoundError:
-    return []
-  except (OSError, ValueError) as e:
-    starts, why = [], str(e) or type(e).__name__
-  else:
-    why = None if isinstance(starts, list) else 'not a list of starts'
-  starts = starts if isinstance(starts, list) else []
-  readable = [s for s in starts
-              if isinstance(s, dict) and isinstance(s.get('job_id'), str)]
-  if why or len(readable) < len(starts):
+  starts, why = files.read_records(
+      path, lambda s: isinstance(s, dict) and isinstance(s.get('job_id'), str))
+  if why:
     logging.warning('%s is damaged (%s): it goes on with the %d starts that '
-                    'read', path, why or f'{len(starts) - len(readable)} of '
-                    f'its {len(starts)} starts are not records of a start',
-                    len(readable))
-  return readable
+                    'read', path, why, len(starts))
+  return starts
 
 
 def _write(model_dir: str, starts: List[Dict]) -> None:

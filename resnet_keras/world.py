@@ -10,11 +10,11 @@ its input gave before (the data goes on after them, whatever the batch is
 now: start.py) and run_summary.json lists every change with its step.
 """
 
-import json
 import os
 from typing import Dict, List, Mapping, Optional
 
 from common import batch_rule
+from common import files
 from common import worker_contract
 from common.errors import UsageError
 from common.files import write_json_atomically
@@ -43,30 +43,20 @@ def read(model_dir: str) -> List[Dict]:
   from it where its data goes on, and without it would silently take the
   job's batch as the one it always had. Deleting the file says so."""
   path = os.path.join(model_dir, run_directory.WORLD_FILE)
-  try:
-    with open(path) as f:
-      history = json.load(f)
-  except FileNotFoundError:
-    return []
-  except (OSError, ValueError) as e:
-    _damaged(path, str(e) or type(e).__name__)
-  if not (isinstance(history, list) and all(
-      isinstance(entry, dict) and _count(entry.get('step')) and
-      _count(entry.get('global_batch_size')) for entry in history)):
-    _damaged(path, 'not a list of shapes, each with an integer "step" and '
-             '"global_batch_size"')
+  history, why = files.read_records(
+      path, lambda entry: isinstance(entry, dict) and _count(
+          entry.get('step')) and _count(entry.get('global_batch_size')))
+  if why:
+    raise UsageError(
+        f'{path} is damaged ({why}; each a shape with an integer "step" and '
+        '"global_batch_size"): it records the job\'s batch sizes, from which '
+        'a resume finds where its data goes on; restore it, or delete it to '
+        'resume as a job whose batch never changed')
   return history
 
 
 def _count(value) -> bool:
   return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def _damaged(path: str, why: str) -> None:
-  raise UsageError(
-      f'{path} is damaged ({why}); it records the job\'s batch sizes, from '
-      'which a resume finds where its data goes on: restore it, or delete it '
-      'to resume as a job whose batch never changed')
 
 
 def record(model_dir: str, shape: Dict) -> List[Dict]:
