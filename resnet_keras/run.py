@@ -214,11 +214,13 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
       eval_summary_dir=reports.eval_summary_dir,
       train_actions=[attempt] + reports.actions)
   if backend.is_chief:
+    # metrics.jsonl first: one that does not read stops the run before
+    # config.json says it is this run's.
+    reports.resume_at(start.step)
     start_lib.write_run_files(
         start, cfg, parts.plan, basis.runtime_record,
         world.shape(backend.num_workers, parts.plan, os.environ))
     job_starts.record_start(cfg.model_dir, os.environ, start.step)
-    reports.resume_at(start.step)
   input_watchdog = watchdog.Watchdog(
       cfg.tf_data_service_timeout if cfg.tf_data_service else 0,
       parts.step_record.input_waiting_since,

@@ -51,6 +51,7 @@ import tf_keras
 from absl import logging
 
 from common import distribution
+from common import files
 from common.errors import UsageError
 from common.files import write_json_atomically
 from resnet_keras import checkpoints
@@ -104,6 +105,7 @@ def decide(cfg: RunConfig, plan: TrainingPlan) -> Start:
   model, a warm-start source of another model, and a restored step at or
   past the end of the plan.
   """
+  _check_run_files(cfg.model_dir)
   world.read(cfg.model_dir)  # A damaged record stops here, before any write.
   latest, own = checkpoints.latest(cfg.model_dir)
   flag, path = ((RESTORE_FLAG, cfg.restore_from) if cfg.restore_from else
@@ -131,6 +133,24 @@ def decide(cfg: RunConfig, plan: TrainingPlan) -> Start:
         f'only {plan.total_train_steps} steps, so it would train nothing; '
         'raise --train_epochs, or drop --restore_optimizer to start at step 0')
   return Start(WARM, step, checkpoint=source.checkpoint, source=source)
+
+
+# The files a run writes whole at its top level (a write replaces each).
+_RUN_FILES = (run_directory.CONFIG_FILE, run_directory.WORLD_FILE,
+              run_directory.SCHEDULER_FILE, run_directory.WARM_START_FILE,
+              run_directory.GOODPUT_FILE, run_directory.METRICS_FILE,
+              run_directory.SUMMARY_FILE)
+
+
+def _check_run_files(model_dir: str) -> None:
+  """Refuses, before any work, a folder (or anything but a file) where the
+  run writes one of its files: the write would fail after the training."""
+  for name in _RUN_FILES:
+    path = os.path.join(model_dir, name)
+    if os.path.lexists(path) and not os.path.isfile(path):
+      raise UsageError(f'{path} {files.kind_of(path)}, where the run writes a '
+                       'file of that name; move it away, or choose another '
+                       '--model_dir')
 
 
 def _check_resume_goes_on(cfg: RunConfig, plan: TrainingPlan,
@@ -253,8 +273,17 @@ def _batches_read(model_dir: str, step: int, global_batch: int) -> int:
   path = os.path.join(model_dir, run_directory.WARM_START_FILE)
   if not os.path.exists(path):
     return step
-  with open(path) as f:
-    return step - json.load(f)['step']
+  try:
+    with open(path) as f:
+      began = json.load(f)['step']
+    if not isinstance(began, int) or not 0 <= began <= step:
+      raise ValueError(f'"step" {began!r}, not a step up to {step}')
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise UsageError(
+        f'{path} is damaged ({e!r}): it records the step a warm start began '
+        'at, from which a resume finds where its data goes on; restore it, '
+        'or delete it to resume as a run that began at step 0') from None
+  return step - began
 
 
 @dataclasses.dataclass

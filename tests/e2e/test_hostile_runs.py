@@ -49,8 +49,9 @@ def _assert_one_line(result, *fragments):
     assert fragment in errors[0], errors[0]
 
 
-# (what to write into the run's file, what the error line says); records_run
-# trained 2 epochs of 4 steps with SGD.
+# (the rerun's flags, what to write into the run's files (None: delete it;
+# NAME/: a folder there), what the error line says); records_run trained 2
+# epochs of 4 steps with SGD.
 RESUMES = [
     ('another optimizer', ['-te', '2', '--optimizer=LAMB'], {},
      ['--optimizer=SGD', '--optimizer=LAMB', '--restore_from=']),
@@ -64,6 +65,17 @@ RESUMES = [
      ['world_sizes.json', 'integer "step"']),
     ('world_sizes.json an object', ['-te', '3'],
      {'world_sizes.json': '{"step": 0}'}, ['world_sizes.json']),
+    ('metrics.jsonl of wrong types', ['-te', '3'],
+     {'metrics.jsonl': '{"step": 4, "train_loss": 2.0}\n[4]\n'},
+     ['metrics.jsonl line 2']),
+    ('run_summary.json a folder', ['-te', '3'],
+     {'run_summary.json/': ''}, ['run_summary.json']),
+    ('goodput.json a folder', ['-te', '3'],
+     {'goodput.json/': ''}, ['goodput.json']),
+    # Read where a run from before world_sizes.json was warm-started.
+    ('warm_start.json of wrong types', ['-te', '3'],
+     {'world_sizes.json': None, 'warm_start.json': '{"step": "4"}'},
+     ['warm_start.json']),
 ]
 
 
@@ -73,7 +85,15 @@ def test_a_resume_it_cannot_be_is_one_line_and_touches_nothing(
     place, tmp_path, args, files, fragments, fresh_tensorflow_state):
   model_dir = _copy(place, tmp_path)
   for name, text in files.items():
-    with open(os.path.join(model_dir, name), 'w') as f:
+    path = os.path.join(model_dir, name)
+    if text is None or name.endswith('/'):
+      os.remove(path.rstrip('/'))
+    if text is None:
+      continue
+    if name.endswith('/'):
+      os.makedirs(path)
+      continue
+    with open(path, 'w') as f:
       f.write(text)
   before = tree_hash(model_dir)
   _assert_one_line(_rerun(place, model_dir, *args), *fragments)
