@@ -23,7 +23,9 @@ import time
 
 import pytest
 
-from tests.e2e.test_hostile_inputs import RUN_ARGS, TRAINER, place, run, tree_hash  # pylint: disable=unused-import
+# `place` is a fixture: imported, it is this module's too.
+from tests.e2e.test_hostile_inputs import (  # pylint: disable=unused-import
+    RUN_ARGS, TRAINER, place, run, tree_hash)
 from tests.support import converter
 from tests.support import runner
 
