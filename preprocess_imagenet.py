@@ -37,7 +37,8 @@ from absl import app, flags
 
 from common import cli
 from common import env
-from common.errors import UsageError
+from common import interrupts
+from common.errors import RunStopped, UsageError
 from resnet_keras.data import imagenet_converter
 
 # The converter's worker processes inherit this environment. TensorFlow's
@@ -83,9 +84,9 @@ def main(argv):
         {'train': values.train_shards, 'validation': values.validation_shards},
         values.num_workers, values.skip_bad_images, values.gcs_upload)
   except KeyboardInterrupt:
-    print('interrupted; complete shards are kept, rerun the same command to '
-          'write the rest', file=sys.stderr)
-    sys.exit(130)
+    raise RunStopped('interrupted by Ctrl-C (SIGINT); complete shards are '
+                     'kept: rerun the same command to write the rest',
+                     interrupts.EXIT_CODE) from None
 
 
 def run() -> None:

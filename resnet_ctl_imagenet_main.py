@@ -11,7 +11,11 @@ Flags -> RunConfig (resnet_keras/flags.py) -> run (resnet_keras/run.py).
 import os
 import time
 
-from common import env
+from common import interrupts
+
+interrupts.install()  # First: a Ctrl-C in the imports below is one line.
+
+from common import env  # pylint: disable=g-import-not-at-top
 
 env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 

@@ -5,4 +5,4 @@ every variable the launcher and a scheduler hand a worker), the batch rule
 (batch_rule.py), host names (hosts.py) and Slurm's node lists (slurm.py),
 the distribution backend (distribution.py), the environment before
 TensorFlow loads (env.py), one-line errors and exit codes (errors.py,
-cli.py), and atomic writes (files.py)."""
+cli.py; Ctrl-C: interrupts.py), and atomic writes (files.py)."""

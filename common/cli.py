@@ -11,12 +11,21 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from common import interrupts
 from common.errors import RunStopped, UsageError
 
 
 def fail(message: str, exit_code: int = UsageError.exit_code) -> None:
-  print(f'error: {message}', file=sys.stderr, flush=True)
+  try:
+    print(f'error: {message}', file=sys.stderr, flush=True)
+  except OSError:
+    pass  # A terminal that closed (SIGHUP): the exit code still tells.
   sys.exit(exit_code)
+
+
+# Entry points import this module before TensorFlow: a Ctrl-C from here on
+# is one line (common/interrupts.py), also before run_main.
+interrupts.install()
 
 
 _HELP_FLAGS = ('-h', '-?', '--help', '-help', '--helpfull', '-helpfull',
@@ -49,7 +58,11 @@ def run_main(main, argv):
     return main(argv)
   except (UsageError, RunStopped) as e:
     fail(str(e), e.exit_code)
+  except KeyboardInterrupt:
+    fail(interrupts.MESSAGE, interrupts.EXIT_CODE)
   except Exception as e:  # pylint: disable=broad-except
+    if interrupts.happened():  # A Ctrl-C another exception carried on.
+      fail(interrupts.MESSAGE, interrupts.EXIT_CODE)
     if not _is_disk_full(e):
       raise
     fail('no space left on the device of --model_dir (or of the export); '

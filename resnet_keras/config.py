@@ -20,6 +20,7 @@ import dataclasses
 import math
 from typing import Any, Dict, Optional, Tuple, Type, TypeVar
 
+from common import files
 from common.errors import UsageError
 from resnet_keras.randaugment_spec import parse_randaugment
 from resnet_keras.options import check_fields, option
@@ -826,6 +827,13 @@ class OptimizerConfig:
                        '--ema_decay too (e.g. 0.999)')
 
 
+# What a run writes inside model_dir, at most, with room to spare: an
+# export's variables (exports/ckpt-N/feature_vector/variables/variables.
+# data-00000-of-00001, 77 characters), TensorFlow's temporary checkpoint
+# names, W&B's files.
+_MODEL_DIR_ROOM = 160
+
+
 @dataclasses.dataclass(frozen=True)
 class OutputConfig:
   """What a run writes: model_dir, checkpoints, summaries."""
@@ -885,6 +893,8 @@ class OutputConfig:
 
   def _check_output(self) -> None:
     check_fields(self, OutputConfig)
+    if self.model_dir:
+      files.check_path_length('--model_dir', self.model_dir, _MODEL_DIR_ROOM)
     if self.profile_steps is not None:
       start, stop = self.profile_steps
       if not 0 <= start < stop:

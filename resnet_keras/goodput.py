@@ -37,11 +37,13 @@ This module never imports TensorFlow.
 """
 
 import contextlib
-import json
 import os
 import time
 from typing import Dict, List, Optional, Tuple
 
+from absl import logging
+
+from common import files
 from common.files import write_json_atomically
 from resnet_keras import run_directory
 from resnet_keras.metrics import LOOP_RECORD
@@ -58,12 +60,31 @@ WRITE_EVERY = 5.0
 
 def read(model_dir: str) -> List[Dict]:
   """The attempts recorded in model_dir, oldest first (none: a run from
-  before this file, or a new one)."""
-  try:
-    with open(os.path.join(model_dir, run_directory.GOODPUT_FILE)) as f:
-      return json.load(f)
-  except FileNotFoundError:
-    return []
+  before this file, or a new one).
+
+  A damaged file (cut short, not JSON, a record of the wrong shape) is
+  passed over with one warning, keeping the attempts that read: it is
+  only an account of the time, which no step depends on, and a run that
+  refused to resume over it would lose more time than the account
+  measures. The next write replaces it with what was read."""
+  path = os.path.join(model_dir, run_directory.GOODPUT_FILE)
+  attempts, why = files.read_records(path, _readable)
+  if why:
+    logging.warning('%s is damaged (%s): the job\'s goodput counts the %d '
+                    'attempts that read, and this one', path, why,
+                    len(attempts))
+  return attempts
+
+
+def _readable(attempt) -> bool:
+  """Whether `attempt` has what `split` reads, of the types it reads."""
+  number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
+  pair = lambda v: isinstance(v, list) and len(v) == 2 and all(map(number, v))
+  return (isinstance(attempt, dict) and
+          all(number(attempt.get(k)) for k in (
+              'process_start', 'ready', 'end', 'start_step', 'last_step',
+              *PHASES)) and
+          pair(attempt.get('first_loop')) and pair(attempt.get('loops')))
 
 
 def first_loop_excess(first: Tuple[int, float],

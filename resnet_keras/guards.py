@@ -13,8 +13,13 @@ over workers before each step, the signal flag and the weights check
 (`finite_check`, run at the loop's end) are combined in one collective
 after the loop, and the losses are already reduced over them, so no worker
 is left waiting in a collective for one that stopped.
+
+The guard stays installed through the export (`installed`), where no step
+comes to stop at: there a stop signal ends the export at once
+(`at_once`), and one that arrived during the last evaluation before it.
 """
 
+import contextlib
 import logging as std_logging
 import os
 import signal
@@ -28,22 +33,50 @@ from common import distribution
 from common.errors import NON_FINITE_EXIT_CODE, WARNING_SIGNAL, RunStopped
 from resnet_keras.metrics import LOOP_RECORD
 
-# SIGTERM and Ctrl-C: save and stop; the scheduler's warning: the same, and
-# the launcher then has the job resumed elsewhere (common/errors.py).
-_SIGNALS = (signal.SIGTERM, signal.SIGINT, WARNING_SIGNAL)
+# SIGTERM, Ctrl-C and a closed terminal (SIGHUP, whose default would end
+# the run without a word, losing the steps since the last checkpoint): save
+# and stop; the scheduler's warning: the same, and the launcher then has the
+# job resumed elsewhere (common/errors.py).
+_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, WARNING_SIGNAL)
 
 
-class SignalReceived(Exception):
+class _Stop:
+  """What a stop signal's exceptions say of it."""
+
+  signum: int
+
+  @property
+  def exit_code(self) -> int:
+    # The shell's convention: 143 TERM, 130 INT, 129 HUP, 138 the warning
+    # (USR1).
+    return 128 + self.signum
+
+  @property
+  def hint(self) -> str:
+    """What the user may want to know beyond "rerun" ('' or '; ...')."""
+    if self.signum == signal.SIGHUP:
+      return ('; SIGHUP is a closed terminal: nohup, tmux or screen keep a '
+              'run going without one')
+    return ''
+
+
+class SignalReceived(_Stop, Exception):
   """A preemption signal arrived; run.py saves and then stops."""
 
   def __init__(self, signum: int):
     super().__init__(signal.Signals(signum).name)
     self.signum = signum
 
-  @property
-  def exit_code(self) -> int:
-    # The shell's convention: 143 TERM, 130 INT, 138 the warning (USR1).
-    return 128 + self.signum
+
+class StopNow(_Stop, BaseException):
+  """A stop signal where no step comes to stop at (the export), raised by
+  the handler itself where Python next runs. A BaseException, as
+  KeyboardInterrupt is: no `except Exception` on the way (TensorFlow's
+  tracing has some) may swallow it."""
+
+  def __init__(self, signum: int):
+    super().__init__(signal.Signals(signum).name)
+    self.signum = signum
 
 
 def non_finite_step(losses: np.ndarray, first_step: int) -> Optional[int]:
@@ -115,10 +148,42 @@ class LoopGuard:
     self._previous = {}
     self._wakeup = None  # (read end, write end, the wakeup fd it replaced)
     self._orbit_filter = _ShortLoopWarning(stopped_early)
+    self._at_once = False  # `at_once`: a signal raises StopNow.
+
+  @contextlib.contextmanager
+  def installed(self):
+    """The handlers, from before training to the end of the export: a
+    signal between the two is kept for the export (`at_once`), not left to
+    the default action, which ends the process without a word."""
+    self.install()
+    try:
+      yield self
+    finally:
+      self.uninstall()
+
+  @contextlib.contextmanager
+  def at_once(self):
+    """A stop signal now raises StopNow, at once; one that arrived since
+    the last loop (in the last evaluation) raises it here. A checkpoint
+    is not written: the run's last one is, by then, and an export cut short
+    is only a temporary directory (serving/saved_model.py), so a rerun
+    writes it again."""
+    self.stop_requested()
+    if self._received:
+      terminate = self._received - {WARNING_SIGNAL}
+      raise StopNow(min(terminate) if terminate else WARNING_SIGNAL)
+    self._at_once = True
+    try:
+      yield
+    finally:
+      self._at_once = False
 
   def install(self) -> None:
     for signum in _SIGNALS:
-      self._previous[signum] = signal.signal(signum, self._on_signal)
+      # One ignored stays ignored: nohup's SIGHUP, a background job's
+      # Ctrl-C (Python keeps that one ignored too).
+      if signal.getsignal(signum) != signal.SIG_IGN:
+        self._previous[signum] = signal.signal(signum, self._on_signal)
     read_end, write_end = os.pipe()
     os.set_blocking(read_end, False)
     os.set_blocking(write_end, False)
@@ -151,14 +216,18 @@ class LoopGuard:
 
   def _on_signal(self, signum, frame):
     del frame
-    logging.warning('received %s: stopping after the current step',
-                    signal.Signals(signum).name)
+    logging.warning('received %s: %s', signal.Signals(signum).name,
+                    'stopping now' if self._at_once else
+                    'stopping after the current step')
     self._received.add(signum)
     # A second signal acts as it would without us (e.g. a hard Ctrl-C); a
     # warning may come twice (to the step and through the launcher) and
     # must not end the save it asked for.
     if signum != WARNING_SIGNAL:
       signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+    if self._at_once:
+      self._at_once = False  # One StopNow: the handlers on its way run.
+      raise StopNow(signum)
 
   def __call__(self, output) -> None:
     loop = output[LOOP_RECORD]

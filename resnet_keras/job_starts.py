@@ -6,23 +6,29 @@ run_summary.json names the scheduler, the job, its nodes and every
 requeue. Outside a Slurm job nothing is written.
 """
 
-import json
 import os
 import time
 from typing import Dict, List, Mapping, Optional
 
+from absl import logging
+
+from common import files
 from common import worker_contract as contract
 from common.files import write_json_atomically
 from resnet_keras import run_directory
 
 
 def read(model_dir: str) -> List[Dict]:
-  """The recorded starts, oldest first."""
-  try:
-    with open(os.path.join(model_dir, run_directory.SCHEDULER_FILE)) as f:
-      return json.load(f)
-  except FileNotFoundError:
-    return []
+  """The recorded starts, oldest first. A damaged file is passed over with
+  one warning, keeping the starts that read: it is only an account, which
+  no step depends on (as goodput.json)."""
+  path = os.path.join(model_dir, run_directory.SCHEDULER_FILE)
+  starts, why = files.read_records(
+      path, lambda s: isinstance(s, dict) and isinstance(s.get('job_id'), str))
+  if why:
+    logging.warning('%s is damaged (%s): it goes on with the %d starts that '
+                    'read', path, why, len(starts))
+  return starts
 
 
 def _write(model_dir: str, starts: List[Dict]) -> None:

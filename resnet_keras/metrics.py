@@ -139,7 +139,12 @@ class StepLogger:
             record['train_accuracy'], record['learning_rate'], rate,
             record.get('loss_scale'), wait, self._mixed_targets)
         if self._bar is not None:
-          self._bar.write(line)
+          try:
+            self._bar.write(line)
+          except OSError:
+            # Its terminal closed (SIGHUP: the run saves and stops at this
+            # loop's end); the log's line still goes to stderr.
+            self._bar = None
         logging.info(line)
         if self._metrics_log is not None:
           self._metrics_log.append(record)
@@ -194,11 +199,13 @@ class MetricsLog:
     self.path = os.path.join(model_dir, run_directory.METRICS_FILE)
     self._mirror = mirror
 
-  def resume_at(self, step: int) -> None:
-    """Drops records past `step`: a run resumed there trains them again."""
+  def resume_at(self, step: int) -> List[Dict]:
+    """Drops records past `step`: a run resumed there trains them again.
+    Returns the records kept."""
     kept = [r for r in read_metrics_log(self.model_dir) if r['step'] <= step]
     write_text_atomically(self.path,
                           ''.join(json.dumps(r) + '\n' for r in kept))
+    return kept
 
   def append(self, record: Dict) -> None:
     with open(self.path, 'a') as f:
@@ -231,13 +238,19 @@ def read_metrics_log(model_dir: str) -> List[Dict]:
   records = []
   for i, line in enumerate(lines):
     try:
-      records.append(json.loads(line))
+      record = json.loads(line)
     except ValueError:
       # A run killed while appending leaves a torn last line; that one alone
       # is expected.
       if i < len(lines) - 1:
         raise UsageError(f'{path} line {i + 1} is not JSON; delete the line '
                          'or the file') from None
+      continue
+    if not (isinstance(record, dict) and isinstance(record.get('step'), int)):
+      raise UsageError(f'{path} line {i + 1} is not a record of a step (an '
+                       'object with an integer "step"); delete the line or '
+                       'the file')
+    records.append(record)
   return records
 
 

@@ -173,9 +173,19 @@ class Reporting:
       metrics.write_hparams(summary_dir, _hparams(basis.cfg, plan))
 
   def resume_at(self, step: int) -> None:
-    """metrics.jsonl goes on from `step` (the chief's)."""
+    """metrics.jsonl goes on from `step` (the chief's). Its log line at
+    `step`, if it has one, gives the training loss and accuracy until this
+    attempt trains a step: a rerun of a run that had reached its end (its
+    export or summary cut short) trains none, and reports what that run
+    logged last, not NaN."""
     if self.metrics_log:
-      self.metrics_log.resume_at(step)
+      kept = self.metrics_log.resume_at(step)
+      logged = [r for r in kept if r['step'] == step and
+                isinstance(r.get('train_loss'), (int, float)) and
+                isinstance(r.get('train_accuracy'), (int, float))]
+      if logged:
+        self.logger.last_loss = float(logged[-1]['train_loss'])
+        self.logger.last_accuracy = float(logged[-1]['train_accuracy'])
 
   def evaluated(self, plan: TrainingPlan, step: int, results: Dict) -> None:
     """The line and metrics.jsonl record of an evaluation at `step`."""

@@ -147,9 +147,9 @@ def _run_on(basis: assembly.Basis, started: float,
   start_lib.restore(start, parts.weights(), cfg, basis.info, backend)
   attempt = goodput.Attempt(cfg.model_dir if backend.is_chief else None,
                             started, start.step)
-  outcome, logger = _train(basis, parts, start, run_started, attempt)
-  with attempt.timing('export'):
-    _export(basis, parts)
+  with parts.guard.installed():
+    outcome, logger = _train(basis, parts, start, run_started, attempt)
+    _export(basis, parts, attempt, outcome.step)
   # The job's account is the chief's: only it records every attempt.
   job = attempt.job() if backend.is_chief else None
   summary = reporting.write_summary(basis, parts, logger, outcome, start.step,
@@ -194,18 +194,27 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
       eval_summary_dir=reports.eval_summary_dir,
       train_actions=[attempt] + reports.actions)
   if backend.is_chief:
+    # metrics.jsonl first: one that does not read stops the run before
+    # config.json says it is this run's.
+    reports.resume_at(start.step)
     start_lib.write_run_files(
         start, cfg, parts.plan, basis.runtime_record,
         world.shape(backend.num_workers, parts.plan, os.environ))
     job_starts.record_start(cfg.model_dir, os.environ, start.step)
-    reports.resume_at(start.step)
-  parts.guard.install()
   input_watchdog = watchdog.Watchdog(
       cfg.tf_data_service_timeout if cfg.tf_data_service else 0,
       parts.step_record.input_waiting_since,
       input_service.end_stalled_run(cfg.tf_data_service)).start()
-  logging.info('training to step %d; SIGTERM or Ctrl-C: checkpoint after the '
-               'current step, then stop', parts.plan.total_train_steps)
+  if start.step < parts.plan.total_train_steps:
+    logging.info('training to step %d; SIGTERM, SIGHUP or Ctrl-C: checkpoint '
+                 'after the current step, then stop',
+                 parts.plan.total_train_steps)
+  else:  # start.decide refuses a checkpoint past the end.
+    # The run had reached its end (an export or summary cut short): the
+    # rest of its work, from that checkpoint.
+    logging.info('--model_dir=%s is trained to step %d, the end of this '
+                 'run: nothing to train; %s', cfg.model_dir, start.step,
+                 _what_is_left(cfg))
   try:
     if reports.profiler:
       reports.profiler()  # the first loop may be the window's
@@ -219,9 +228,15 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
     raise error from None
   finally:
     input_watchdog.stop()
-    parts.guard.uninstall()
     reports.close()
   return outcome, reports.logger
+
+
+def _what_is_left(cfg: RunConfig) -> str:
+  done = [] if cfg.skip_eval else ['evaluating it']
+  if cfg.enable_checkpoint_and_export:
+    done.append('exporting it')
+  return ', '.join(done + ['writing run_summary.json'])
 
 
 def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
@@ -261,7 +276,8 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
       # processes when one exits with an error.
       backend.wait_for_all()
       raise RunStopped(f'stopped by {stop} at step {step}; rerun the same '
-                       'command to resume', stop.exit_code) from None
+                       f'command to resume{stop.hint}',
+                       stop.exit_code) from None
     step = outcome.step = int(optimizer.iterations.numpy())
     if (cfg.enable_checkpoint_and_export and saves and
         plan.is_checkpoint_step(step)):
@@ -335,22 +351,40 @@ def _data_error(cfg: RunConfig, info: datasets.DatasetInfo,
   return UsageError(message) if message else None
 
 
-def _export(basis: assembly.Basis, parts: assembly.Parts) -> None:
-  """--enable_checkpoint_and_export: the chief exports the trained model."""
+def _export(basis: assembly.Basis, parts: assembly.Parts,
+            attempt: goodput.Attempt, step: int) -> None:
+  """--enable_checkpoint_and_export: the chief exports the trained model
+  (timed in `attempt`). A stop signal ends it at once (the guard's
+  `at_once`: a scheduler's grace period may be shorter than an export),
+  and says so; the run's checkpoint at `step` is written by then, and the
+  rerun exports it (`_train`: nothing to train)."""
   cfg, backend = basis.effective_cfg, basis.backend
   if not cfg.enable_checkpoint_and_export:
     return
-  with ema_lib.in_model(parts.ema):
+  try:
+    with attempt.timing('export'), parts.guard.at_once(), \
+        ema_lib.in_model(parts.ema):
+      if backend.is_chief:
+        logging.info('exporting the model of step %d', step)
+        path, = saved_model.export_run(parts.network, cfg, cfg.model_dir)
+        logging.info('exported SavedModel to %s%s', path,
+                     ' (the weight average)' if parts.ema else '')
+      elif backend.collective_saves:
+        # Under multi_worker_mirrored reading the weights is a collective
+        # (batch norm statistics are averaged when read): the other workers
+        # join the chief's read, once, as its export copies them.
+        with backend.progress.waiting():
+          parts.network.get_weights()
+  except guards.StopNow as stop:
+    attempt.write()
     if backend.is_chief:
-      path, = saved_model.export_run(parts.network, cfg, cfg.model_dir)
-      logging.info('exported SavedModel to %s%s', path,
-                   ' (the weight average)' if parts.ema else '')
-    elif backend.collective_saves:
-      # Under multi_worker_mirrored reading the weights is a collective
-      # (batch norm statistics are averaged when read): the other workers
-      # join the chief's read, once, as its export copies them.
-      with backend.progress.waiting():
-        parts.network.get_weights()
+      job_starts.record_stop(cfg.model_dir, os.environ, str(stop), step)
+    raise RunStopped(
+        f'stopped by {stop} during the export of step {step}\'s model: '
+        f'{run_directory.SAVED_MODEL_DIR}/ and run_summary.json are not '
+        'written (an earlier export stays as it was); rerun the same command '
+        f'to write them from the newest checkpoint{stop.hint}',
+        stop.exit_code) from None
 
 
 def _reached(cfg: RunConfig, results: Dict) -> bool:

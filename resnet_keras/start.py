@@ -51,6 +51,7 @@ import tf_keras
 from absl import logging
 
 from common import distribution
+from common import files
 from common.errors import UsageError
 from common.files import write_json_atomically
 from resnet_keras import checkpoints
@@ -104,11 +105,14 @@ def decide(cfg: RunConfig, plan: TrainingPlan) -> Start:
   model, a warm-start source of another model, and a restored step at or
   past the end of the plan.
   """
+  _check_run_files(cfg.model_dir)
+  world.read(cfg.model_dir)  # A damaged record stops here, before any write.
   latest, own = checkpoints.latest(cfg.model_dir)
   flag, path = ((RESTORE_FLAG, cfg.restore_from) if cfg.restore_from else
                 (PRETRAINED_FLAG, cfg.pretrained_checkpoint))
   if latest:
     checkpoints.check_resumable(cfg.model_dir, cfg)
+    _check_resume_goes_on(cfg, plan, own)
     if path:
       logging.info('%s ignored: --model_dir=%s has its own checkpoint (step '
                    '%d) and resumes from it', flag, cfg.model_dir, own)
@@ -129,6 +133,62 @@ def decide(cfg: RunConfig, plan: TrainingPlan) -> Start:
         f'only {plan.total_train_steps} steps, so it would train nothing; '
         'raise --train_epochs, or drop --restore_optimizer to start at step 0')
   return Start(WARM, step, checkpoint=source.checkpoint, source=source)
+
+
+# The files a run writes whole at its top level (a write replaces each).
+_RUN_FILES = (run_directory.CONFIG_FILE, run_directory.WORLD_FILE,
+              run_directory.SCHEDULER_FILE, run_directory.WARM_START_FILE,
+              run_directory.GOODPUT_FILE, run_directory.METRICS_FILE,
+              run_directory.SUMMARY_FILE)
+
+
+def _check_run_files(model_dir: str) -> None:
+  """Refuses, before any work, a folder (or anything but a file) where the
+  run writes one of its files: the write would fail after the training."""
+  for name in _RUN_FILES:
+    path = os.path.join(model_dir, name)
+    if os.path.lexists(path) and not os.path.isfile(path):
+      raise UsageError(f'{path} {files.kind_of(path)}, where the run writes a '
+                       'file of that name; move it away, or choose another '
+                       '--model_dir')
+
+
+def _check_resume_goes_on(cfg: RunConfig, plan: TrainingPlan,
+                          own: int) -> None:
+  """Refuses a resume that cannot be the run it goes on with.
+
+  Another --optimizer: a resume is the saved run going on (exactly, with
+  --global_seed), and the checkpoint's optimizer state (momentum, moment
+  estimates, LARS's or LAMB's) is half of that run; restored into another
+  optimizer it would be dropped without a word, and config.json would then
+  describe steps no optimizer took. Changing optimizers is a new run from
+  these weights, which --restore_from is, with its own record of where it
+  began (warm_start.json). Other optimizer flags (learning rate, momentum,
+  decay) keep the state's meaning and may change on a resume.
+
+  A checkpoint past the plan's end: a step cannot be untrained, so no run
+  of fewer steps can come of it; training "to" an earlier step would only
+  evaluate and export the longer run under the shorter one's name. The
+  plan's end itself is allowed: that run finishes what it had left (its
+  export and summary, `run._train`).
+  """
+  saved = (checkpoints.read_config(cfg.model_dir)[0] if os.path.exists(
+      os.path.join(cfg.model_dir, run_directory.CONFIG_FILE)) else cfg)
+  if saved.optimizer != cfg.optimizer:
+    raise UsageError(
+        f'--model_dir={cfg.model_dir} holds a run trained with --optimizer='
+        f'{saved.optimizer} (to step {own}); resuming it with --optimizer='
+        f'{cfg.optimizer} would drop its optimizer state: rerun with '
+        f'--optimizer={saved.optimizer} to resume, or start a new run from '
+        f'its weights in another --model_dir with --restore_from='
+        f'{cfg.model_dir}')
+  if own > plan.total_train_steps:
+    raise UsageError(
+        f'--model_dir={cfg.model_dir} is trained to step {own}, past the end '
+        f'of this run ({plan.total_train_steps} steps: --train_epochs='
+        f'{cfg.train_epochs} of {plan.steps_per_epoch}); a checkpoint cannot '
+        'be trained back: ask for at least as many steps to resume it, or '
+        'use another --model_dir (or --clean) to train a shorter run')
 
 
 def check_announced(start: Start, announced: Optional[int],
@@ -213,8 +273,17 @@ def _batches_read(model_dir: str, step: int, global_batch: int) -> int:
   path = os.path.join(model_dir, run_directory.WARM_START_FILE)
   if not os.path.exists(path):
     return step
-  with open(path) as f:
-    return step - json.load(f)['step']
+  try:
+    with open(path) as f:
+      began = json.load(f)['step']
+    if not isinstance(began, int) or not 0 <= began <= step:
+      raise ValueError(f'"step" {began!r}, not a step up to {step}')
+  except (OSError, ValueError, KeyError, TypeError) as e:
+    raise UsageError(
+        f'{path} is damaged ({e!r}): it records the step a warm start began '
+        'at, from which a resume finds where its data goes on; restore it, '
+        'or delete it to resume as a run that began at step 0') from None
+  return step - began
 
 
 @dataclasses.dataclass

@@ -10,12 +10,13 @@ its input gave before (the data goes on after them, whatever the batch is
 now: start.py) and run_summary.json lists every change with its step.
 """
 
-import json
 import os
 from typing import Dict, List, Mapping, Optional
 
 from common import batch_rule
+from common import files
 from common import worker_contract
+from common.errors import UsageError
 from common.files import write_json_atomically
 from resnet_keras import run_directory
 from resnet_keras.plan import TrainingPlan
@@ -36,12 +37,26 @@ def shape(num_workers: int, plan: TrainingPlan,
 
 def read(model_dir: str) -> List[Dict]:
   """The recorded shapes, oldest first (none: a run from before this file,
-  or one that has not started)."""
-  try:
-    with open(os.path.join(model_dir, run_directory.WORLD_FILE)) as f:
-      return json.load(f)
-  except FileNotFoundError:
-    return []
+  or one that has not started).
+
+  A damaged file is refused in one line, not passed over: a resume reads
+  from it where its data goes on, and without it would silently take the
+  job's batch as the one it always had. Deleting the file says so."""
+  path = os.path.join(model_dir, run_directory.WORLD_FILE)
+  history, why = files.read_records(
+      path, lambda entry: isinstance(entry, dict) and _count(
+          entry.get('step')) and _count(entry.get('global_batch_size')))
+  if why:
+    raise UsageError(
+        f'{path} is damaged ({why}; each a shape with an integer "step" and '
+        '"global_batch_size"): it records the job\'s batch sizes, from which '
+        'a resume finds where its data goes on; restore it, or delete it to '
+        'resume as a job whose batch never changed')
+  return history
+
+
+def _count(value) -> bool:
+  return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def record(model_dir: str, shape: Dict) -> List[Dict]:

@@ -21,6 +21,7 @@ import signal
 import sys
 import tempfile
 import time
+import unicodedata
 from typing import NamedTuple
 
 from PIL import Image
@@ -70,20 +71,47 @@ class BadImageError(Exception):
 # Listing the raw tree.
 
 
+def _entries(directory, kind):
+  """The names of the entries of `directory` that are of `kind` ('file' or
+  'dir', links followed), but hidden ones. An entry that cannot be told (a
+  symbolic link that loops, one into a folder not readable) is refused in
+  one line: skipped, it would leave a class or its images out unsaid."""
+  try:
+    with os.scandir(directory) as entries:
+      return [e.name for e in entries if not e.name.startswith('.') and
+              (e.is_file() if kind == 'file' else e.is_dir())]
+  except OSError as e:
+    raise UsageError(f'{e.filename or directory} cannot be read ({e.strerror}'
+                     '); fix or remove it (a symbolic link that loops?)'
+                     ) from None
+
+
 def _image_files(directory):
   """Sorted paths of the image files directly inside `directory`."""
   # Hidden files are skipped: macOS leaves '._x.JPEG' metadata files behind.
-  with os.scandir(directory) as entries:
-    names = [e.name for e in entries
-             if e.is_file() and not e.name.startswith('.')
-             and e.name.lower().endswith(IMAGE_EXTENSIONS)]
+  names = [name for name in _entries(directory, 'file')
+           if name.lower().endswith(IMAGE_EXTENSIONS)]
   return [os.path.join(directory, name) for name in sorted(names)]
 
 
 def _class_folders(directory):
-  with os.scandir(directory) as entries:
-    return sorted(e.name for e in entries
-                  if e.is_dir() and not e.name.startswith('.'))
+  return sorted(_entries(directory, 'dir'))
+
+
+def _check_class_name(folder):
+  """Refuses a class folder whose name labels.txt cannot hold as one line
+  of its own, read back as it was written (imagenet.read_labels strips
+  each line and skips blank ones): a newline or another control character
+  in it, a line or paragraph separator, or blanks at either end would
+  shift or rename every class after it."""
+  name = os.path.basename(folder)
+  bad = [c for c in name if unicodedata.category(c) in ('Cc', 'Zl', 'Zp')]
+  if bad or name != name.strip():
+    what = (f'a control character ({bad[0]!r})' if bad else
+            'a blank at its start or end')
+    raise UsageError(f'class folder {folder!r} has {what} in its name, which '
+                     'labels.txt (one class name a line) cannot hold; rename '
+                     'the folder')
 
 
 def raw_split_dir(raw_dir, split, what):
@@ -128,6 +156,8 @@ def list_train(raw_dir):
   if not synsets:
     raise UsageError(f'{train_dir} has no class folders; expected '
                      f'{train_dir}/<synset>/*.JPEG')
+  for synset in synsets:
+    _check_class_name(os.path.join(train_dir, synset))
   return synsets, list_class_folder_images(train_dir, synsets,
                                           label_map(synsets))
 

@@ -56,6 +56,15 @@ class _SavedModel(Deployed):
           '--enable_checkpoint_and_export to export it again')
     self._pixels = loaded.signatures[contract.UINT8_SIGNATURE]
     self._encoded = loaded.signatures[contract.ENCODED_SIGNATURE]
+    if contract.CLASSIFIER_OUTPUT not in self._pixels.structured_outputs:
+      # A feature vector (the export tool's --feature_vector): features
+      # have no classes to rank.
+      classifier = os.path.join(os.path.dirname(os.path.normpath(path)),
+                                contract.CLASSIFIER_DIR)
+      raise UsageError(
+          f'{path} returns {", ".join(self._pixels.structured_outputs)}, '
+          f'not {contract.CLASSIFIER_OUTPUT}: it is a feature vector, not a '
+          f'classifier; give the classifier exported beside it ({classifier})')
     self.image_size = int(self._pixels.structured_input_signature[1][
         contract.INPUT_NAME].shape[1])
     self.num_classes = int(self._pixels.structured_outputs[

@@ -123,3 +123,37 @@ def test_a_repeated_warning_does_not_end_the_save_it_asked_for():
     assert stop.value.exit_code == 138
   finally:
     guard.uninstall()
+
+
+def test_in_the_export_a_signal_stops_at_once_and_one_before_it_too():
+  """No step comes to stop at in the export: the handler raises StopNow
+  where Python next runs, and a signal of the last evaluation raises it as
+  the export begins."""
+  guard = _guard()
+  with guard.installed():
+    with pytest.raises(guards.StopNow) as stop:
+      with guard.at_once():
+        signal.raise_signal(signal.SIGHUP)
+        pytest.fail('the export went on after SIGHUP')
+    assert stop.value.exit_code == 129 and 'nohup' in stop.value.hint
+  guard = _guard()
+  with guard.installed():
+    signal.raise_signal(signal.SIGUSR1)
+    signal.raise_signal(signal.SIGTERM)
+    with pytest.raises(guards.StopNow) as stop:
+      with guard.at_once():
+        pytest.fail('the export began after SIGTERM')
+    assert stop.value.exit_code == 143  # A stop rather than a requeue.
+
+
+def test_a_signal_ignored_at_the_start_stays_ignored():
+  """nohup's SIGHUP: the run goes on when its terminal closes."""
+  before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+  try:
+    guard = _guard()
+    with guard.installed():
+      assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+      signal.raise_signal(signal.SIGHUP)
+      assert not guard.stop_requested()
+  finally:
+    signal.signal(signal.SIGHUP, before)
