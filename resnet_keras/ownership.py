@@ -352,6 +352,7 @@ class Owner:
     self._lock = threading.Lock()
     self._stop = threading.Event()
     self.created = False  # take() made model_dir itself
+    self._grew = False  # this holder recorded what it wrote
     self._heartbeat = threading.Thread(target=self._beat, daemon=True,
                                        name='run_directory_heartbeat')
     self._heartbeat.start()
@@ -371,6 +372,7 @@ class Owner:
       f.flush()
       os.fsync(f.fileno())
     self._recorded.update(new)
+    self._grew = True
 
   def note_written(self) -> None:
     """Records what appeared since the last look: the run's."""
@@ -429,6 +431,12 @@ class Owner:
       return
     try:
       self.note_written()
+      if self._grew:  # Compacted: what the run wrote and removed goes.
+        with self._lock:
+          found = _walk(self.model_dir)[0]
+          self._recorded = {r for r in self._recorded if r in found}
+          _write_record(os.path.join(self.model_dir, RECORD_FILE),
+                        self._recorded)
     except OSError:
       pass  # A full disk: the next holder records it from our `since`.
     with self._lock:
@@ -559,14 +567,15 @@ def _own(model_dir: str, fd: int, previous: Optional[Holder], flag: str,
                  if ctime >= previous.since - _CLOCK_SLACK}
     logging.info('%s: taken over from %s, which no longer holds it',
                  model_dir, previous.describe())
-  recorded = {rel for rel in recorded if rel in found}
-  if recorded != read or not had_record:  # Else: nothing changed on disk.
+  # Only a new record, or one that gained paths, is written: a run refused
+  # after this changes nothing on disk. What is gone leaves it in clean().
+  if recorded != read or not had_record:
     _write_record(record_path, recorded)
   return Owner(model_dir, fd, recorded, set(found))
 
 
 def _write_record(path: str, recorded: Set[str]) -> None:
-  """The record rewritten whole (compacted: only what is there)."""
+  """The record rewritten whole."""
   files.write_text_atomically(
       path, ''.join(json.dumps(p) + '\n' for p in sorted(recorded)))
 

@@ -38,6 +38,7 @@ from resnet_keras import lr_schedules
 from resnet_keras import metrics
 from resnet_keras import ownership
 from resnet_keras import reporting
+from resnet_keras import run_directory
 from resnet_keras import start as start_lib
 from resnet_keras import tracking
 from resnet_keras import watchdog
