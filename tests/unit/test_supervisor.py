@@ -186,6 +186,8 @@ import os, signal, sys
 runs = os.path.join(sys.argv[1], 'runs')
 with open(runs, 'a') as f:
     f.write(os.environ['RESNET_KERAS_RESTARTS'] + '\\n')
+with open(runs + '.job', 'a') as f:
+    f.write(os.environ['RESNET_KERAS_JOB'] + '\\n')
 if len(open(runs).read().split()) < {n}:
     os.kill(os.getpid(), signal.SIGKILL)
 '''
@@ -195,6 +197,9 @@ def test_a_job_that_fails_is_restarted_up_to_max_restarts(tmp_path):
   code, lines = _supervise(tmp_path, FLAKY.format(n=3), max_restarts=2)
   assert code == 0
   assert (tmp_path / 'runs').read_text().split() == ['0', '1', '2']
+  # One job: each attempt may take the run directory over from the last.
+  jobs = (tmp_path / 'runs.job').read_text().split()
+  assert len(jobs) == 3 and len(set(jobs)) == 1 and jobs[0]
   restarts = [line for line in lines if line.startswith('restart ')]
   assert restarts == ['restart 1 of 2: the job exited with code 137 '
                       '(SIGKILL (9))', 'restart 2 of 2: the job exited with '
