@@ -119,6 +119,34 @@ class SlurmCluster:
                            f' (logs in {self.dir})')
       time.sleep(0.2)  # Polls sinfo until every node is idle.
 
+  def heal(self, timeout: float = 180, steady: float = 3) -> None:
+    """Every node idle again, and still so `steady` s later: a node a test
+    set down or cut is resumed, and so is one slurmd drains a moment after
+    its job ended ('Kill task failed': seen 0.7 s after the node was idle
+    again, which left the next test's job pending for good). Returns as
+    soon as that holds; `timeout` bounds a Slurm that never comes back."""
+    deadline = time.monotonic() + timeout
+    want = f'idle {len(self.cluster.hosts)}'
+    idle_since = None
+    while True:
+      state = self.run(['sinfo', '-h', '-o', '%T %D']).stdout.strip()
+      now = time.monotonic()
+      if state != want:
+        idle_since = None
+        stuck = self.run(['sinfo', '-h', '-N', '-o', '%N', '-t',
+                          'down,drained,draining,fail,failing']).stdout
+        for node in sorted(set(stuck.split())):
+          self.run(['scontrol', 'update', f'nodename={node}',
+                    'state=resume'])
+      elif idle_since is None:
+        idle_since = now
+      elif now - idle_since >= steady:
+        return
+      if now > deadline:
+        raise RuntimeError(f'Slurm did not come back: sinfo says {state} '
+                           f'after {timeout:.0f} s (logs in {self.dir})')
+      time.sleep(0.5)
+
   def stop(self) -> None:
     for process in self._processes:
       process.kill()

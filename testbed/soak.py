@@ -175,11 +175,8 @@ class Soak:
     if self.slurm is not None:
       for job in self.slurm.run(['squeue', '-h', '-o', '%i']).stdout.split():
         self.slurm.run(['scancel', job])
-      for host in self.cluster.hosts:
-        self.slurm.run(['scontrol', 'update', f'nodename={host.name}',
-                        'state=resume'])
       try:
-        self.slurm.wait_until_idle(timeout=90)
+        self.slurm.heal()
       except RuntimeError as e:
         _say(f'  Slurm not idle after the job: {e}')
 
