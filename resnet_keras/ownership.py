@@ -333,6 +333,51 @@ def _check_paths_inside(model_dir: str, links: List[str]) -> None:
         'and would prune it: remove that line (or the file)')
 
 
+def holder_of(model_dir: str) -> Optional[Holder]:
+  """Who holds model_dir now, as far as this host can see without taking
+  anything (None: nobody): a flock on its lock file (/proc/locks), or
+  another host's lock renewed within STALE_SECONDS."""
+  try:
+    fd = os.open(os.path.join(model_dir, LOCK_FILE),
+                 os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+  except OSError:
+    return None
+  try:
+    holder, info = Holder.read(fd), os.fstat(fd)
+  finally:
+    os.close(fd)
+  if _flocked(info):
+    return holder or Holder('another process', 'this host', 0, info.st_mtime)
+  if (holder and holder.host != socket.gethostname() and
+      time.time() - info.st_mtime < STALE_SECONDS):
+    return holder
+  return None
+
+
+def _flocked(info: os.stat_result) -> bool:
+  """Whether a flock is held on the file `info` describes (the kernel's
+  table: reading it takes none, so it races with no writer)."""
+  device = (f'{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:'
+            f'{info.st_ino}')
+  try:
+    with open('/proc/locks') as f:
+      rows = [line.split() for line in f]
+  except OSError:
+    return False
+  return any(len(row) > 5 and row[1] == 'FLOCK' and row[5] == device
+             for row in rows)
+
+
+def check_free(model_dir: str, environ: Mapping[str, str]) -> None:
+  """Refuses, in one line, a launch into a run directory another job
+  holds (the launcher asks before it contacts any host; its trainer's
+  chief takes the directory)."""
+  holder = holder_of(model_dir)
+  job = worker_contract.job_identity(environ)
+  if holder and not (job and holder.job == job):
+    raise _in_use('--model_dir', model_dir, holder)
+
+
 def _top(rel: str) -> str:
   """The top-level entry a path lies in ('train/' for 'train/events')."""
   top, slash, _ = rel.partition('/')

@@ -157,6 +157,8 @@ class Job:
     # 0. A job the scheduler requeued resumes, whatever its script says.
     requeues = worker_contract.requeues(self.placement.environ)
     cleans = self._cfg.clean and not requeues
+    if self._cfg.model_dir:  # One writer: another job's stops this one here.
+      ownership.check_free(self._cfg.model_dir, self.placement.environ)
     if cleans:
       # The trainer's chief cleans; a model_dir it would refuse to clean
       # stops the job here, before any host is contacted.

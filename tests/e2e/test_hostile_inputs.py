@@ -286,7 +286,9 @@ def test_a_fifo_among_the_images_is_skipped_with_a_line(place, tmp_path):
     ('resnet_keras.validate', ['--model_dir={run}']),
     ('resnet_keras.export', ['--model_dir={run}']),
     ('resnet_keras.average', ['--model_dir={run}', '--last=2']),
-    ('resnet_keras.plots', ['{run}'])],
+    ('resnet_keras.plots', ['{run}']),
+    # A launch, before it contacts a host (these run no sshd).
+    (LAUNCHER, ['--use_horovod', '--model_dir={run}'])],
     ids=lambda v: v.split('.')[-1] if isinstance(v, str) else ' '.join(v))
 def test_a_second_writer_is_refused_and_the_first_untouched(
     place, program, args, fresh_tensorflow_state):
@@ -298,7 +300,8 @@ def test_a_second_writer_is_refused_and_the_first_untouched(
     if program == TRAINER:
       args = RUN_ARGS + [f'--data_dir={place["data"]}',
                          f'--model_dir={place["run"]}'] + args
-    result = run(program, args)
+    result = run(program, args, {'MULTI_HLS_IPS': '127.0.0.2,127.0.0.3'}
+                 if program == LAUNCHER else None)
     assert tree_hash(place['root']) == before
   runner.assert_one_line_error(
       result, f'is in use by resnet_ctl_imagenet_main (pid {os.getpid()} on',

@@ -266,3 +266,25 @@ def test_a_link_anywhere_is_refused(tmp_path, link):
   os.remove(os.path.join(run, link))
   os.symlink(run, tmp_path / 'alias')
   ownership.take(str(tmp_path / 'alias'), 'trainer').release()
+
+
+def test_who_holds_a_directory_is_seen_without_taking_it(tmp_path):
+  run = str(tmp_path / 'run')
+  assert ownership.holder_of(run) is None
+  with ownership.take(run, 'trainer',
+                      environ={worker_contract.JOB_VAR: 'job-1'}):
+    seen = ownership.holder_of(run)
+    assert (seen.program, seen.pid, seen.job) == ('trainer', os.getpid(),
+                                                  'job-1')
+    ownership.check_free(run, {worker_contract.JOB_VAR: 'job-1'})
+    with pytest.raises(UsageError) as raised:
+      ownership.check_free(run, {})
+    _one_line(raised, 'is in use by trainer')
+    # Looking took nothing: the holder still holds it alone.
+    with pytest.raises(UsageError):
+      ownership.take(run, 'second')
+  _write(os.path.join(run, 'config.json'))
+  _lock_record(run, pid=2**22 + 1)  # a dead holder's file: free
+  assert ownership.holder_of(run) is None
+  _lock_record(run, host='elsewhere')
+  assert ownership.holder_of(run).host == 'elsewhere'
