@@ -134,7 +134,7 @@ class SlurmCluster:
       if state != want:
         idle_since = None
         stuck = self.run(['sinfo', '-h', '-N', '-o', '%N', '-t',
-                          'down,drained,draining,fail,failing']).stdout
+                          'down,drain,fail']).stdout
         for node in sorted(set(stuck.split())):
           self.run(['scontrol', 'update', f'nodename={node}',
                     'state=resume'])
