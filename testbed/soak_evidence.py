@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -131,9 +132,23 @@ def checkpoint_files(model_dir: str) -> Dict[str, str]:
 def copy_checkpoints(model_dir: str, into: str) -> None:
   """model_dir's checkpoints as they are (read later: reading takes long,
   and the job goes on writing)."""
-  if os.path.isdir(model_dir):
-    shutil.copytree(model_dir, into, ignore=shutil.ignore_patterns(
-        'saved_model*', 'worker_*', 'filler', '*.json*', 'plots'))
+  if not os.path.isdir(model_dir):
+    return
+  # What a write in progress holds (a checkpoint's temporary folder, an
+  # atomic write's temporary, the lock) may vanish while it is copied: such
+  # entries are left out, and a copy that met one gone is taken again.
+  ignore = shutil.ignore_patterns(
+      'saved_model*', 'worker_*', 'filler', '*.json*', 'plots', '*_temp*',
+      '.*.tmp', 'run.lock*', 'run_files.txt')
+  for attempt in range(5):
+    shutil.rmtree(into, ignore_errors=True)
+    try:
+      shutil.copytree(model_dir, into, ignore=ignore)
+      return
+    except shutil.Error:
+      if attempt == 4:
+        raise
+      time.sleep(0.2)
 
 
 def readable(model_dir: str) -> List[int]:
