@@ -246,7 +246,7 @@ def _replace_lock(path: str, holder: Holder, flag: str) -> int:
   return fd
 
 
-def _walk(model_dir: str) -> Tuple[Dict[str, Tuple[bool, float]], List[str]]:
+def _walk(model_dir: str) -> Tuple[Dict[str, float], List[str]]:
   """Every path under model_dir but the lock and the record, relative, a
   folder's ending in '/', with its ctime; and the symbolic links among
   them."""
@@ -266,7 +266,7 @@ def _walk(model_dir: str) -> Tuple[Dict[str, Tuple[bool, float]], List[str]]:
         links.append(rel)
         continue
       is_dir = name in dirs
-      found[rel + '/' if is_dir else rel] = (is_dir, info.st_ctime)
+      found[rel + '/' if is_dir else rel] = info.st_ctime
     dirs[:] = [d for d in dirs if not os.path.islink(os.path.join(folder, d))]
   return found, links
 
@@ -458,12 +458,16 @@ class Owner:
           removed.add(_top(rel))
         except OSError:
           pass  # Holds what no run wrote: it stays, and so does that.
-      left = set(_walk(self.model_dir)[0])
-      self._recorded = {r for r in self._recorded if r in left}
-      _write_record(os.path.join(self.model_dir, RECORD_FILE),
-                    self._recorded)
-      self._seen = left
+      self._seen = self._compact()
       return sorted(removed)
+
+  def _compact(self) -> Set[str]:
+    """The record rewritten with only what is there (a run's paths it
+    removed itself go); returns what is there. Under self._lock."""
+    there = set(_walk(self.model_dir)[0])
+    self._recorded = {r for r in self._recorded if r in there}
+    _write_record(os.path.join(self.model_dir, RECORD_FILE), self._recorded)
+    return there
 
   def release(self) -> None:
     """Records what the run wrote last and lets the directory go. Where
@@ -476,12 +480,9 @@ class Owner:
       return
     try:
       self.note_written()
-      if self._grew:  # Compacted: what the run wrote and removed goes.
+      if self._grew:  # A run that wrote nothing leaves the record alone.
         with self._lock:
-          found = _walk(self.model_dir)[0]
-          self._recorded = {r for r in self._recorded if r in found}
-          _write_record(os.path.join(self.model_dir, RECORD_FILE),
-                        self._recorded)
+          self._compact()
     except OSError:
       pass  # A full disk: the next holder records it from our `since`.
     with self._lock:
@@ -608,7 +609,7 @@ def _own(model_dir: str, fd: int, previous: Optional[Holder], flag: str,
   if previous:
     # What appeared while a holder that died held it is that run's: its
     # last look did not see it.
-    recorded |= {rel for rel, (_, ctime) in found.items()
+    recorded |= {rel for rel, ctime in found.items()
                  if ctime >= previous.since - _CLOCK_SLACK}
     logging.info('%s: taken over from %s, which no longer holds it',
                  model_dir, previous.describe())
