@@ -60,13 +60,20 @@ done
 # (benchmarks/HISTORY.md, fifteenth session). --quick and named tests keep
 # one worker per core: they were not measured with more.
 workers=$(nproc)
-if [ "${paths[*]:-}" = tests ]; then workers=$(( workers + 1 )); fi
+budget=()
+if [ "${paths[*]:-}" = tests ] && [ ${#select[@]} -eq 0 ]; then
+  workers=$(( workers + 1 ))
+  # The full suite in its time budget, scaled by this machine's measured
+  # pace (tests/support/budget.py).
+  budget=(--suite-budget)
+fi
 workers=${TEST_WORKERS:-$(( workers < 4 ? workers : 4 ))}
 # loadgroup: the tests of one xdist_group (one mpirun job at a time; a
 # module's shared runs) stay in one worker, the rest go test by test.
-# A lost worker (the OOM killer, a crash, pytest-timeout's exit) can leave
-# xdist waiting with no test running, which no per-test limit sees: the whole
-# run is bounded well inside CI's 90 minutes (exit 124 when it fires).
-timeout --kill-after=60 70m \
+# A stuck run ends by itself, naming the tests it was running, once no test
+# has ended for longer than any may take (tests/support/deadlines.py); this
+# limit is the last resort should pytest itself hang (exit 124), generous
+# for a busy machine's full suite.
+timeout --kill-after=60 150m \
   python3 -m pytest "${paths[@]}" -q -n "$workers" --dist loadgroup \
-  "${select[@]}" "$@"
+  "${select[@]}" "${budget[@]}" "$@"
