@@ -15,7 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from testbed.soak_invariants import JobRecord
+from testbed.soak_invariants import JobRecord, wrong_end
 from testbed.soak_plan import JobPlan
 
 _STEP = re.compile(r' I step (\d+)/')
@@ -111,8 +111,9 @@ def read_results(record: JobRecord, log, model_dir: str,
     goodput = summary.get('goodput')
     if isinstance(goodput, dict):
       record.goodput = goodput.get('goodput')
-  if record.outcome == 'completed' and summary.get(
-      'train_steps') != record.plan.steps:
+  record.summary_steps = summary.get('train_steps')
+  if record.outcome == 'completed' and wrong_end(record.summary_steps,
+                                                 record.plan.steps):
     record.outcome = 'wrong end'
 
 

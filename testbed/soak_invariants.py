@@ -22,7 +22,7 @@ SHRUNK_DRIFT = 0.25
 class JobRecord:
   """What a job did, as the soak saw it (all the invariants read)."""
   plan: JobPlan
-  outcome: str  # completed, named, killed, unnamed, HANG, missed
+  outcome: str  # completed, named, killed, unnamed, HANG, missed, wrong end
   seconds: float = 0.0  # From the last fault to the end.
   bound: float = 0.0
   last_line: str = ''
@@ -38,6 +38,9 @@ class JobRecord:
   files_after: Dict[str, str] = dataclasses.field(default_factory=dict)
   truncated: List[str] = dataclasses.field(default_factory=list)
   interval: int = 4
+  # run_summary.json's train_steps: the step the run ended at (None: it
+  # wrote no summary).
+  summary_steps: Optional[int] = None
   weights: Optional[str] = None
   reference_weights: Optional[str] = None
   shrank: bool = False
@@ -60,13 +63,34 @@ class JobRecord:
 ENDED_WELL = ('completed', 'named', 'killed')
 
 
+def wrong_end(summary_steps: Optional[int], planned: int) -> str:
+  """Why a run that exited 0 did not end where planned ('': it did)."""
+  if summary_steps is None:
+    return 'exited 0 without a run_summary.json'
+  if summary_steps != planned:
+    return f'exited 0 at step {summary_steps}, not its planned {planned}'
+  return ''
+
+
 def check_ended(record: JobRecord) -> List[str]:
+  """It ended well: at its planned step, on a line naming the fault, or
+  killed with its launcher. Whatever else it did breaks this, so that an
+  outcome added later cannot pass unseen."""
+  if record.outcome in ('completed', 'wrong end'):
+    why = wrong_end(record.summary_steps, record.plan.steps)
+    if why:
+      return [why]
   if record.outcome == 'HANG':
     return [f'no end within {record.bound:.0f} s of the last fault']
   if record.outcome == 'soak error':
     return [f'the soak failed: {record.last_line}']
   if record.outcome == 'unnamed':
     return [f'ended without a line naming the fault: {record.last_line!r}']
+  if record.outcome == 'missed':
+    return [f'ended before its {record.plan.fault} at {record.plan.moment} '
+            'struck']
+  if record.outcome not in ENDED_WELL:
+    return [f'outcome {record.outcome!r}']
   return []
 
 

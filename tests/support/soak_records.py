@@ -22,7 +22,8 @@ def record(**changes) -> JobRecord:
                 files_before={'ckpt-4.index': 'a', 'ckpt-8.index': 'b'},
                 files_after={'ckpt-4.index': 'a', 'ckpt-8.index': 'b',
                              'ckpt-12.index': 'c'},
-                weights='w', reference_weights='w', restarts_logged=1,
+                summary_steps=24, weights='w', reference_weights='w',
+                restarts_logged=1,
                 summary_restarts=1, summary_world_sizes=1)
   fields.update(changes)
   return JobRecord(**fields)

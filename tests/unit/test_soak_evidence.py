@@ -1,9 +1,14 @@
 """testbed/soak_evidence.py: the soak's readers of a job's log and of its
 checkpoints."""
 
+import json
+
 import pytest
 
 from testbed import soak_evidence
+from testbed import soak_invariants
+from testbed import soak_jobs
+from tests.support import soak_records
 
 
 def _run_dir(path, steps_and_values):
@@ -45,3 +50,19 @@ def test_the_log_readers():
       '0 (no checkpoint yet); 53 s lost',
       'E elastic: the job grows from 2 to 3 host(s) (a, b, c): ...; resuming '
       'at step 12; 9 s lost']) == [0, 12]
+
+
+@pytest.mark.parametrize('summary,outcome', [
+    (None, 'wrong end'), ({'train_steps': 20}, 'wrong end'),
+    ({'train_steps': 24}, 'completed')])
+def test_a_job_that_exited_0_short_of_its_steps_ended_wrong(
+    tmp_path, summary, outcome):
+  model_dir = tmp_path / 'model'
+  model_dir.mkdir()
+  if summary is not None:
+    (model_dir / 'run_summary.json').write_text(json.dumps(summary))
+  record = soak_records.record(summary_steps=None)
+  soak_evidence.read_results(record, soak_jobs.Log(str(tmp_path / 'log')),
+                             str(model_dir), last_fault=0.0)
+  assert record.outcome == outcome
+  assert bool(soak_invariants.check_ended(record)) == (outcome != 'completed')

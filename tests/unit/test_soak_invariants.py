@@ -15,6 +15,15 @@ def test_a_clean_record_breaks_no_invariant():
     (dict(outcome='HANG'), 'ends: no end within 300 s'),
     (dict(outcome='unnamed', last_line='Killed'),
      "ends: ended without a line naming the fault: 'Killed'"),
+    (dict(outcome='wrong end', summary_steps=None),
+     'ends: exited 0 without a run_summary.json'),
+    (dict(outcome='wrong end', summary_steps=20),
+     'ends: exited 0 at step 20, not its planned 24'),
+    # The label is not trusted: a completed job's own summary is read.
+    (dict(summary_steps=16), 'ends: exited 0 at step 16, not its planned 24'),
+    (dict(outcome='missed'), 'ends: ended before its kill_rank at mid_step '
+     'struck'),
+    (dict(outcome='crashed'), "ends: outcome 'crashed'"),
     (dict(left_processes={'h2': ['orted']}), 'no processes: left on h2: orted'),
     (dict(resumes=[(15, 8)]), 'resume: redid 7 steps (8 after 15), more '
      'than 4'),
