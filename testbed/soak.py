@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from testbed import soak_evidence as evidence
 from testbed import soak_faults
@@ -52,6 +52,14 @@ def _moment_pattern(moment: str, steps: int, rng: random.Random) -> str:
   return r'restart \d+ of|requeued \d+ time'
 
 
+class Reference(NamedTuple):
+  """An uninterrupted run of a layout: what a faulted job is held to."""
+  weights: Optional[str]  # weights_sha256 (None: see error)
+  seconds: float
+  model_dir: Optional[str]
+  error: str  # Why it gives no weights ('': it does).
+
+
 class Soak:
   """The cluster (and Slurm) and the faulted jobs run on it, one at a
   time."""
@@ -64,17 +72,15 @@ class Soak:
     self.processes = Processes(cluster)
     self.work_dir = work_dir or tempfile.mkdtemp(prefix='resnet_keras_soak_')
     self.compare_weights = compare_weights
-    # (placement, backend, steps) -> (weights digest, seconds, model_dir).
-    self._references: Dict[Tuple[str, str, int],
-                           Tuple[Optional[str], float, str]] = {}
+    # (placement, backend, steps) -> the uninterrupted run of that layout.
+    self._references: Dict[Tuple[str, str, int], Reference] = {}
     # TensorFlow, which reads checkpoints, imported before the first job's
     # moment rather than at it.
     from resnet_keras import checkpoints  # pylint: disable=g-import-not-at-top,unused-import
     self._mounts: List[str] = []
 
-  def reference(self, plan: JobPlan) -> Tuple[Optional[str], float, str]:
-    """(weights digest, seconds, model_dir) of an uninterrupted run of the
-    layout."""
+  def reference(self, plan: JobPlan) -> Reference:
+    """The uninterrupted run of the layout (run once per layout)."""
     key = (plan.placement, plan.backend, plan.steps)
     if key not in self._references:
       job_dir = tempfile.mkdtemp(dir=self.work_dir, prefix='reference_')
@@ -86,13 +92,16 @@ class Soak:
           clean, self.jobs.args(clean, model_dir, reference=True), log.path)
       code = self.jobs.wait_for_end(clean, job, log, started + 900)
       seconds = time.monotonic() - started
-      digest = None
-      if code == 0:
-        digest = evidence.read_summary(model_dir).get('weights_sha256')
-      else:
+      if code != 0:
         self.jobs.stop(clean, job)
+      summary = evidence.read_summary(model_dir)
+      error = evidence.reference_problem(code, summary, plan.steps)
+      if error:
+        error += f'; its last line: {evidence.last_line(log.lines)!r}'
       self.heal()
-      self._references[key] = (digest, seconds, model_dir)
+      self._references[key] = Reference(
+          None if error else summary['weights_sha256'], seconds, model_dir,
+          error)
     return self._references[key]
 
   def run_job(self, plan: JobPlan) -> JobRecord:
@@ -105,9 +114,12 @@ class Soak:
                       parent], check=True)
       self._mounts.append(parent)
     model_dir = os.path.join(parent, 'model')
-    reference, job_seconds, reference_dir = (
-        self.reference(plan) if self.compare_weights else (None, 150.0, None))
-    record = JobRecord(plan, outcome='missed', reference_weights=reference)
+    reference = (self.reference(plan) if self.compare_weights else
+                 Reference(None, 150.0, None, ''))
+    record = JobRecord(plan, outcome='missed',
+                       weights_compared=self.compare_weights,
+                       reference_weights=reference.weights,
+                       reference_error=reference.error)
     rng = random.Random(f'{plan.index}-{plan.delay}')
     log = Log(os.path.join(job_dir, 'log.txt'))
     started = time.monotonic()
@@ -143,7 +155,7 @@ class Soak:
         _say(f'  job {plan.index}: {fault} at {moment} '
              f'({time.monotonic() - started:.0f} s): {did}')
       else:
-        record.bound = bound_seconds(plan, job_seconds)
+        record.bound = bound_seconds(plan, reference.seconds)
         code = self.jobs.wait_for_end(plan, job, log,
                                       last_fault + record.bound, timers)
         record.seconds = time.monotonic() - last_fault
@@ -153,8 +165,10 @@ class Soak:
       if record.outcome != 'missed':
         record.readable_before = evidence.readable(snapshot)
         evidence.read_results(record, log, model_dir, last_fault)
-        if record.shrank and record.outcome == 'completed' and reference:
-          record.drift = evidence.weights_drift(model_dir, reference_dir)
+        if (record.shrank and record.outcome == 'completed' and
+            reference.weights):
+          record.drift = evidence.weights_drift(model_dir,
+                                                reference.model_dir)
     finally:
       self.jobs.stop(plan, job)
       self.processes.resume_stopped()

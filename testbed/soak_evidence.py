@@ -188,6 +188,21 @@ def weights_drift(model_dir: str, reference_dir: str) -> Optional[float]:
   return (squared((ours[n], final[n]) for n in final) / travel) ** 0.5
 
 
+def reference_problem(code: Optional[int], summary: Dict, steps: int) -> str:
+  """Why an uninterrupted run gives no weights to compare with ('': it
+  does)."""
+  if code is None:
+    return 'no end'
+  if code:
+    return f'exit {code}'
+  why = wrong_end(summary.get('train_steps'), steps)
+  if why:
+    return why
+  if not summary.get('weights_sha256'):
+    return 'run_summary.json records no weights_sha256'
+  return ''
+
+
 def read_summary(model_dir: str) -> Dict:
   try:
     with open(os.path.join(model_dir, 'run_summary.json')) as f:

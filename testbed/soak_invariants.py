@@ -42,7 +42,11 @@ class JobRecord:
   # wrote no summary).
   summary_steps: Optional[int] = None
   weights: Optional[str] = None
+  # False only where the soak was told not to run the uninterrupted runs
+  # (--no_reference): a reference that failed must not turn the check off.
+  weights_compared: bool = True
   reference_weights: Optional[str] = None
+  reference_error: str = ''  # Why the uninterrupted run gave no weights.
   shrank: bool = False
   # A shrunk job's final weights against the uninterrupted run's: the
   # distance between them over the distance the uninterrupted run moved.
@@ -143,16 +147,30 @@ def check_data(record: JobRecord) -> List[str]:
 
 
 def check_weights(record: JobRecord) -> List[str]:
+  """A completed job ends with the uninterrupted run's weights (a shrunk
+  one near them). Whatever leaves nothing to compare breaks it: a failed
+  uninterrupted run (whatever this job's outcome: the soak cannot judge
+  its layout), or a digest or drift not read."""
+  if not record.weights_compared:
+    return []
+  if record.reference_error:
+    return [f'the uninterrupted run of the layout failed '
+            f'({record.reference_error}): nothing to compare with']
   if record.outcome != 'completed':
     return []
   if record.shrank:
-    if record.drift is not None and record.drift > SHRUNK_DRIFT:
+    if record.drift is None:
+      return ['a shrunk job\'s drift from the uninterrupted run was not '
+              'measured']
+    if record.drift > SHRUNK_DRIFT:
       return [f'a shrunk job ended {record.drift:.3f} of the uninterrupted '
               f'run\'s own travel away from its weights (at most '
               f'{SHRUNK_DRIFT})']
     return []
-  if record.reference_weights is None or record.weights is None:
-    return []
+  if record.reference_weights is None:
+    return ['the uninterrupted run recorded no weights_sha256']
+  if record.weights is None:
+    return ['run_summary.json records no weights_sha256']
   if record.weights != record.reference_weights:
     return ['weights differ from the uninterrupted run '
             f'({record.weights[:12]} vs {record.reference_weights[:12]})']

@@ -66,3 +66,15 @@ def test_a_job_that_exited_0_short_of_its_steps_ended_wrong(
                              str(model_dir), last_fault=0.0)
   assert record.outcome == outcome
   assert bool(soak_invariants.check_ended(record)) == (outcome != 'completed')
+
+
+@pytest.mark.parametrize('code,summary,problem', [
+    (None, {}, 'no end'), (1, {}, 'exit 1'),
+    (0, {}, 'exited 0 without a run_summary.json'),
+    (0, {'train_steps': 20, 'weights_sha256': 'w'},
+     'exited 0 at step 20, not its planned 24'),
+    (0, {'train_steps': 24}, 'run_summary.json records no weights_sha256'),
+    (0, {'train_steps': 24, 'weights_sha256': 'w'}, '')])
+def test_an_uninterrupted_run_that_gives_no_weights_says_why(code, summary,
+                                                             problem):
+  assert soak_evidence.reference_problem(code, summary, 24) == problem

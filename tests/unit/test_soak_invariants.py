@@ -39,6 +39,18 @@ def test_a_clean_record_breaks_no_invariant():
     (dict(shrank=True, weights='v', world_changes=[12], summary_world_sizes=2,
           drift=0.4), 'weights: a shrunk job ended 0.400 of the '
      'uninterrupted run'),
+    (dict(shrank=True, world_changes=[12], summary_world_sizes=2,
+          drift=None), "weights: a shrunk job's drift from the uninterrupted "
+     'run was not measured'),
+    (dict(weights=None), 'weights: run_summary.json records no '
+     'weights_sha256'),
+    (dict(reference_weights=None), 'weights: the uninterrupted run recorded '
+     'no weights_sha256'),
+    # A failed reference fails every job of its layout, ended well or not.
+    (dict(reference_weights=None, reference_error='exit 1'), 'weights: the '
+     'uninterrupted run of the layout failed (exit 1): nothing to compare'),
+    (dict(outcome='named', reference_weights=None, reference_error='no end'),
+     'weights: the uninterrupted run of the layout failed (no end)'),
     (dict(summary_restarts=0), 'attempts: run_summary.json has 0 restarts, '
      'the log 1'),
     (dict(summary_world_sizes=2), 'attempts: run_summary.json has 2 world '
@@ -73,8 +85,12 @@ def test_what_the_invariants_allow():
   assert broken(shrank=True, weights='v', world_changes=[12], drift=0.05,
                 summary_world_sizes=2) == []
   # A shrink before the first checkpoint replaces the first shape.
-  assert broken(shrank=True, world_changes=[0], summary_world_sizes=1) == []
+  assert broken(shrank=True, world_changes=[0], summary_world_sizes=1,
+                drift=0.05) == []
   assert broken(outcome='named', weights=None, summary_restarts=None) == []
+  # Told not to run the uninterrupted runs (--no_reference): nothing to
+  # compare, and nothing said against the job.
+  assert broken(weights_compared=False, reference_weights=None) == []
 
 
 def test_the_world_sizes_a_run_keeps():
