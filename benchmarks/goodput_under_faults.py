@@ -95,7 +95,7 @@ def run(soak, backend, minutes, every, work_dir):
   while soak.jobs.ended(plan, job) is None:
     log.poll()
     if time.monotonic() >= next_fault:
-      done = soak.processes.signal_rank(plan, signal.SIGKILL)
+      _, done = soak.processes.signal_rank(plan, signal.SIGKILL)
       kills += 1
       print(f'  {backend}: kill -9 of a rank at '
             f'{time.monotonic() - started:.0f} s ({done})', flush=True)

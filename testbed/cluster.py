@@ -23,6 +23,7 @@ route, also when a test fails.
 
 import dataclasses
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -56,6 +57,13 @@ def _check_tools() -> None:
     raise RuntimeError('missing ' + ', '.join(missing) + ' (scripts/test.sh '
                        'installs iproute2, openssh-server, openssh-client, '
                        'iptables and util-linux)')
+
+
+def link_flags_up(ip_link_line: str) -> bool:
+  """Whether `ip -o link show`'s line has the administrative UP flag (the
+  operational state, 'state UP', lags behind it)."""
+  flags = re.search(r'<([^>]*)>', ip_link_line)
+  return bool(flags) and 'UP' in flags.group(1).split(',')
 
 
 def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -251,6 +259,12 @@ class Cluster:
 
   def restore_link(self, host: Host) -> None:
     _sh('ip', '-n', self.switch, 'link', 'set', host.bridge_port, 'up')
+
+  def link_up(self, host: Host) -> bool:
+    """Whether `host`'s link is up, as the switch's end of it says (what
+    cut_link sets down)."""
+    return link_flags_up(_sh('ip', '-o', '-n', self.switch, 'link', 'show',
+                             host.bridge_port).stdout)
 
   def black_hole(self, host: Host) -> None:
     for chain in ('INPUT', 'OUTPUT'):

@@ -31,7 +31,7 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from testbed import soak_evidence as evidence
 from testbed import soak_faults
-from testbed.soak_invariants import (ENDED_WELL, JobRecord,
+from testbed.soak_invariants import (ENDED_WELL, FaultRecord, JobRecord,
                                      broken_invariants, check_data)
 from testbed.soak_jobs import Jobs, Log, Processes
 from testbed.soak_plan import (BACKENDS, PLACEMENTS, STEP_CHOICES, WORKERS,
@@ -150,16 +150,24 @@ class Soak:
           record.files_before = evidence.checkpoint_files(model_dir)
           evidence.copy_checkpoints(model_dir, snapshot)
         last_fault = time.monotonic()
-        did = soak_faults.inject(self.cluster, self.slurm, self.processes,
-                                 plan, fault, job, model_dir, record, timers)
+        landing = soak_faults.inject(self.cluster, self.slurm,
+                                     self.processes, plan, fault, job,
+                                     model_dir, record, timers)
+        record.faults.append(FaultRecord(fault, moment, last_fault - started,
+                                         **landing._asdict()))
         _say(f'  job {plan.index}: {fault} at {moment} '
-             f'({time.monotonic() - started:.0f} s): {did}')
+             f'({last_fault - started:.0f} s): {landing.did}; '
+             f'{landing.evidence or "its line awaited"}')
       else:
         record.bound = bound_seconds(plan, reference.seconds)
         code = self.jobs.wait_for_end(plan, job, log,
                                       last_fault + record.bound, timers)
         record.seconds = time.monotonic() - last_fault
         record.outcome = evidence.outcome(code, plan, log.lines)
+      log.poll()
+      for dealt in record.faults:
+        soak_faults.confirm(dealt, evidence.lines_after(log,
+                                                        started + dealt.at))
       if record.outcome == 'HANG':
         record.log_tail = '\n'.join(log.lines[-30:])
       if record.outcome != 'missed':

@@ -1,29 +1,60 @@
 """Reading what a soak job left (testbed/soak.py): its log (resumes,
 shrinks, the line that named the fault) and its model directory
 (checkpoint files, which of them read, run_summary.json, the weights'
-drift from an uninterrupted run), into its JobRecord. Tested in
-tests/unit/test_soak_invariants.py.
+drift from an uninterrupted run), into its JobRecord; and the kernel's
+word on a process (what shows a signal landed). Tested in
+tests/unit/test_soak_evidence.py.
 """
 
+import bisect
 import hashlib
 import json
 import os
 import re
 import shutil
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
 from testbed.soak_invariants import JobRecord, wrong_end
 from testbed.soak_plan import JobPlan
 
+T = TypeVar('T')
 _STEP = re.compile(r' I step (\d+)/')
 _RESUMED = re.compile(r'restored from \S+ at step (\d+)')
 # The launcher's lines that name a fault.
 NAMING = (r'job failed|job stopped by|Slurm lost node|requeued|no space left|'
           r'the chief finished the run')
 _NAMED = re.compile(NAMING + r'|^error:|the job ends')
+
+
+def process_state(pid: int) -> str:
+  """The kernel's state letter of `pid` (R, S, T stopped, Z ended but not
+  yet reaped...), or '' once it is gone."""
+  try:
+    with open(f'/proc/{pid}/stat') as f:
+      stat = f.read()
+  except OSError:
+    return ''
+  # The command name, in parentheses, may itself hold spaces or ')'.
+  return stat[stat.rindex(')') + 2:].split(' ', 1)[0]
+
+
+def wait_for(observe: Callable[[], T], done: Callable[[T], bool],
+             seconds: float) -> T:
+  """What `observe` says once `done` holds of it, or after `seconds`."""
+  deadline = time.monotonic() + seconds
+  seen = observe()
+  while not done(seen) and time.monotonic() < deadline:
+    time.sleep(0.05)  # A signal's or a command's effect, polled.
+    seen = observe()
+  return seen
+
+
+def lines_after(log, at: float) -> List[str]:
+  """The lines of `log` (a soak_jobs.Log) first seen at or after `at`."""
+  return log.lines[bisect.bisect_left(log.seen, at):]
 
 
 def resumes_in(lines: Sequence[str]) -> List[Tuple[int, int]]:

@@ -19,6 +19,21 @@ SHRUNK_DRIFT = 0.25
 
 
 @dataclasses.dataclass
+class FaultRecord:
+  """One fault as the soak dealt it, and what showed that it landed."""
+  name: str
+  moment: str
+  at: float  # Seconds from the job's start.
+  did: str = ''  # What the soak did, as the fault's own code says.
+  # Set from evidence outside that code (the process gone or stopped, the
+  # link down, Slurm's own state, the job's line); None: the job's lines
+  # decide once it ended, by `awaits`.
+  landed: Optional[bool] = None
+  evidence: str = ''  # What showed it landed, or why it did not.
+  awaits: str = ''  # The pattern of the line that shows it landed.
+
+
+@dataclasses.dataclass
 class JobRecord:
   """What a job did, as the soak saw it (all the invariants read)."""
   plan: JobPlan
@@ -62,6 +77,9 @@ class JobRecord:
   restart_to_step: Optional[float] = None
   goodput: Optional[float] = None
   log_tail: str = ''
+  # The faults dealt, in the plan's order (fewer where the job ended or
+  # stalled before a moment).
+  faults: List[FaultRecord] = dataclasses.field(default_factory=list)
 
 
 ENDED_WELL = ('completed', 'named', 'killed')
@@ -91,11 +109,26 @@ def check_ended(record: JobRecord) -> List[str]:
   if record.outcome == 'unnamed':
     return [f'ended without a line naming the fault: {record.last_line!r}']
   if record.outcome == 'missed':
-    return [f'ended before its {record.plan.fault} at {record.plan.moment} '
-            'struck']
+    faults = record.plan.faults
+    name, moment = faults[min(len(record.faults), len(faults) - 1)]
+    return [f'ended before its {name} at {moment} struck']
   if record.outcome not in ENDED_WELL:
     return [f'outcome {record.outcome!r}']
   return []
+
+
+def check_faults_landed(record: JobRecord) -> List[str]:
+  """Every planned fault landed: one that did not (no rank to hit, the
+  process gone first, a command refused) tested nothing, and the job's
+  ending well says nothing of it."""
+  planned = len(record.plan.faults)
+  landed = sum(fault.landed is True for fault in record.faults)
+  if landed == planned:
+    return []
+  return [f'{landed} of {planned} faults landed'] + [
+      f'{fault.name} at {fault.moment}: ' + (
+          fault.evidence or f'not shown ({fault.did})')
+      for fault in record.faults if fault.landed is not True]
 
 
 def check_no_processes(record: JobRecord) -> List[str]:
@@ -204,7 +237,8 @@ def check_attempts(record: JobRecord) -> List[str]:
   return broken
 
 
-INVARIANTS = (('ends', check_ended), ('no processes', check_no_processes),
+INVARIANTS = (('ends', check_ended), ('faults landed', check_faults_landed),
+              ('no processes', check_no_processes),
               ('resume', check_resumes), ('data', check_data),
               ('weights', check_weights), ('attempts', check_attempts))
 

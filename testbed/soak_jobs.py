@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from testbed.soak_plan import JobPlan, WORKERS, max_restarts
 
@@ -51,6 +51,12 @@ class Log:
       if when >= after and re.search(pattern, line):
         return when
     return None
+
+
+def slurm_field(text: str, name: str) -> Optional[str]:
+  """The value of `name`= in scontrol's answer (None: not there)."""
+  found = re.search(rf'\b{name}=(\S+)', text)
+  return found.group(1) if found else None
 
 
 class Jobs:
@@ -113,8 +119,7 @@ class Jobs:
 
   def _slurm_state(self, job_id: str) -> str:
     answer = self.slurm.run(['scontrol', 'show', 'job', '--oneliner', job_id])
-    found = re.search(r'JobState=(\S+)', answer.stdout)
-    return found.group(1) if found else 'GONE'
+    return slurm_field(answer.stdout, 'JobState') or 'GONE'
 
   def ended(self, plan: JobPlan, job) -> Optional[int]:
     """The job's exit code once it ended (Slurm: 0 for COMPLETED)."""
@@ -209,18 +214,20 @@ class Processes:
                if 'python' in cmdline(pid).split(' ')[0]]
     return pids
 
-  def signal_rank(self, plan: JobPlan, sig: int) -> str:
+  def signal_rank(self, plan: JobPlan, sig: int) -> Tuple[Optional[int], str]:
+    """(the victim rank's PID, what was done): no PID where no signal was
+    sent."""
     ranks = self.ranks(plan)
     if not ranks:
-      return 'no rank running'
+      return None, 'no rank running'
     pid = ranks[plan.victim % len(ranks)]
     try:
       os.kill(pid, sig)
     except ProcessLookupError:
-      return f'rank pid {pid} already gone'
+      return None, f'rank pid {pid} already gone'
     if sig == signal.SIGSTOP:
       self._stopped.append(pid)
-    return f'pid {pid}'
+    return pid, f'pid {pid}'
 
   def resume_stopped(self) -> None:
     for pid in self._stopped:

@@ -4,7 +4,7 @@ invariant, changed field by field."""
 
 import dataclasses
 
-from testbed.soak_invariants import JobRecord
+from testbed.soak_invariants import FaultRecord, JobRecord
 from testbed.soak_plan import JobPlan
 
 
@@ -13,6 +13,14 @@ def plan(**changes) -> JobPlan:
                  faults=(('kill_rank', 'mid_step'),), delay=0.5, victim=1,
                  steps=24)
   return dataclasses.replace(base, **changes)
+
+
+def fault(name='kill_rank', moment='mid_step', **changes) -> FaultRecord:
+  """A fault that landed: the process it killed gone."""
+  fields = dict(at=30.0, did='pid 4242', landed=True,
+                evidence='pid 4242 gone')
+  fields.update(changes)
+  return FaultRecord(name, moment, **fields)
 
 
 def record(**changes) -> JobRecord:
@@ -24,6 +32,7 @@ def record(**changes) -> JobRecord:
                              'ckpt-12.index': 'c'},
                 summary_steps=24, weights='w', reference_weights='w',
                 restarts_logged=1,
-                summary_restarts=1, summary_world_sizes=1)
+                summary_restarts=1, summary_world_sizes=1,
+                faults=[fault()])
   fields.update(changes)
   return JobRecord(**fields)

@@ -2,6 +2,8 @@
 checkpoints."""
 
 import json
+import signal
+import subprocess
 
 import pytest
 
@@ -78,3 +80,37 @@ def test_a_job_that_exited_0_short_of_its_steps_ended_wrong(
 def test_an_uninterrupted_run_that_gives_no_weights_says_why(code, summary,
                                                              problem):
   assert soak_evidence.reference_problem(code, summary, 24) == problem
+
+
+def test_a_process_state_as_the_kernel_shows_it():
+  process = subprocess.Popen(['sleep', '60'])
+  try:
+    assert soak_evidence.wait_for(
+        lambda: soak_evidence.process_state(process.pid),
+        lambda state: state == 'S', 2) == 'S'
+    process.send_signal(signal.SIGSTOP)
+    assert soak_evidence.wait_for(
+        lambda: soak_evidence.process_state(process.pid),
+        lambda state: state == 'T', 2) == 'T'
+    process.kill()
+    assert soak_evidence.wait_for(
+        lambda: soak_evidence.process_state(process.pid),
+        lambda state: state == 'Z', 2) == 'Z'
+  finally:
+    process.kill()
+    process.wait()
+  assert soak_evidence.process_state(process.pid) == ''
+
+
+def test_wait_for_gives_up_with_what_it_saw_last():
+  seen = iter(range(100))
+  assert soak_evidence.wait_for(lambda: next(seen), lambda n: n < 0,
+                                0.1) > 0
+
+
+def test_the_lines_after_a_moment():
+  log = soak_jobs.Log('unused')
+  log.lines, log.seen = ['a', 'b', 'c', 'd'], [1.0, 2.0, 2.0, 3.0]
+  assert soak_evidence.lines_after(log, 2.0) == ['b', 'c', 'd']
+  assert soak_evidence.lines_after(log, 2.5) == ['d']
+  assert soak_evidence.lines_after(log, 4.0) == []

@@ -69,6 +69,7 @@ def test_what_the_invariants_allow():
   truncated = soak_records.record(
       plan=soak_records.plan(faults=(('truncate_newest', 'mid_step'),)),
       resumes=[(11, 4)], truncated=['ckpt-8.index'],
+      faults=[soak_records.fault('truncate_newest')],
       files_after={'ckpt-4.index': 'a', 'ckpt-8.index': 'rewritten'})
   assert soak_invariants.broken_invariants(truncated) == []
   # A checkpoint after the resumed step is written again by the resume.
@@ -98,3 +99,39 @@ def test_the_world_sizes_a_run_keeps():
   assert soak_invariants.expected_world_sizes([0]) == 1
   assert soak_invariants.expected_world_sizes([12, 20]) == 3
   assert soak_invariants.expected_world_sizes([12, 12]) == 2
+
+
+RECOVERY = soak_records.plan(faults=(('kill_rank', 'mid_step'),
+                                     ('freeze_rank', 'recovery')))
+
+
+@pytest.mark.parametrize('changes,broken', [
+    (dict(faults=[]), ['faults landed: 0 of 1 faults landed']),
+    # The soak's call went out, the world did not change: no landing.
+    (dict(faults=[soak_records.fault(landed=False, did='pid 7',
+                                     evidence='pid 7 still in state S')]),
+     ['faults landed: 0 of 1 faults landed',
+      'faults landed: kill_rank at mid_step: pid 7 still in state S']),
+    # Awaiting the job's own line, which never came.
+    (dict(faults=[soak_records.fault('term_launcher', landed=None,
+                                     did='pid 9', evidence='')]),
+     ['faults landed: 0 of 1 faults landed',
+      'faults landed: term_launcher at mid_step: not shown (pid 9)']),
+    # Ended before the second fault's moment: 'missed', one of two dealt.
+    (dict(plan=RECOVERY, outcome='missed'),
+     ['ends: ended before its freeze_rank at recovery struck',
+      'faults landed: 1 of 2 faults landed']),
+    (dict(plan=RECOVERY, outcome='missed', faults=[]),
+     ['ends: ended before its kill_rank at mid_step struck',
+      'faults landed: 0 of 2 faults landed']),
+])
+def test_a_fault_that_did_not_land_breaks_an_invariant(changes, broken):
+  assert soak_invariants.broken_invariants(
+      soak_records.record(**changes)) == broken
+
+
+def test_every_fault_of_the_plan_landed():
+  assert soak_invariants.check_faults_landed(soak_records.record(
+      plan=RECOVERY, faults=[soak_records.fault(),
+                             soak_records.fault('freeze_rank', 'recovery')])
+  ) == []
