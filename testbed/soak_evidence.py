@@ -17,7 +17,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
-from testbed.soak_invariants import JobRecord, wrong_end
+from testbed.soak_invariants import JobRecord, Restart, wrong_end
 from testbed.soak_plan import JobPlan
 
 T = TypeVar('T')
@@ -71,6 +71,32 @@ def resumes_in(lines: Sequence[str]) -> List[Tuple[int, int]]:
   return found
 
 
+_SAVED = re.compile(r'saved checkpoint (?:\S*ckpt-(\d+)$|at step (\d+))')
+_REQUEUED = re.compile(r'requeued \d+ time\(s\) by the scheduler')
+# Where a new attempt starts: the launcher's restart, or Slurm's requeue.
+_RESTART = re.compile(r'restart \d+ of|' + _REQUEUED.pattern)
+_TRAINED = re.compile(_STEP.pattern + r'|eval at step')
+
+
+def restarts_in(lines: Sequence[str]) -> List[Restart]:
+  """Each restart's (or requeue's) attempt: the checkpoints saved before
+  it, the step it restored before it trained, and whether it trained."""
+  found, saved = [], []
+  for line in lines:
+    kept = _SAVED.search(line)
+    if kept:
+      saved.append(int(kept.group(1) or kept.group(2)))
+    elif _RESTART.search(line):
+      found.append(Restart(tuple(saved), None, False))
+    elif found and not found[-1].trained:
+      resumed = _RESUMED.search(line)
+      if resumed:
+        found[-1] = found[-1]._replace(resumed=int(resumed.group(1)))
+      elif _TRAINED.search(line):
+        found[-1] = found[-1]._replace(trained=True)
+  return found
+
+
 _CHANGE = re.compile(r'the job (?:shrinks|grows) .*(?:resuming at step|from '
                      r'step) (\d+)')
 
@@ -113,8 +139,8 @@ def read_results(record: JobRecord, log, model_dir: str,
   lines = log.lines
   record.last_line = last_line(lines)
   record.resumes = resumes_in(lines)
-  requeued = [i for i, l in enumerate(lines) if re.search(
-      r'requeued \d+ time\(s\) by the scheduler', l)]
+  record.restarts = restarts_in(lines)
+  requeued = [i for i, l in enumerate(lines) if _REQUEUED.search(l)]
   record.requeues_logged = len(requeued)
   # A requeued job's launcher starts counting its restarts again.
   record.restarts_logged = sum(
@@ -125,7 +151,7 @@ def read_results(record: JobRecord, log, model_dir: str,
   named = log.first(NAMING, after=last_fault)
   if named is not None:
     record.seconds_to_named = named - last_fault
-  restart = log.first(r'restart \d+ of|requeued \d+ time', after=last_fault)
+  restart = log.first(_RESTART.pattern, after=last_fault)
   if restart is not None:
     step = log.first(r' I step \d+/', after=restart)
     if step is not None:

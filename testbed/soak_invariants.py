@@ -7,7 +7,7 @@ tests/unit/test_soak_invariants.py.
 
 import dataclasses
 import re
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from testbed.soak_plan import JobPlan
 
@@ -33,6 +33,13 @@ class FaultRecord:
   awaits: str = ''  # The pattern of the line that shows it landed.
 
 
+class Restart(NamedTuple):
+  """The attempt after a restart (or a requeue), as the log shows it."""
+  saved: Tuple[int, ...]  # The steps of the checkpoints saved before it.
+  resumed: Optional[int]  # The step it restored (None: it did not).
+  trained: bool  # Whether it logged a step or an evaluation.
+
+
 @dataclasses.dataclass
 class JobRecord:
   """What a job did, as the soak saw it (all the invariants read)."""
@@ -45,6 +52,7 @@ class JobRecord:
       default_factory=dict)
   # (last step logged before a restart, step it resumed at), per restart.
   resumes: List[Tuple[int, int]] = dataclasses.field(default_factory=list)
+  restarts: List[Restart] = dataclasses.field(default_factory=list)
   # Steps of the readable checkpoints when the (first) fault struck.
   readable_before: List[int] = dataclasses.field(default_factory=list)
   readable_after: List[int] = dataclasses.field(default_factory=list)
@@ -136,6 +144,28 @@ def check_no_processes(record: JobRecord) -> List[str]:
           for host, procs in sorted(record.left_processes.items())]
 
 
+def _step_of(name: str) -> Optional[int]:
+  found = re.match(r'ckpt-(\d+)\.', name)
+  return int(found.group(1)) if found else None
+
+
+def check_restarts_resume(record: JobRecord) -> List[str]:
+  """As many restarts resumed from a checkpoint as trained again after one
+  was saved (the soak's truncation aside): a restart that starts over at
+  step 0 redoes everything, yet passes the redo bound, which reads resumes
+  only."""
+  cut = {_step_of(name) for name in record.truncated}
+  due = [number for number, restart in enumerate(record.restarts, 1)
+         if restart.trained and set(restart.saved) - cut]
+  over = [number for number in due
+          if record.restarts[number - 1].resumed is None]
+  if not over:
+    return []
+  return [f'{len(due)} restart(s) trained again after a checkpoint was '
+          f'saved, {len(due) - len(over)} resumed from one (restart '
+          f'{", ".join(map(str, over))} started over)']
+
+
 def check_resumes(record: JobRecord) -> List[str]:
   """Each restart resumes at a checkpoint no older than the newest that
   read when the fault struck, and redoes at most one interval (two where
@@ -151,11 +181,6 @@ def check_resumes(record: JobRecord) -> List[str]:
       broken.append(f'resumed at step {resumed}, older than the newest '
                     f'readable checkpoint ckpt-{newest}')
   return broken
-
-
-def _step_of(name: str) -> Optional[int]:
-  found = re.match(r'ckpt-(\d+)\.', name)
-  return int(found.group(1)) if found else None
 
 
 def check_data(record: JobRecord) -> List[str]:
@@ -239,7 +264,8 @@ def check_attempts(record: JobRecord) -> List[str]:
 
 INVARIANTS = (('ends', check_ended), ('faults landed', check_faults_landed),
               ('no processes', check_no_processes),
-              ('resume', check_resumes), ('data', check_data),
+              ('resume', check_resumes),
+              ('restarts resume', check_restarts_resume), ('data', check_data),
               ('weights', check_weights), ('attempts', check_attempts))
 
 

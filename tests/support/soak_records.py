@@ -4,7 +4,7 @@ invariant, changed field by field."""
 
 import dataclasses
 
-from testbed.soak_invariants import FaultRecord, JobRecord
+from testbed.soak_invariants import FaultRecord, JobRecord, Restart
 from testbed.soak_plan import JobPlan
 
 
@@ -25,7 +25,8 @@ def fault(name='kill_rank', moment='mid_step', **changes) -> FaultRecord:
 
 def record(**changes) -> JobRecord:
   fields = dict(plan=plan(), outcome='completed', bound=300,
-                resumes=[(10, 8)], readable_before=[4, 8],
+                resumes=[(10, 8)], restarts=[Restart((4, 8), 8, True)],
+                readable_before=[4, 8],
                 readable_after=[4, 8, 12, 16, 20, 24],
                 files_before={'ckpt-4.index': 'a', 'ckpt-8.index': 'b'},
                 files_after={'ckpt-4.index': 'a', 'ckpt-8.index': 'b',

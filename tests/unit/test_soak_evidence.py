@@ -10,6 +10,7 @@ import pytest
 from testbed import soak_evidence
 from testbed import soak_invariants
 from testbed import soak_jobs
+from testbed.soak_invariants import Restart
 from tests.support import soak_records
 
 
@@ -114,3 +115,27 @@ def test_the_lines_after_a_moment():
   assert soak_evidence.lines_after(log, 2.0) == ['b', 'c', 'd']
   assert soak_evidence.lines_after(log, 2.5) == ['d']
   assert soak_evidence.lines_after(log, 4.0) == []
+
+
+def test_each_restarts_attempt_in_the_log():
+  lines = [
+      '12:00:01 I step 4/24 | loss', '12:00:01 I saved checkpoint /m/ckpt-4',
+      'job failed after 9 s (exit 137): rank 1 ...; restarting',
+      'restart 1 of 3: rank 1 on host h2 was killed by SIGKILL (9)',
+      # Killed again before its restore: a second restart.
+      'restart 2 of 3: rank 1 ...',
+      '12:00:09 I restored from /m/ckpt-4 at step 4',
+      '12:00:10 I step 6/24 | loss', '12:00:11 I saved checkpoint /m/ckpt-8',
+      '12:00:12 I saved checkpoint at step 9 after signal (/m/ckpt-9)',
+      'E requeued 1 time(s) by the scheduler: resuming at step 9',
+      '12:00:40 I step 10/24 | loss',
+      # A line of the attempt after it trained is not its restore.
+      '12:00:41 I restored from /m/ckpt-4 at step 4']
+  assert soak_evidence.restarts_in(lines) == [
+      Restart((4,), None, False), Restart((4,), 4, True),
+      Restart((4, 8, 9), None, True)]
+  # An attempt that resumed at the last step evaluates without a step.
+  assert soak_evidence.restarts_in([
+      'restart 1 of 2: ...', 'I restored from /m/ckpt-24 at step 24',
+      'I eval at step 24 (epoch 1.00): accuracy 0.1']) == [
+          Restart((), 24, True)]

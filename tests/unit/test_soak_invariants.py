@@ -4,6 +4,7 @@ passing and failing."""
 import pytest
 
 from testbed import soak_invariants
+from testbed.soak_invariants import Restart
 from tests.support import soak_records
 
 
@@ -135,3 +136,32 @@ def test_every_fault_of_the_plan_landed():
       plan=RECOVERY, faults=[soak_records.fault(),
                              soak_records.fault('freeze_rank', 'recovery')])
   ) == []
+
+
+@pytest.mark.parametrize('restarts,truncated,broken', [
+    # Trained again from step 0 though ckpt-8 had been saved: the redo
+    # bound alone passes it (no resume to read).
+    ([Restart((4, 8), None, True)], [], ['restarts resume: 1 restart(s) '
+     'trained again after a checkpoint was saved, 0 resumed from one '
+     '(restart 1 started over)']),
+    ([Restart((4, 8), 8, True), Restart((4, 8, 12), None, True)], [],
+     ['restarts resume: 2 restart(s) trained again after a checkpoint was '
+      'saved, 1 resumed from one (restart 2 started over)']),
+    # The soak cut only ckpt-8; ckpt-4 still read.
+    ([Restart((4, 8), None, True)], ['ckpt-8.index'], ['restarts resume: 1 '
+     'restart(s) trained again after a checkpoint was saved, 0 resumed from '
+     'one (restart 1 started over)']),
+    # What may start over: nothing saved yet, or only what the soak cut; a
+    # restart ended (by the next fault) before it trained.
+    ([Restart((), None, True)], [], []),
+    ([Restart((4,), None, True)], ['ckpt-4.index', 'ckpt-4.data-00000-of-00001'],
+     []),
+    ([Restart((4, 8), None, False), Restart((4, 8), 8, True)], [], []),
+])
+def test_every_restart_that_trained_again_resumed(restarts, truncated,
+                                                  broken):
+  record = soak_records.record(restarts=restarts, truncated=truncated)
+  assert soak_invariants.check_restarts_resume(record) == [
+      b.split(': ', 1)[1] for b in broken]
+  assert [b for b in soak_invariants.broken_invariants(record)
+          if b.startswith('restarts resume')] == broken
