@@ -168,6 +168,7 @@ class Soak:
       for dealt in record.faults:
         soak_faults.confirm(dealt, evidence.lines_after(log,
                                                         started + dealt.at))
+        dealt.recovery = evidence.recovery_seconds(log, started + dealt.at)
       if record.outcome == 'HANG':
         record.log_tail = '\n'.join(log.lines[-30:])
       if record.outcome != 'missed':

@@ -97,6 +97,23 @@ def restarts_in(lines: Sequence[str]) -> List[Restart]:
   return found
 
 
+def _first(lines: Sequence[str], pattern, start: int) -> Optional[int]:
+  return next((i for i in range(start, len(lines))
+               if pattern.search(lines[i])), None)
+
+
+def recovery_seconds(log, at: float) -> Optional[float]:
+  """Seconds from a fault at `at` to the job's next productive step: the
+  first step logged after the restart (or requeue) that followed it, or
+  after the fault where none did (a fault passed without one); None: no
+  step followed. By line order, not by when lines were seen: one poll sees
+  many at once."""
+  first = bisect.bisect_left(log.seen, at)
+  restart = _first(log.lines, _RESTART, first)
+  step = _first(log.lines, _STEP, first if restart is None else restart + 1)
+  return None if step is None else log.seen[step] - at
+
+
 _CHANGE = re.compile(r'the job (?:shrinks|grows) .*(?:resuming at step|from '
                      r'step) (\d+)')
 

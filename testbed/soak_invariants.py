@@ -9,7 +9,7 @@ import dataclasses
 import re
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from testbed.soak_plan import JobPlan
+from testbed.soak_plan import JobPlan, recovery_bound
 
 # How far a shrunk job may end from the uninterrupted run's weights, as a
 # share of the distance that run's weights moved after its first
@@ -31,6 +31,9 @@ class FaultRecord:
   landed: Optional[bool] = None
   evidence: str = ''  # What showed it landed, or why it did not.
   awaits: str = ''  # The pattern of the line that shows it landed.
+  # Seconds from it to the job's next productive step (None: no step
+  # followed; the end's bound holds then).
+  recovery: Optional[float] = None
 
 
 class Restart(NamedTuple):
@@ -137,6 +140,22 @@ def check_faults_landed(record: JobRecord) -> List[str]:
       f'{fault.name} at {fault.moment}: ' + (
           fault.evidence or f'not shown ({fault.did})')
       for fault in record.faults if fault.landed is not True]
+
+
+def check_recoveries(record: JobRecord) -> List[str]:
+  """Each landed fault recovered (the job's next step) within its bound:
+  the time to notice it and one restart, plus as much for each fault that
+  struck again before it recovered."""
+  broken = []
+  for number, fault in enumerate(record.faults):
+    if not fault.landed or fault.recovery is None:
+      continue
+    bound = sum(recovery_bound(later.name) for later in record.faults[number:]
+                if later.landed and later.at <= fault.at + fault.recovery)
+    if fault.recovery > bound:
+      broken.append(f'{fault.name} at {fault.moment}: {fault.recovery:.0f} s '
+                    f'to the next step, more than {bound:.0f} s')
+  return broken
 
 
 def check_no_processes(record: JobRecord) -> List[str]:
@@ -263,6 +282,7 @@ def check_attempts(record: JobRecord) -> List[str]:
 
 
 INVARIANTS = (('ends', check_ended), ('faults landed', check_faults_landed),
+              ('recovery', check_recoveries),
               ('no processes', check_no_processes),
               ('resume', check_resumes),
               ('restarts resume', check_restarts_resume), ('data', check_data),

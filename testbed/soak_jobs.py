@@ -13,7 +13,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
-from testbed.soak_plan import JobPlan, WORKERS, max_restarts
+from testbed.soak_plan import FAILURE_TIMEOUT, JobPlan, WORKERS, max_restarts
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEMO = os.path.join(REPO_ROOT, 'demo_resnet_keras.py')
@@ -76,7 +76,8 @@ class Jobs:
         f'--num_workers_per_hls={per_host}', f'--train_steps={plan.steps}',
         '--train_epochs=1', '--global_seed=7',
         '--checkpoint_interval_steps=4', '--max_checkpoints=100',
-        '--enable_checkpoint_and_export', '--failure_timeout=12',
+        '--enable_checkpoint_and_export',
+        f'--failure_timeout={FAILURE_TIMEOUT}',
         f'--model_dir={model_dir}', '--use_synthetic_data',
         '--resnet_depth=10', '--width_multiplier=0.25', '--image_size=32',
         '--num_classes=10', '--steps_per_loop=2', '--log_steps=2',

@@ -71,6 +71,28 @@ MAX_DELAY = {'startup': 4.0, 'mid_step': 1.0, 'checkpoint': 0.3,
 BOUND_AFTER_FAULT = 120
 STEP_CHOICES = (24, 32)
 WORKERS = 3
+FAILURE_TIMEOUT = 12  # The jobs' --failure_timeout, seconds.
+SLURM_KILL_WAIT = 30  # Slurm's default KillWait (testbed/slurm.py keeps it).
+# What a recovery may take, from the fault to the job's next step: the time
+# to notice the fault, then one restart's start-up (18-27 s measured an
+# attempt, benchmarks/README.md; three times that on a machine the suite's
+# other workers share).
+RESTART_SECONDS = 90
+# A peer that hangs the collectives (frozen, cut off, its node down) is
+# named at the stuck-worker deadline, 10 x --failure_timeout, and a
+# failure_timeout later by the launcher.
+_HUNG = 11 * FAILURE_TIMEOUT
+# Seconds to notice each fault, at most: a process's end within
+# --failure_timeout; a passing fault's own span first; Slurm's requeue
+# once KillWait has ended the last start and the soak released the job.
+DETECT_SECONDS = {
+    'kill_rank': FAILURE_TIMEOUT, 'freeze_rank': _HUNG,
+    'pause_rank': 3 + FAILURE_TIMEOUT, 'cut_link': _HUNG, 'flap_link': _HUNG,
+    'kill_launcher': FAILURE_TIMEOUT, 'term_launcher': FAILURE_TIMEOUT,
+    'disk_full': 10 + FAILURE_TIMEOUT, 'truncate_newest': FAILURE_TIMEOUT,
+    'slurm_usr1': 2 * SLURM_KILL_WAIT, 'slurm_requeue': 2 * SLURM_KILL_WAIT,
+    'slurm_cancel_step': FAILURE_TIMEOUT, 'slurm_node_down': _HUNG,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,3 +156,8 @@ def bound_seconds(plan: JobPlan, job_seconds: float) -> float:
   requeues = sum(name in ('slurm_usr1', 'slurm_requeue')
                  for name, _ in plan.faults)
   return BOUND_AFTER_FAULT + (max_restarts(plan) + requeues) * job_seconds
+
+
+def recovery_bound(fault: str) -> float:
+  """Seconds from `fault` to the job's next step, at most."""
+  return DETECT_SECONDS[fault] + RESTART_SECONDS

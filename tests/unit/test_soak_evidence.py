@@ -139,3 +139,20 @@ def test_each_restarts_attempt_in_the_log():
       'restart 1 of 2: ...', 'I restored from /m/ckpt-24 at step 24',
       'I eval at step 24 (epoch 1.00): accuracy 0.1']) == [
           Restart((), 24, True)]
+
+
+def test_a_recovery_runs_to_the_first_step_after_the_restart():
+  log = soak_jobs.Log('unused')
+  log.lines = ['12:00:01 I step 8/24 | loss',
+               # Logged before the kill, seen after it: not a recovery.
+               '12:00:02 I step 10/24 | loss',
+               'job failed after 9 s (exit 137): rank 1 ...',
+               'restart 1 of 2: rank 1 ...',
+               '12:00:30 I restored from /m/ckpt-8 at step 8',
+               '12:00:35 I step 10/24 | loss']
+  log.seen = [9.5, 10.5, 20.0, 20.0, 40.0, 45.0]
+  assert soak_evidence.recovery_seconds(log, 10.0) == 35.0
+  # No restart: the job went on by itself (a pause).
+  log.lines, log.seen = log.lines[:2], log.seen[:2]
+  assert soak_evidence.recovery_seconds(log, 10.0) == 0.5
+  assert soak_evidence.recovery_seconds(log, 11.0) is None

@@ -165,3 +165,39 @@ def test_every_restart_that_trained_again_resumed(restarts, truncated,
       b.split(': ', 1)[1] for b in broken]
   assert [b for b in soak_invariants.broken_invariants(record)
           if b.startswith('restarts resume')] == broken
+
+
+@pytest.mark.parametrize('faults,broken', [
+    ([soak_records.fault(recovery=103.0)],
+     ['recovery: kill_rank at mid_step: 103 s to the next step, more than '
+      '102 s']),
+    ([soak_records.fault(recovery=101.0)], []),
+    ([soak_records.fault(recovery=None)], []),
+    # A restart hit again by the drawn fault: the first recovery's bound
+    # holds both; the second's only its own.
+    ([soak_records.fault(at=30.0, recovery=300.0),
+      soak_records.fault('freeze_rank', 'recovery', at=60.0,
+                         recovery=230.0)],
+     ['recovery: freeze_rank at recovery: 230 s to the next step, more '
+      'than 222 s']),
+    ([soak_records.fault(at=30.0, recovery=300.0),
+      soak_records.fault('freeze_rank', 'recovery', at=60.0,
+                         recovery=200.0)], []),
+    # ... but not a fault that struck after it had recovered.
+    ([soak_records.fault(at=30.0, recovery=150.0),
+      soak_records.fault('freeze_rank', 'recovery', at=200.0,
+                         recovery=100.0)],
+     ['recovery: kill_rank at mid_step: 150 s to the next step, more than '
+      '102 s']),
+])
+def test_every_recovery_within_its_bound(faults, broken):
+  plan = soak_records.plan(faults=tuple((f.name, f.moment) for f in faults))
+  assert [b for b in soak_invariants.broken_invariants(soak_records.record(
+      plan=plan, faults=faults)) if b.startswith('recovery')] == broken
+
+
+def test_a_fault_that_did_not_land_has_no_recovery_to_bound():
+  record = soak_records.record(faults=[soak_records.fault(
+      landed=False, evidence='no rank running', recovery=500.0)])
+  assert soak_invariants.check_recoveries(record) == []
+  assert soak_invariants.check_faults_landed(record)

@@ -59,3 +59,10 @@ def test_the_bound_grows_with_the_restarts_and_requeues_a_job_may_make():
                                   ('slurm_requeue', 'recovery')))
   assert soak_plan.bound_seconds(two, 60) == 120 + (3 + 1) * 60
 
+
+
+def test_every_fault_has_a_recovery_bound_and_a_hang_the_longest():
+  assert set(soak_plan.DETECT_SECONDS) == set(soak_plan.FAULTS)
+  assert soak_plan.recovery_bound('kill_rank') == 12 + 90
+  # A frozen peer is named only at the stuck-worker deadline.
+  assert soak_plan.recovery_bound('freeze_rank') == 11 * 12 + 90
