@@ -9,6 +9,7 @@ import pytest
 from testbed import soak
 from testbed import soak_jobs
 from testbed import soak_plan
+from testbed.soak_invariants import Restart
 from tests.support import soak_records
 
 
@@ -20,6 +21,43 @@ def test_a_row_names_the_broken_invariant_and_the_table_counts_it():
   assert len(table) == 2
   assert table[1].split()[:8] == ['ssh', 'horovod', 'kill_rank', '2', '1',
                                   '0', '1', '0']
+
+
+def test_the_row_and_the_table_give_the_faults_landed_and_the_recoveries():
+  recovered = soak_records.record(faults=[soak_records.fault(recovery=31.0)])
+  unlanded = soak_records.record(faults=[soak_records.fault(
+      landed=False, evidence='no rank running', recovery=500.0)])
+  header = soak.HEADER.split()
+  assert header[6:9] == ['landed', 'named', '1st']
+  assert header[9] == 'recov'
+  assert soak.row(recovered).split()[6] == '1/1'
+  assert soak.row(recovered).split()[9] == '31.0'
+  assert soak.row(unlanded).split()[6] == '0/1'
+  assert soak.row(unlanded).split()[9] == '-'  # Nothing landed to recover.
+  table = soak.summary_table([recovered, unlanded])
+  assert table[0].split()[-2:] == ['landed', 'max_recov']
+  assert table[1].split()[-2:] == ['1/2', '31.0']
+
+
+@pytest.mark.parametrize('changes', [
+    dict(outcome='wrong end', summary_steps=None), dict(outcome='missed'),
+    dict(faults=[soak_records.fault(landed=False, evidence='gone')]),
+    dict(faults=[soak_records.fault(recovery=1000.0)]),
+    dict(restarts=[Restart((4, 8), None, True)]),
+    dict(reference_weights=None, reference_error='exit 1')])
+def test_the_soak_fails_on_any_broken_invariant(changes):
+  clean = soak_records.record()
+  assert soak.verdict([clean], True) == (
+      '1 jobs, 0 with a broken invariant; faults landed 1/1', 0)
+  line, code = soak.verdict([clean, soak_records.record(**changes)], True)
+  assert code == 1 and line.startswith('2 jobs, 1 with a broken invariant')
+
+
+def test_the_verdict_says_when_weights_were_not_compared():
+  line, code = soak.verdict([soak_records.record(
+      weights_compared=False, reference_weights=None)], False)
+  assert code == 0
+  assert line.endswith('weights not compared (--no_reference)')
 
 
 def test_bad_arguments_end_in_one_line(capsys):
