@@ -1,7 +1,9 @@
 """The fault soak's invariants (testbed/soak.py): what a job did, as the
-soak saw it (JobRecord), and the pure checks it must pass: it ended, left
-no process, resumed where it should, lost no data, ended with the right
-weights and recorded its attempts. Tested in
+soak saw it (JobRecord), and the pure checks it must pass: it ended where
+planned, every fault landed and was recovered from within its bound, it
+left no process, every restart resumed where it should, it lost no data,
+ended with the uninterrupted run's weights and recorded its attempts.
+Each check fails on what it cannot read rather than passing it. Tested in
 tests/unit/test_soak_invariants.py.
 """
 

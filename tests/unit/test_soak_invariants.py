@@ -154,8 +154,8 @@ def test_every_fault_of_the_plan_landed():
     # What may start over: nothing saved yet, or only what the soak cut; a
     # restart ended (by the next fault) before it trained.
     ([Restart((), None, True)], [], []),
-    ([Restart((4,), None, True)], ['ckpt-4.index', 'ckpt-4.data-00000-of-00001'],
-     []),
+    ([Restart((4,), None, True)],
+     ['ckpt-4.index', 'ckpt-4.data-00000-of-00001'], []),
     ([Restart((4, 8), None, False), Restart((4, 8), 8, True)], [], []),
 ])
 def test_every_restart_that_trained_again_resumed(restarts, truncated,
