@@ -20,6 +20,7 @@ from testbed import slurm as slurm_lib
 from testbed import soak
 from testbed import soak_invariants
 from testbed import soak_plan
+from tests.support import deadlines
 from tests.support import launcher
 from tests.support import runner
 
@@ -98,7 +99,7 @@ def _state(slurm, job_id):
 
 def _wait_for_state(slurm, job_id, states, log, timeout=400):
   """The job's state once it is one of `states`."""
-  deadline = time.monotonic() + timeout
+  deadline = time.monotonic() + deadlines.stretched(timeout)
   while _state(slurm, job_id) not in states:
     assert time.monotonic() < deadline, open(log).read()[-4000:]
     time.sleep(0.5)  # Polls Slurm for the job's state; not a guessed wait.

@@ -90,6 +90,17 @@ def set_scale(config, factor: float) -> None:
   config._deadline_scale = max(1.0, factor)  # pylint: disable=protected-access
 
 
+# This process's scale, for the waits tests bound themselves (a job's log
+# line, a Slurm job's state): stretched as the test's own limit is.
+_SCALE = [1.0]
+
+
+def stretched(seconds: float) -> float:
+  """`seconds` (a bound set on a quiet machine of the reference pace) on
+  this machine at its measured pace."""
+  return seconds * _SCALE[0]
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_configure(config):
   workerinput = getattr(config, 'workerinput', None)
@@ -101,6 +112,7 @@ def pytest_configure(config):
     config.stash[_OWNS_DIR] = True
   if workerinput is not None or not config.getoption('numprocesses', None):
     _write_native_stacks_to_a_file(config)
+  _SCALE[0] = scale(config)
 
 
 def _write_native_stacks_to_a_file(config) -> None:

@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from tests.support import deadlines
 from tests.support import runner
 
 DEMO = os.path.join(runner.REPO_ROOT, 'demo_resnet_keras.py')
@@ -32,7 +33,7 @@ def run(cluster, args, log_path, timeout=400, env=None):
   """(exit code, output) of the launcher run to its end."""
   job = start(cluster, args, log_path, env)
   try:
-    returncode = job.wait(timeout=timeout)
+    returncode = job.wait(timeout=deadlines.stretched(timeout))
   finally:
     if job.poll() is None:
       job.kill()
@@ -48,7 +49,7 @@ def _log(log_path):
 def wait_for_line(job, log_path, text, timeout=300):
   """Once `text` is in the log (`job`: the launcher's process, which must
   not end first; None: a Slurm job, with no process here to watch)."""
-  deadline = time.monotonic() + timeout
+  deadline = time.monotonic() + deadlines.stretched(timeout)
   while text not in _log(log_path):
     assert job is None or job.poll() is None, _log(log_path)[-3000:]
     assert time.monotonic() < deadline, f'no "{text}" in the log'
@@ -61,7 +62,7 @@ def last_step(log_path):
 
 
 def wait_for_step(job, log_path, step, timeout=300):
-  deadline = time.monotonic() + timeout
+  deadline = time.monotonic() + deadlines.stretched(timeout)
   while last_step(log_path) < step:
     assert job is None or job.poll() is None, _log(log_path)[-3000:]
     assert time.monotonic() < deadline, _log(log_path)[-3000:]
