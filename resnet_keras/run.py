@@ -118,7 +118,8 @@ def _run_held(cfg: RunConfig, started: float, run_started: float,
   progress = distribution.Progress(
       joining_watch=lambda: watchdog.watched_from_outside(
           timeout, watchdog.stuck_line(
-              worker, timeout, 'the joining deadline, 10 x --failure_timeout')))
+              worker, timeout, 'the joining deadline, 10 x --failure_timeout')),
+      stall=goodput.stalled_seconds)
   deadlines = watchdog.Deadlines(
       progress, timeout,
       step_floor=cfg.tf_data_service_timeout if cfg.tf_data_service else 0)
@@ -154,9 +155,11 @@ def _run_on(basis: assembly.Basis, started: float, run_started: float,
   reporting.log_plan(basis, plan)
   parts = assembly.assemble_training(basis, plan, start)
   start_lib.restore(start, parts.weights(), cfg, basis.info, backend)
-  attempt = goodput.Attempt(cfg.model_dir if backend.is_chief else None,
-                            started, start.step)
-  # A chief ended stuck writes its account first.
+  attempt = goodput.Attempt(
+      cfg.model_dir if backend.is_chief else None, started, start.step,
+      stalled=lambda: backend.progress.stalled('training'))
+  # A chief ended stuck writes its account first: the stall that ended it
+  # is the job's stall, not a wait after its last record.
   last_words.append(attempt.write)
   with parts.guard.installed():
     outcome, logger = _train(basis, parts, start, run_started, attempt)
