@@ -22,6 +22,7 @@ from typing import (Any, Callable, ContextManager, Iterator, List, Optional,
                     Sequence, Tuple)
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 from official.common import distribute_utils
 from tensorflow.python.eager import context
@@ -229,6 +230,30 @@ class Backend:
       return self.strategy.reduce('SUM', self.strategy.run(lambda: counts),
                                   axis=None)
     return counts
+
+  def each_worker(self, value: float) -> np.ndarray:
+    """Every worker's `value` (float32), by worker index: a collective every
+    worker must call, once per loop at most (its own alone in a job of
+    one)."""
+    if self.num_workers == 1:
+      return np.array([value], np.float32)
+    with self.progress.waiting():
+      return self._each_worker(tf.constant(value, tf.float32)).numpy()
+
+  @functools.cached_property
+  def _each_worker(self):
+
+    def gather(value):
+      # Each adds its value at its own index: the sum holds every one.
+      own = tf.one_hot(self.worker_index, self.num_workers) * value
+      if self.hvd:
+        return self._horovod_sum(own, 'each_worker')
+      # Each of a worker's replicas added it.
+      local = self.strategy.num_replicas_in_sync // self.num_workers
+      return self.strategy.reduce('SUM', self.strategy.run(lambda: own),
+                                  axis=None) / local
+
+    return tf.function(gather, autograph=False)
 
   def any_worker(self, *flags: bool) -> Tuple[bool, ...]:
     """Per flag, True if it is true on any worker: one collective for all

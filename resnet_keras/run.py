@@ -35,7 +35,6 @@ from resnet_keras import goodput
 from resnet_keras import guards
 from resnet_keras import job_starts
 from resnet_keras import lr_schedules
-from resnet_keras import metrics
 from resnet_keras import ownership
 from resnet_keras import reporting
 from resnet_keras import run_directory
@@ -162,12 +161,12 @@ def _run_on(basis: assembly.Basis, started: float, run_started: float,
   # is the job's stall, not a wait after its last record.
   last_words.append(attempt.write)
   with parts.guard.installed():
-    outcome, logger = _train(basis, parts, start, run_started, attempt)
+    outcome, reports = _train(basis, parts, start, run_started, attempt)
     _export(basis, parts, attempt, outcome.step)
   # The job's account is the chief's: only it records every attempt.
   job = attempt.job() if backend.is_chief else None
-  summary = reporting.write_summary(basis, parts, logger, outcome, start.step,
-                                    run_started, job)
+  summary = reporting.write_summary(basis, parts, reports, outcome,
+                                    start.step, run_started, job)
   backend.leave()
   if job:
     logging.info('%s', goodput.sentence(job))
@@ -191,10 +190,10 @@ def _set_up(cfg: RunConfig,
 def _train(basis: assembly.Basis, parts: assembly.Parts,
            start: start_lib.Start, started: float,
            attempt: goodput.Attempt
-           ) -> Tuple[reporting.Outcome, metrics.StepLogger]:
+           ) -> Tuple[reporting.Outcome, reporting.Reporting]:
   """The loops, evaluations and checkpoints of the plan, from `start`
   (restored), with its guards and reports, timed in `attempt`; the outcome
-  and the logger."""
+  and the reports."""
   cfg, backend = basis.effective_cfg, basis.backend
   reports = reporting.Reporting(basis, parts)
   # No checkpoint manager: the controller neither restores nor saves. The
@@ -243,7 +242,7 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
   finally:
     input_watchdog.stop()
     reports.close()
-  return outcome, reports.logger
+  return outcome, reports
 
 
 def _what_is_left(cfg: RunConfig) -> str:
