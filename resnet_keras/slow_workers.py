@@ -21,8 +21,10 @@ from resnet_keras.metrics import LOOP_RECORD
 
 # At least 10% over the others' median...
 SLOW_MARGIN = 0.10
-# ...in every loop of the last 30 s of training: longer than a pause or a
-# busy moment of its host, short enough to be named in a 10-minute job.
+# ...in the median loop of the last 30 s of training: longer than a pause
+# or a busy moment of its host (and the median loop, not every loop: one
+# loop's own time is a few steps', noisy on a busy host), short enough to
+# be named in a 10-minute job.
 SUSTAINED_SECONDS = 30.0
 
 # (seconds, first step, each worker's own time per step) of one loop.
@@ -32,9 +34,9 @@ Loop = Tuple[float, int, Sequence[float]]
 def slow_workers(loops: Sequence[Loop], margin: float = SLOW_MARGIN,
                  sustained: float = SUSTAINED_SECONDS) -> Dict[int, float]:
   """The workers whose own time per step was at least `margin` over the
-  median of the other workers' in each of the latest `loops` (oldest
-  first) that together last `sustained` seconds, each with its least
-  excess over them (0.25: 25% over); none while the loops last less."""
+  median of the other workers' in the median loop of the latest `loops`
+  (oldest first) that together last `sustained` seconds, each with that
+  median excess (0.25: 25% over); none while the loops last less."""
   window, total = [], 0.0
   for seconds, _, times in reversed(loops):
     window.append(np.asarray(times, dtype=float))
@@ -45,8 +47,8 @@ def slow_workers(loops: Sequence[Loop], margin: float = SLOW_MARGIN,
     return {}
   slow = {}
   for worker in range(len(window[0])):
-    excess = min(times[worker] / np.median(np.delete(times, worker)) - 1
-                 for times in window)
+    excess = np.median([times[worker] / np.median(np.delete(times, worker))
+                        - 1 for times in window])
     if excess >= margin:
       slow[worker] = float(excess)
   return slow
