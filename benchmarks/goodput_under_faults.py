@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 
+from resnet_keras import goodput as goodput_lib
 from testbed import cluster as cluster_lib
 from testbed import soak as soak_lib
 from testbed import soak_jobs
@@ -29,8 +30,7 @@ from testbed import soak_plan
 PROBE_STEPS = 200
 # A chief's step line: its clock and step.
 _STEP_LINE = re.compile(r'(\d\d:\d\d:\d\d) I step (\d+)/')
-_PARTS = ('productive', 'redone', 'startup', 'checkpoints', 'evaluation',
-          'export', 'waiting', 'other')
+_PARTS = goodput_lib.PARTS
 
 
 def with_flags(args, **values):

@@ -9,6 +9,7 @@ under tf.distribute (one program drives every replica) and the per-worker
 batch under Horovod (every process is a worker with its own program).
 """
 
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -17,10 +18,11 @@ import socket
 import sys
 import threading
 import time
-from typing import (Any, Callable, ContextManager, Iterator, Optional,
+from typing import (Any, Callable, ContextManager, Iterator, List, Optional,
                     Sequence, Tuple)
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 from official.common import distribute_utils
 from tensorflow.python.eager import context
@@ -39,16 +41,36 @@ _LEAVE_TIMEOUT = worker_contract.stuck_rank_timeout(
 
 class Progress:
   """When this worker last saw the job's collectives move on, while it is
-  inside them: `waiting()` around code that waits on the other workers,
-  `beat()` each time they answered (the training loop's stop poll, before
-  each step). A watchdog polls `waiting_since` (resnet_keras/watchdog.py).
+  inside them: `waiting(phase)` around code that waits on the other
+  workers, `beat()` each time they answered (the training loop's stop poll,
+  before each step; each evaluation step). A watchdog polls `current`
+  (resnet_keras/watchdog.py), and derives how long a wait may last from
+  what each phase's waits took so far: the times between its beats
+  (`intervals`) and the lengths of its waits without any (`lengths`).
+  With a `stall` rule (seconds of an interval beyond the usual, given the
+  phase's earlier ones) it adds up each phase's time stalled (goodput).
   Thread-safe; cheap enough to call every step."""
 
+  # A phase's recent step times kept: enough for a high percentile, few
+  # enough that a job whose steps slow down gets its deadline in minutes.
+  WINDOW = 200
+
   def __init__(self, joining_watch: Optional[
-      Callable[[], ContextManager[None]]] = None):
+      Callable[[], ContextManager[None]]] = None,
+               stall: Optional[Callable[[float, Sequence[float]],
+                                        float]] = None):
     self._lock = threading.Lock()
     self._depth = 0
     self._last = 0.0
+    self._phase = ''
+    self._beats = 0
+    self._entered = 0.0
+    self._intervals = collections.defaultdict(
+        lambda: collections.deque(maxlen=self.WINDOW))
+    self._lengths = collections.defaultdict(
+        lambda: collections.deque(maxlen=self.WINDOW))
+    self._stall = stall
+    self._stalled = collections.defaultdict(float)
     self._joining_watch = joining_watch
 
   @contextlib.contextmanager
@@ -58,27 +80,71 @@ class Progress:
     where it was given a `joining_watch` (resnet_keras/watchdog.py)."""
     outside = (self._joining_watch() if self._joining_watch else
                contextlib.nullcontext())
-    with outside, self.waiting():
+    with outside, self.waiting('joining'):
       yield
 
   @contextlib.contextmanager
-  def waiting(self) -> Iterator[None]:
+  def waiting(self, phase: str = 'other') -> Iterator[None]:
+    """A wait on the others; a wait inside another is part of the outer
+    one, of its phase."""
     with self._lock:
       self._depth += 1
       if self._depth == 1:
-        self._last = time.time()
+        self._last = self._entered = time.time()
+        self._phase, self._beats = phase, 0
     try:
       yield
     finally:
       with self._lock:
         self._depth -= 1
+        if not self._depth and not self._beats:
+          self._lengths[self._phase].append(time.time() - self._entered)
 
   def beat(self) -> None:
-    self._last = time.time()
+    with self._lock:
+      now = time.time()
+      # Before a wait's second beat its time is its own start (tracing, the
+      # input filling) and its first step's collective, which waits on what
+      # the others did between waits (a Horovod chief's checkpoint): not a
+      # step's usual time.
+      if self._depth and self._beats >= 2:
+        interval, earlier = now - self._last, self._intervals[self._phase]
+        if self._stall:
+          self._stalled[self._phase] += self._stall(interval, earlier)
+        earlier.append(interval)
+      self._beats += bool(self._depth)
+      self._last = now
 
   def waiting_since(self) -> float:
     """Wall time of the last answer while waiting; 0 when not waiting."""
     return self._last if self._depth else 0.0
+
+  def current(self) -> Tuple[float, str, int]:
+    """(waiting_since, the wait's phase, its beats so far)."""
+    with self._lock:
+      return ((self._last, self._phase, self._beats) if self._depth else
+              (0.0, '', 0))
+
+  def intervals(self, phase: str) -> List[float]:
+    """The latest WINDOW times between two beats of `phase`'s waits."""
+    with self._lock:
+      return list(self._intervals[phase])
+
+  def lengths(self, phase: str) -> List[float]:
+    """The latest WINDOW lengths of `phase`'s waits that had no beat."""
+    with self._lock:
+      return list(self._lengths[phase])
+
+  def stalled(self, phase: str) -> float:
+    """Seconds `phase`'s steps stalled so far, by the `stall` rule; with the
+    wait in progress too, if it is of `phase` and past its last beat."""
+    with self._lock:
+      total = self._stalled[phase]
+      if self._stall and self._depth and self._beats >= 2 and \
+          self._phase == phase:
+        total += self._stall(time.time() - self._last,
+                             self._intervals[phase])
+      return total
 
 
 @dataclasses.dataclass
@@ -164,6 +230,30 @@ class Backend:
       return self.strategy.reduce('SUM', self.strategy.run(lambda: counts),
                                   axis=None)
     return counts
+
+  def each_worker(self, value: float) -> np.ndarray:
+    """Every worker's `value` (float32), by worker index: a collective every
+    worker must call, once per loop at most (its own alone in a job of
+    one)."""
+    if self.num_workers == 1:
+      return np.array([value], np.float32)
+    with self.progress.waiting():
+      return self._each_worker(tf.constant(value, tf.float32)).numpy()
+
+  @functools.cached_property
+  def _each_worker(self):
+
+    def gather(value):
+      # Each adds its value at its own index: the sum holds every one.
+      own = tf.one_hot(self.worker_index, self.num_workers) * value
+      if self.hvd:
+        return self._horovod_sum(own, 'each_worker')
+      # Each of a worker's replicas added it.
+      local = self.strategy.num_replicas_in_sync // self.num_workers
+      return self.strategy.reduce('SUM', self.strategy.run(lambda: own),
+                                  axis=None) / local
+
+    return tf.function(gather, autograph=False)
 
   def any_worker(self, *flags: bool) -> Tuple[bool, ...]:
     """Per flag, True if it is true on any worker: one collective for all

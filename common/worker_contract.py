@@ -84,8 +84,10 @@ _PAIRED_RANK_VARS = ('OMPI_COMM_WORLD_RANK', 'PMI_RANK')
 DEFAULT_TF_BASE_PORT = 2410
 DEFAULT_FAILURE_TIMEOUT = 60
 # A rank alive but stuck (not a lost one) ends the job after this many
-# failure timeouts: long enough for the chief's pauses (checkpoint, export)
-# that the other workers wait through.
+# failure timeouts at the most: long enough for the chief's pauses
+# (checkpoint, export) that the other workers wait through. In training the
+# workers' watchdogs end it sooner, from the step times they measure
+# (resnet_keras/watchdog.py Deadlines).
 _STALL_SHUTDOWN_FACTOR = 10
 
 

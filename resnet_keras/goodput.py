@@ -20,6 +20,9 @@ last attempt's last record, split into:
   redone       steps this attempt trains again that an earlier attempt had
                already trained (it resumed from an earlier checkpoint than
                that attempt's last step), at the attempt's own step time
+  stalled      steps that took far longer than the usual step (a frozen,
+               slow or lost peer, a pause of this host): their time beyond
+               the usual (`stalled_seconds`)
   startup      process start to the first training call, plus the first
                loop's time beyond what its steps take in later loops
                (tracing, the input pipeline's start), as ml-goodput-
@@ -39,9 +42,10 @@ This module never imports TensorFlow.
 import contextlib
 import os
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from absl import logging
+import numpy as np
 
 from common import files
 from common.files import write_json_atomically
@@ -49,13 +53,20 @@ from resnet_keras import run_directory
 from resnet_keras.metrics import LOOP_RECORD
 
 # The parts of the wall time, in the order the sentence says them.
-PARTS = ('productive', 'redone', 'startup', 'checkpoints', 'evaluation',
-         'export', 'waiting', 'other')
+PARTS = ('productive', 'redone', 'stalled', 'startup', 'checkpoints',
+         'evaluation', 'export', 'waiting', 'other')
 # The phases an attempt times itself (its records' keys, in seconds).
 PHASES = ('training', 'checkpoints', 'evaluation', 'export')
 # Seconds between writes after loops alone: a killed attempt's record is at
 # most this old (plus a loop), without a write per loop of short steps.
 WRITE_EVERY = 5.0
+# A step stalled when it took more than STALL_FACTOR x the median of the
+# steps before it and STALL_MIN_SECONDS more: a loop's end (the chief's log
+# line and files, a few tens of ms) and the jitter of a busy host stay
+# productive. Fewer than STALL_MIN_STEPS earlier steps: no usual yet.
+STALL_FACTOR = 2.0
+STALL_MIN_SECONDS = 0.5
+STALL_MIN_STEPS = 5
 
 
 def read(model_dir: str) -> List[Dict]:
@@ -77,14 +88,27 @@ def read(model_dir: str) -> List[Dict]:
 
 
 def _readable(attempt) -> bool:
-  """Whether `attempt` has what `split` reads, of the types it reads."""
+  """Whether `attempt` has what `split` reads, of the types it reads (an
+  attempt of code before `stalled` has none: 0)."""
   number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
   pair = lambda v: isinstance(v, list) and len(v) == 2 and all(map(number, v))
   return (isinstance(attempt, dict) and
           all(number(attempt.get(k)) for k in (
               'process_start', 'ready', 'end', 'start_step', 'last_step',
-              *PHASES)) and
+              *PHASES)) and number(attempt.get('stalled', 0.0)) and
           pair(attempt.get('first_loop')) and pair(attempt.get('loops')))
+
+
+def stalled_seconds(interval: float, earlier: Sequence[float]) -> float:
+  """A step's seconds beyond the usual step (the median of the `earlier`
+  steps' times) where it stalled (STALL_FACTOR, STALL_MIN_SECONDS), else
+  0: the time it waited on a peer frozen, slow or lost, or was paused."""
+  if len(earlier) < STALL_MIN_STEPS:
+    return 0.0
+  usual = float(np.median(np.asarray(earlier, dtype=float)))
+  excess = interval - usual
+  stalled = interval > STALL_FACTOR * usual and excess >= STALL_MIN_SECONDS
+  return excess if stalled else 0.0
 
 
 def first_loop_excess(first: Tuple[int, float],
@@ -109,16 +133,19 @@ def redone_steps(earlier_last_step: int, start_step: int,
 def attempt_parts(attempt: Dict, earlier_last_step: int
                   ) -> Tuple[Dict[str, float], int]:
   """One attempt's seconds in each part but waiting and other, and the
-  steps it redid."""
+  steps it redid. Its stalls are not productive, nor redone: redone steps
+  are counted at the pace of its steps less their stalls."""
   excess = min(first_loop_excess(attempt['first_loop'], attempt['loops']),
                attempt['training'])
-  steps_seconds = attempt['training'] - excess
+  stalled = min(attempt.get('stalled', 0.0), attempt['training'] - excess)
+  steps_seconds = attempt['training'] - excess - stalled
   trained = attempt['last_step'] - attempt['start_step']
   redone = redone_steps(earlier_last_step, attempt['start_step'],
                         attempt['last_step'])
   redone_seconds = steps_seconds * redone / trained if trained > 0 else 0.0
   return {'productive': steps_seconds - redone_seconds,
           'redone': redone_seconds,
+          'stalled': stalled,
           'startup': attempt['ready'] - attempt['process_start'] + excess,
           'checkpoints': attempt['checkpoints'],
           'evaluation': attempt['evaluation'],
@@ -128,9 +155,13 @@ def attempt_parts(attempt: Dict, earlier_last_step: int
 def split(attempts: List[Dict]) -> Dict:
   """run_summary.json's goodput block for a job of `attempts` (records,
   oldest first): the wall time, its parts (which add up to it: `other`
-  takes what no named part holds) and goodput = productive / wall."""
+  takes what no named part holds), goodput = productive / wall, and each
+  attempt's own goodput: its productive time over its stretch of the wall
+  (from the previous attempt's last record, the wait between them
+  included; the first's from its process start)."""
   seconds = dict.fromkeys(PARTS, 0.0)
   redone_total, earlier_last_step, previous_end = 0, 0, None
+  per_attempt = []
   for attempt in attempts:
     if previous_end is not None:
       # Negative only between hosts whose clocks disagree: other keeps it.
@@ -138,6 +169,10 @@ def split(attempts: List[Dict]) -> Dict:
     parts, redone = attempt_parts(attempt, earlier_last_step)
     for part, value in parts.items():
       seconds[part] += value
+    stretch = attempt['end'] - (attempt['process_start'] if previous_end is None
+                                else previous_end)
+    per_attempt.append(round(parts['productive'] / stretch, 4)
+                       if stretch > 0 else None)
     redone_total += redone
     earlier_last_step = max(earlier_last_step, attempt['last_step'])
     previous_end = attempt['end']
@@ -148,7 +183,8 @@ def split(attempts: List[Dict]) -> Dict:
           'wall_seconds': round(wall, 3),
           'attempts': len(attempts),
           'redone_steps': redone_total,
-          'seconds': {k: round(v, 3) for k, v in seconds.items()}}
+          'seconds': {k: round(v, 3) for k, v in seconds.items()},
+          'per_attempt': per_attempt}
 
 
 def _seconds(value: float) -> str:
@@ -165,7 +201,8 @@ def sentence(block: Dict) -> str:
       f'{_seconds(block["wall_seconds"])} wall in productive steps; start-up '
       f'{_seconds(seconds["startup"])} ({attempts} attempt'
       f'{"s" if attempts != 1 else ""}), redone {_seconds(seconds["redone"])} '
-      f'({block["redone_steps"]} steps), checkpoints '
+      f'({block["redone_steps"]} steps), stalled '
+      f'{_seconds(seconds["stalled"])}, checkpoints '
       f'{_seconds(seconds["checkpoints"])}, evaluation '
       f'{_seconds(seconds["evaluation"])}, export '
       f'{_seconds(seconds["export"])}, waiting {_seconds(seconds["waiting"])}'
@@ -175,17 +212,21 @@ def sentence(block: Dict) -> str:
 class Attempt:
   """This attempt's account; an orbit train action (each loop's steps and
   seconds). With a `model_dir` (the chief's) it is written there, after
-  the earlier attempts' records."""
+  the earlier attempts' records. `stalled`: the seconds its training steps
+  have stalled so far (the backend's Progress)."""
 
   def __init__(self, model_dir: Optional[str], process_start: float,
-               start_step: int):
+               start_step: int, stalled: Callable[[], float] = lambda: 0.0):
     self._path = (os.path.join(model_dir, run_directory.GOODPUT_FILE)
                   if model_dir else None)
     self._earlier = read(model_dir) if model_dir else []
+    self._stalled = stalled
     self.record = {'process_start': process_start, 'ready': None,
                    'end': process_start, 'start_step': start_step,
                    'last_step': start_step, 'first_loop': [0, 0.0],
-                   'loops': [0, 0.0], **dict.fromkeys(PHASES, 0.0)}
+                   'loops': [0, 0.0], **dict.fromkeys(PHASES, 0.0),
+                   'stalled': 0.0}
+    self._open = {}  # phase -> time.monotonic() it began, while it runs
     self._written = time.monotonic()
 
   def ready(self) -> None:
@@ -196,10 +237,11 @@ class Attempt:
   @contextlib.contextmanager
   def timing(self, phase: str):
     """Adds the time of the block to `phase` (one of PHASES)."""
-    begun = time.monotonic()
+    begun = self._open[phase] = time.monotonic()
     try:
       yield
     finally:
+      del self._open[phase]
       self.record[phase] += time.monotonic() - begun
 
   def __call__(self, output: Dict) -> None:
@@ -215,14 +257,21 @@ class Attempt:
     if time.monotonic() - self._written >= WRITE_EVERY:
       self.write()
 
-  def write(self) -> None:
-    """Ends the record now; the chief writes the attempts so far."""
+  def write(self) -> Dict:
+    """Ends the record now, a phase in progress counted to now (an attempt
+    killed in a training call of many loops keeps their time); the chief
+    writes the attempts so far. Returns the record as written."""
+    now = time.monotonic()
     self.record['end'] = time.time()
+    self.record['stalled'] = self._stalled()
+    record = dict(self.record)
+    for phase, begun in list(self._open.items()):
+      record[phase] += now - begun
     if self._path:
-      write_json_atomically(self._path, self._earlier + [self.record])
-    self._written = time.monotonic()
+      write_json_atomically(self._path, self._earlier + [record])
+    self._written = now
+    return record
 
   def job(self) -> Dict:
     """The goodput block of the job up to now (this attempt's end)."""
-    self.write()
-    return split(self._earlier + [self.record])
+    return split(self._earlier + [self.write()])

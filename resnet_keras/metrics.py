@@ -46,6 +46,11 @@ class LoopRecord:
   # fp16's dynamic loss scale after each step (halved on a step whose
   # gradients overflowed, which was skipped); None without loss scaling.
   loss_scales: Optional[np.ndarray] = None
+  # This worker's own work in its steps (input, forward pass), waiting on
+  # no other; and each worker's per step, by worker index (every worker's
+  # loop has them all: trainer.Trainer.train_loop_end).
+  own_seconds: float = 0.0
+  own_step_seconds: Optional[np.ndarray] = None
 
 
 

@@ -83,6 +83,12 @@ def count_correct(labels, outputs) -> tf.Tensor:
   return tf.reduce_sum(tf.cast(tf.equal(predictions, labels), tf.float32))
 
 
+def _time_after(tensors) -> tf.Tensor:
+  """The time (tf.timestamp) once `tensors` are computed."""
+  with tf.control_dependencies(tf.nest.flatten(tensors)):
+    return tf.timestamp()
+
+
 def _micro_batches(tensor, k: int):
   """`tensor` split along the batch into [k, batch / k, ...]."""
   return tf.reshape(tensor, [k, -1] + tensor.shape[1:].as_list())
@@ -126,16 +132,23 @@ class Objective:
     self.uses_loss_scale = isinstance(
         optimizer, tf_keras.mixed_precision.LossScaleOptimizer)
 
-  def gradients(self, images, labels) -> Tuple[list, tf.Tensor, tf.Tensor]:
+  def gradients(self, images, labels
+                ) -> Tuple[list, tf.Tensor, tf.Tensor, tf.Tensor]:
     """(gradients ready to apply, this replica's share of the loss, its
-    count of correct predictions), in a replica context."""
+    count of correct predictions, when its own work was done), in a replica
+    context. Its own work is what it computes before the step's first
+    collective waits on the others: the forward pass (the all-reduce of a
+    Horovod tape may start during the backward pass), or with accumulation
+    every micro-batch's forward and backward pass. Its time tells a slow
+    worker from the others, who wait for it (slow_workers.py)."""
     if self.num_accumulation_steps == 1:
-      grads, loss, correct = self._gradients(images, labels)
+      grads, loss, correct, own_done = self._gradients(images, labels)
     else:
-      grads, loss, correct = self._accumulated_gradients(images, labels)
+      grads, loss, correct, own_done = self._accumulated_gradients(images,
+                                                                   labels)
     if self.uses_loss_scale:
       grads = self.optimizer.get_unscaled_gradients(grads)
-    return grads, loss, correct
+    return grads, loss, correct, own_done
 
   def weight_decay_loss(self):
     """This replica's share of the weight-decay term (0 where the
@@ -197,8 +210,12 @@ class Objective:
       with tf.GradientTape() as tape:
         loss, correct = self._forward(images, labels)
         total = self._scaled(loss + self._decay_share())
+      # Made before the tape's all-reduce, so that automatic control
+      # dependencies, which order stateful ops as written, do not put it
+      # after.
+      own_done = _time_after(total)
       grads = self.backend.gradient_tape(tape).gradient(total, variables)
-    return grads, loss, correct
+    return grads, loss, correct, own_done
 
   def _accumulated_gradients(self, images, labels):
     """Sums the gradients of K micro-batches in float32, then adds weight
@@ -232,4 +249,5 @@ class Objective:
         decay = self._scaled(self._decay_share())
       grads = [g if d is None else g + d
                for g, d in zip(grads, tape.gradient(decay, variables))]
-    return self.backend.allreduce_gradients(grads), loss, correct
+    own_done = _time_after(grads)
+    return self.backend.allreduce_gradients(grads), loss, correct, own_done

@@ -23,6 +23,7 @@ from resnet_keras import job_starts
 from resnet_keras import metrics
 from resnet_keras import optimizers
 from resnet_keras import run_directory
+from resnet_keras import slow_workers
 from resnet_keras import tracking
 from resnet_keras import trainer as trainer_lib
 from resnet_keras import world
@@ -148,7 +149,8 @@ class Reporting:
         # mpirun gives every rank a terminal; one bar per rank would garble it.
         progress_bar=sys.stdout.isatty() and backend.num_workers == 1,
         metrics_log=self.metrics_log, mixed_targets=cfg.mixes_batches)
-    self.actions = [self.logger, parts.guard]
+    self.slow_workers = slow_workers.SlowWorkers(log=backend.is_chief)
+    self.actions = [self.logger, self.slow_workers, parts.guard]
     self.profiler = None
     if cfg.profile_steps:
       self.profiler = _Profiler(
@@ -221,19 +223,21 @@ class Outcome:
 
 
 def write_summary(basis: assembly.Basis, parts: assembly.Parts,
-                  logger: metrics.StepLogger, outcome: Outcome,
+                  reports: Reporting, outcome: Outcome,
                   resumed_from_step: int, started: float,
                   goodput: Optional[Dict]) -> Dict:
   """The end-of-run account of --skip_corrupt_records, then this worker's
   run_summary.json (its line in the log); returns the summary. `goodput`:
-  the job's goodput block (goodput.split; the chief's, None elsewhere)."""
+  the job's goodput block (goodput.split; the chief's, None elsewhere);
+  `reports`, what the run reported as it trained."""
   cfg, backend = basis.effective_cfg, basis.backend
   if parts.skipped:
     _report_skipped(parts.skipped.count, outcome.eval_results,
                     basis.info.num_eval_examples)
-  summary = _summary(basis, parts, logger, outcome, resumed_from_step,
-                     started)
+  summary = _summary(basis, parts, reports.logger, outcome,
+                     resumed_from_step, started)
   summary['goodput'] = goodput
+  summary.update(reports.slow_workers.summary())
   write_dir = run_directory.worker_dir(cfg.model_dir, backend.worker_index)
   os.makedirs(write_dir, exist_ok=True)
   files.write_json_atomically(

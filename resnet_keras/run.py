@@ -21,7 +21,7 @@ import gc
 import os
 import tempfile
 import time
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import orbit
 import tensorflow as tf
@@ -35,7 +35,6 @@ from resnet_keras import goodput
 from resnet_keras import guards
 from resnet_keras import job_starts
 from resnet_keras import lr_schedules
-from resnet_keras import metrics
 from resnet_keras import ownership
 from resnet_keras import reporting
 from resnet_keras import run_directory
@@ -117,11 +116,19 @@ def _run_held(cfg: RunConfig, started: float, run_started: float,
   timeout = _stuck_worker_timeout(cfg)
   progress = distribution.Progress(
       joining_watch=lambda: watchdog.watched_from_outside(
-          timeout, watchdog.stuck_line(worker, timeout)))
-  stuck = watchdog.Watchdog(timeout, progress.waiting_since,
-                            watchdog.end_stuck_worker(worker)).start()
+          timeout, watchdog.stuck_line(
+              worker, timeout, 'the joining deadline, 10 x --failure_timeout')),
+      stall=goodput.stalled_seconds)
+  deadlines = watchdog.Deadlines(
+      progress, timeout,
+      step_floor=cfg.tf_data_service_timeout if cfg.tf_data_service else 0)
+  last_words = []  # The chief's goodput account, once it has one.
+  stuck = watchdog.Watchdog(
+      timeout, progress.waiting_since,
+      watchdog.end_stuck_worker(worker, deadlines, last_words),
+      deadline=deadlines.now).start()
   try:
-    return _run_on(_set_up(cfg, progress), started, run_started)
+    return _run_on(_set_up(cfg, progress), started, run_started, last_words)
   finally:
     stuck.stop()
 
@@ -135,8 +142,9 @@ def _stuck_worker_timeout(cfg: RunConfig) -> float:
       os.environ, use_horovod=cfg.use_horovod) or 0
 
 
-def _run_on(basis: assembly.Basis, started: float,
-            run_started: float) -> Dict:
+def _run_on(basis: assembly.Basis, started: float, run_started: float,
+            last_words: List[Callable[[], None]]) -> Dict:
+  """`last_words`: what a worker ending itself (stuck) does first."""
   cfg, backend = basis.effective_cfg, basis.backend
   plan = assembly.plan_for(basis)
   start = start_lib.decide(cfg, plan)
@@ -146,15 +154,19 @@ def _run_on(basis: assembly.Basis, started: float,
   reporting.log_plan(basis, plan)
   parts = assembly.assemble_training(basis, plan, start)
   start_lib.restore(start, parts.weights(), cfg, basis.info, backend)
-  attempt = goodput.Attempt(cfg.model_dir if backend.is_chief else None,
-                            started, start.step)
+  attempt = goodput.Attempt(
+      cfg.model_dir if backend.is_chief else None, started, start.step,
+      stalled=lambda: backend.progress.stalled('training'))
+  # A chief ended stuck writes its account first: the stall that ended it
+  # is the job's stall, not a wait after its last record.
+  last_words.append(attempt.write)
   with parts.guard.installed():
-    outcome, logger = _train(basis, parts, start, run_started, attempt)
+    outcome, reports = _train(basis, parts, start, run_started, attempt)
     _export(basis, parts, attempt, outcome.step)
   # The job's account is the chief's: only it records every attempt.
   job = attempt.job() if backend.is_chief else None
-  summary = reporting.write_summary(basis, parts, logger, outcome, start.step,
-                                    run_started, job)
+  summary = reporting.write_summary(basis, parts, reports, outcome,
+                                    start.step, run_started, job)
   backend.leave()
   if job:
     logging.info('%s', goodput.sentence(job))
@@ -178,10 +190,10 @@ def _set_up(cfg: RunConfig,
 def _train(basis: assembly.Basis, parts: assembly.Parts,
            start: start_lib.Start, started: float,
            attempt: goodput.Attempt
-           ) -> Tuple[reporting.Outcome, metrics.StepLogger]:
+           ) -> Tuple[reporting.Outcome, reporting.Reporting]:
   """The loops, evaluations and checkpoints of the plan, from `start`
   (restored), with its guards and reports, timed in `attempt`; the outcome
-  and the logger."""
+  and the reports."""
   cfg, backend = basis.effective_cfg, basis.backend
   reports = reporting.Reporting(basis, parts)
   # No checkpoint manager: the controller neither restores nor saves. The
@@ -230,7 +242,7 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
   finally:
     input_watchdog.stop()
     reports.close()
-  return outcome, reports.logger
+  return outcome, reports
 
 
 def _what_is_left(cfg: RunConfig) -> str:
@@ -259,7 +271,7 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                              start.batches_read_at(outcome.step),
                              announce=outcome.step == start.step)
     try:
-      with attempt.timing('training'), backend.progress.waiting():
+      with attempt.timing('training'), backend.progress.waiting('training'):
         controller.train(plan.next_stop(outcome.step),
                          checkpoint_at_completion=False)
     except guards.SignalReceived as stop:
@@ -305,15 +317,16 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
 def _collective_save(backend: distribution.Backend):
   """A save every worker takes part in (multi_worker_mirrored) waits on
   the others; a Horovod chief saves alone, however long it takes."""
-  return (backend.progress.waiting() if backend.collective_saves else
-          contextlib.nullcontext())
+  if backend.collective_saves:
+    return backend.progress.waiting('checkpoints')
+  return contextlib.nullcontext()
 
 
 def _evaluate(controller: orbit.Controller, reports: reporting.Reporting,
               plan: TrainingPlan, step: int, attempt: goodput.Attempt,
               backend: distribution.Backend) -> Dict:
   # Each evaluation step tells the backend's progress it went on.
-  with attempt.timing('evaluation'), backend.progress.waiting():
+  with attempt.timing('evaluation'), backend.progress.waiting('evaluation'):
     results = controller.evaluate(steps=-1)
   reports.evaluated(plan, step, results)
   attempt.write()
@@ -374,7 +387,7 @@ def _export(basis: assembly.Basis, parts: assembly.Parts,
         # Under multi_worker_mirrored reading the weights is a collective
         # (batch norm statistics are averaged when read): the other workers
         # join the chief's read, once, as its export copies them.
-        with backend.progress.waiting():
+        with backend.progress.waiting('export'):
           parts.network.get_weights()
   except guards.StopNow as stop:
     attempt.write()

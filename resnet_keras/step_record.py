@@ -39,6 +39,9 @@ class StepRecord:
       self._waiting_since = tf.Variable(0.0, dtype=tf.float64,
                                         trainable=False)
       self._stopped_early = tf.Variable(False, trainable=False)
+      # Seconds of the loop's steps this worker worked on its own (input,
+      # forward pass: objective.Objective.gradients), waiting on no other.
+      self._own_seconds = tf.Variable(0.0, dtype=tf.float64, trainable=False)
     self._started_at = 0.0
 
   # -- Host, before the loop -------------------------------------------------
@@ -46,6 +49,7 @@ class StepRecord:
   def begin(self) -> None:
     self._loop_start.assign(self._global_step)
     self._input_wait.assign(0.0)
+    self._own_seconds.assign(0.0)
     self._stopped_early.assign(False)
     self._started_at = time.perf_counter()
 
@@ -76,6 +80,9 @@ class StepRecord:
     if loss_scale is not None:
       self._loss_scales.scatter_nd_update([[position]],
                                           [tf.cast(loss_scale, tf.float32)])
+
+  def add_own_time(self, seconds) -> None:
+    self._own_seconds.assign_add(seconds)
 
   def mark_stopped(self) -> None:
     self._stopped_early.assign(True)
@@ -110,6 +117,7 @@ class StepRecord:
         accuracies=correct_sums / global_batch_size,
         seconds=time.perf_counter() - self._started_at,
         input_wait_seconds=float(self._input_wait.numpy()),
+        own_seconds=float(self._own_seconds.numpy()),
         weights_finite=weights_finite(), stopped_early=self.stopped_early(),
         loss_scales=(self._loss_scales[:num_steps].numpy()
                      if self._with_loss_scales else None))

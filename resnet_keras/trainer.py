@@ -121,14 +121,21 @@ class Trainer(orbit.StandardTrainer):
 
     def step_fn(inputs):
       images, labels = inputs
-      grads, loss, correct = self.objective.gradients(images, labels)
+      grads, loss, correct, own_done = self.objective.gradients(images,
+                                                                labels)
       self.optimizer.apply_gradients(
           zip(grads, self.model.trainable_variables))
-      return loss, correct
+      return loss, correct, own_done
 
     position = self.step_record.position()
+    # After the stop poll's collective, before the input: this worker's
+    # own work begins (automatic control dependencies keep the order).
+    began = tf.timestamp()
     inputs = self.step_record.next_input(iterator)
-    loss, correct = self.strategy.run(step_fn, args=(inputs,))
+    loss, correct, own_done = self.strategy.run(step_fn, args=(inputs,))
+    # This worker's replicas' own work, not a collective over the workers.
+    self.step_record.add_own_time(tf.reduce_max(
+        self.strategy.experimental_local_results(own_done)) - began)
     if self.ema is not None:
       self.ema.update(self.global_step)
     reduce = lambda t: self.strategy.reduce('SUM', t, axis=None)
@@ -145,6 +152,9 @@ class Trainer(orbit.StandardTrainer):
     loop = self.step_record.read(
         self.backend.sum_over_workers, self.global_batch_size,
         self.objective.program_batch_size, self._weights_finite)
+    # Every worker calls it, steps or none: a collective.
+    loop.own_step_seconds = self.backend.each_worker(
+        loop.own_seconds / max(1, len(loop.losses)))
     output = {LOOP_RECORD: loop}
     num_steps = len(loop.losses)
     if num_steps:  # A stop before the loop's first step: no summaries.

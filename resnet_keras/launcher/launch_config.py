@@ -127,9 +127,11 @@ class LaunchConfig:
   failure_timeout: int = option(
       worker_contract.DEFAULT_FAILURE_TIMEOUT,
       'Seconds within which a lost host or rank ends a multi-worker job '
-      '(mpirun\'s keepalive probes; Horovod\'s stall check and each '
-      'worker\'s watchdog on its collectives get 10x this, for a rank alive '
-      'but stuck).',
+      '(mpirun\'s keepalive probes). A rank alive but stuck ends it within '
+      '10x this (Horovod\'s stall check; each worker\'s watchdog on its '
+      'collectives while it starts, evaluates, checkpoints or exports), and '
+      'in training within 4x the 99th percentile of its step times, at '
+      'least 20 s.',
       in_recipe=False)
 
   def check(self) -> None:

@@ -94,6 +94,12 @@ def test_two_workers_train_in_lockstep(tmp_path, backend_args, batch_flag,
   if techniques:  # Both workers trained at both sizes, in step.
     assert 'training at 32 px from epoch 1' in output
   assert chief['eval_examples'] == 13  # Every example once, over both.
+  # Each worker's own time per step, exchanged after each loop: both hold
+  # both; two tiny workers on one host, neither slow for 30 s.
+  assert chief['own_step_seconds'] == worker['own_step_seconds']
+  assert len(chief['own_step_seconds']) == 2
+  assert min(chief['own_step_seconds']) > 0
+  assert chief['slow_workers'] == []
 
 
 def _rank_pids(launcher_pid):

@@ -18,10 +18,13 @@ def trainer(model, optimizer, train_dataset, batch_size: int,
             steps_per_loop: int, num_classes: int = 5,
             stop_requested: Optional[Callable[[], bool]] = None,
             ema=None, use_tf_while_loop: bool = True,
+            progress: Optional[distribution.Progress] = None,
             **objective_options) -> Trainer:
   """Trains `model` on `train_dataset` (batches of `batch_size`); each
-  loop's output holds its LoopRecord (metrics.LOOP_RECORD)."""
-  backend = distribution.Backend(tf.distribute.get_strategy())
+  loop's output holds its LoopRecord (metrics.LOOP_RECORD). `progress`: the
+  backend's, which the stop poll beats before each step."""
+  backend = distribution.Backend(tf.distribute.get_strategy(),
+                                 progress=progress or distribution.Progress())
   objective = Objective(model=model, optimizer=optimizer, backend=backend,
                         num_classes=num_classes,
                         program_batch_size=batch_size, **objective_options)

@@ -2,13 +2,18 @@
 values, and an attempt's record as the chief writes it."""
 
 import json
+import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
+import tf_keras
 
+from common import distribution
 from resnet_keras import goodput
 from resnet_keras import run_directory
 from resnet_keras.metrics import LOOP_RECORD, LoopRecord
+from tests.support import loops
 
 
 def _attempt(**fields):
@@ -61,14 +66,43 @@ def test_two_attempts_with_a_redone_stretch_and_a_wait_between():
   assert block['attempts'] == 2 and block['redone_steps'] == 2
   assert block['seconds'] == pytest.approx({
       'productive': 11 + 10,  # 15 - 4 of tracing; 15 - 3 less 2 steps of 1 s
-      'redone': 2, 'startup': (10 + 4) + (12 + 3), 'checkpoints': 5,
-      'evaluation': 14, 'export': 3, 'waiting': 150 - 139, 'other': 2})
+      'redone': 2, 'stalled': 0, 'startup': (10 + 4) + (12 + 3),
+      'checkpoints': 5, 'evaluation': 14, 'export': 3,
+      'waiting': 150 - 139, 'other': 2})
   assert sum(block['seconds'].values()) == pytest.approx(87)
   assert block['goodput'] == pytest.approx(21 / 87, abs=1e-4)
+  # Each over its stretch: 100-139 s; 139-187 s, the wait before it in.
+  assert block['per_attempt'] == [round(11 / 39, 4), round(10 / 48, 4)]
   assert goodput.sentence(block) == (
       'goodput 24%: 21 s of 87 s wall in productive steps; start-up 29 s '
-      '(2 attempts), redone 2.0 s (2 steps), checkpoints 5.0 s, evaluation '
-      '14 s, export 3.0 s, waiting 11 s, other 2.0 s')
+      '(2 attempts), redone 2.0 s (2 steps), stalled 0.0 s, checkpoints '
+      '5.0 s, evaluation 14 s, export 3.0 s, waiting 11 s, other 2.0 s')
+
+
+def test_a_stall_is_neither_productive_nor_redone():
+  # SECOND stalled 3 s of its 15: its 12 steps took 15 - 3 - 3 = 9 s, 0.75 s
+  # each, so its 2 redone steps 1.5 s; 7.5 s productive.
+  block = goodput.split([FIRST, dict(SECOND, stalled=3.0)])
+  seconds = block['seconds']
+  assert seconds['stalled'] == 3
+  assert seconds['redone'] == pytest.approx(1.5)
+  assert seconds['productive'] == pytest.approx(11 + 7.5)
+  assert seconds['startup'] == 29 and seconds['other'] == pytest.approx(2)
+  # A stall is never more than the training calls it was part of.
+  assert goodput.split([dict(FIRST, stalled=99.0)])['seconds']['stalled'] \
+      == 15 - 4
+
+
+@pytest.mark.parametrize('interval, earlier, stalled', [
+    (2.1, [0.1] * 5, 2.0),  # 2 s beyond steps of 0.1 s.
+    (0.5, [0.1] * 5, 0.0),  # 5 x the usual, but 0.4 s: a loop's end.
+    (2.1, [0.1] * 4, 0.0),  # Too few steps to know the usual.
+    (3.9, [2.0] * 9, 0.0),  # Steps of 2 s: under 2 x.
+    (4.6, [2.0, 2.0, 9.0, 2.0, 2.0], 2.6),  # The median, not the mean.
+])
+def test_a_step_stalls_by_its_time_beyond_the_usual(interval, earlier,
+                                                    stalled):
+  assert goodput.stalled_seconds(interval, earlier) == pytest.approx(stalled)
 
 
 def test_steps_redone_count_against_every_earlier_attempt():
@@ -98,7 +132,7 @@ def test_one_attempt_says_so_in_the_singular():
                                   training=4.0)])
   assert goodput.sentence(block).startswith(
       'goodput 44%: 4.0 s of 9.0 s wall in productive steps; start-up 5.0 s '
-      '(1 attempt), redone 0.0 s (0 steps)')
+      '(1 attempt), redone 0.0 s (0 steps), stalled 0.0 s')
 
 
 def _loop(first_step, steps, seconds):
@@ -141,3 +175,57 @@ def test_each_attempt_is_written_after_the_earlier_ones(tmp_path,
   # Another worker's account is its own; only the chief's is written.
   goodput.Attempt(None, 0.0, 0).ready()
   assert len(json.loads(path.read_text())) == 2
+
+
+def test_a_write_inside_a_phase_counts_it_to_then(tmp_path):
+  """A chief killed in a training call of many loops keeps their time: the
+  write after a loop holds the call's time so far."""
+  attempt = goodput.Attempt(str(tmp_path), time.time(), 0)
+  with attempt.timing('training'):
+    begun = time.monotonic()
+    time.sleep(0.2)
+    attempt.write()
+    so_far = time.monotonic() - begun
+  written, = json.loads((tmp_path / run_directory.GOODPUT_FILE).read_text())
+  assert 0.2 <= written['training'] <= so_far
+  assert attempt.record['training'] >= so_far  # The block, once, at its end.
+
+
+def test_a_step_that_sleeps_is_stalled_by_its_sleep_on_the_monotonic_clock():
+  """A tiny model's training loops, one of whose steps waits 0.8 s before
+  it begins (in the stop poll, as a step waits on a frozen peer): the
+  account's stall is that wait, timed outside it, and the other steps stay
+  productive."""
+  tf_keras.utils.set_random_seed(1)
+  model = tf_keras.Sequential([
+      tf_keras.layers.Conv2D(4, 3, input_shape=(8, 8, 3)),
+      tf_keras.layers.GlobalAveragePooling2D(),
+      tf_keras.layers.Dense(5, activation='softmax')])
+  data = tf.data.Dataset.from_tensors(
+      (tf.zeros([4, 8, 8, 3]), tf.zeros([4], tf.int64))).repeat()
+  polls, slept = [], []
+
+  def stop_requested():
+    polls.append(None)
+    if len(polls) == 25:
+      begun = time.monotonic()
+      time.sleep(0.8)
+      slept.append(time.monotonic() - begun)
+    return False
+
+  progress = distribution.Progress(stall=goodput.stalled_seconds)
+  trainer = loops.trainer(model, tf_keras.optimizers.legacy.SGD(0.1), data,
+                          4, steps_per_loop=10, progress=progress,
+                          stop_requested=stop_requested)
+  attempt = goodput.Attempt(None, time.time(), 0,
+                            stalled=lambda: progress.stalled('training'))
+  attempt.ready()
+  with attempt.timing('training'), progress.waiting('training'):
+    for _ in range(4):
+      attempt(trainer.train(tf.constant(10)))
+  block = attempt.job()
+  assert len(polls) == 40 and len(slept) == 1
+  assert block['seconds']['stalled'] == pytest.approx(slept[0], abs=0.15)
+  # The loops' own clock (StepRecord's) held the sleep; productive not.
+  assert block['seconds']['productive'] <= (
+      attempt.record['loops'][1] - slept[0] + 0.15)

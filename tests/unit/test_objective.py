@@ -4,6 +4,8 @@ indices and on soft [batch, classes] targets; BCE's targets with label
 smoothing and --bce_target_threshold; the count of correct predictions;
 and the objective's gradients with soft targets and gradient accumulation."""
 
+import time
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -105,7 +107,9 @@ def test_soft_targets_train_alike_with_and_without_accumulation(loss):
   targets = tf.constant([[0.7, 0.3, 0.0], [0.0, 0.1, 0.9], [0.5, 0.5, 0.0],
                          [0.0, 0.0, 1.0]])
   whole = _objective(loss, 1)
-  grads, total, correct = whole.gradients(images, targets)
+  before = time.time()
+  grads, total, correct, own_done = whole.gradients(images, targets)
+  assert before <= float(own_done) <= time.time()
   per_example = (
       objective_lib.binary_cross_entropy(targets,
                                          whole.logits_model(images), 3,
@@ -116,7 +120,8 @@ def test_soft_targets_train_alike_with_and_without_accumulation(loss):
   assert float(correct) == float(objective_lib.count_correct(
       targets, whole.model(images)))
   split = _objective(loss, 2)
-  split_grads, split_total, split_correct = split.gradients(images, targets)
+  split_grads, split_total, split_correct, _ = split.gradients(images,
+                                                              targets)
   assert float(split_total) == pytest.approx(float(total), rel=1e-6)
   assert float(split_correct) == float(correct)
   for g, s in zip(grads, split_grads):

@@ -10,8 +10,11 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from common import distribution
 from resnet_keras import watchdog
+from resnet_keras.launcher import supervisor
 from tests.support import runner
 
 
@@ -63,6 +66,113 @@ def test_a_worker_waiting_on_a_frozen_one_is_ended_and_a_beating_one_not():
     dog.stop()
   assert not fired['beating']
   assert len(fired['frozen']) == 1 and fired['frozen'][0] >= 0.3
+
+
+@pytest.mark.parametrize('durations, ceiling, expected', [
+    # A slow step among steady ones moves the 99th percentile a little:
+    # sorted, it sits at 0.99 x 4 = 3.96 of the way, 0.5 + 0.96 x 2.5 =
+    # 2.9 s; 4 x that is 11.6 s, below the floor.
+    ([0.5, 0.5, 3.0, 0.5, 0.5], 600, 20.0),
+    ([6.0] * 10, 600, 24.0),  # Steps of 6 s: 4 x 6.
+    ([1.0] * 100 + [50.0], 600, 20.0),  # One stall in 101: p99 is 1 s.
+    ([7.0] * 100 + [50.0], 600, 28.0),
+    (list(range(1, 101)), 120, 120.0),  # p99 99.01 s: 396 s, capped.
+    ([0.1] * 4, 600, 600.0),  # Too few steps to know: the ceiling.
+])
+def test_a_deadline_is_a_multiple_of_the_high_percentile_with_a_floor(
+    durations, ceiling, expected):
+  assert watchdog.deadline(durations, multiple=4, quantile=0.99, floor=20,
+                           ceiling=ceiling, min_samples=5) == \
+      pytest.approx(expected)
+
+
+def _beats(progress, seconds, count):
+  for _ in range(count):
+    progress.beat()
+    time.sleep(seconds)
+
+
+def test_progress_keeps_each_phases_steps_from_a_waits_second_beat():
+  progress = distribution.Progress()
+  with progress.waiting('training'):
+    assert progress.current()[1:] == ('training', 0)
+    _beats(progress, 0.01, 4)
+    with progress.waiting():  # The loop's own collectives: training's.
+      progress.beat()
+  # The first two beats end the wait's start: three intervals after them.
+  steps = progress.intervals('training')
+  assert len(steps) == 3 and all(0.005 < s < 1 for s in steps[:2])
+  with progress.waiting('checkpoints'):
+    time.sleep(0.05)
+  assert progress.lengths('checkpoints')[0] >= 0.05
+  assert progress.lengths('training') == [] and progress.current()[0] == 0
+
+
+def test_deadlines_by_phase_the_start_long_then_from_the_steps():
+  progress = distribution.Progress()
+  deadlines = watchdog.Deadlines(progress, ceiling=600)
+  with progress.waiting('training'):
+    _beats(progress, 0.001, 2)
+    assert deadlines.now() == 600  # Started, no steps timed yet.
+    _beats(progress, 0.001, 5)
+    seconds, why = deadlines.explained()
+    assert seconds == 20
+    assert re.fullmatch(r'the training deadline: 4 x the 99th percentile of '
+                        r'its step times \(0\.0\d s\), at least 20 s', why)
+  with progress.waiting('training'):  # A new call starts long again.
+    progress.beat()
+    assert deadlines.now() == 600
+  with progress.waiting('export'):
+    assert deadlines.explained() == (
+        600, 'the export deadline, 10 x --failure_timeout')
+  with progress.waiting('checkpoints'):
+    assert deadlines.now() == 600  # The first checkpoint.
+  with progress.waiting('checkpoints'):
+    assert deadlines.now() == 60  # 3 x its length, at least 60 s.
+  # A tf.data service's own wait for a batch (300 s) comes first.
+  served = watchdog.Deadlines(progress, ceiling=600, step_floor=300)
+  with progress.waiting('training'):
+    _beats(progress, 0.001, 3)
+    assert served.now() == 300
+
+
+def test_a_frozen_peer_is_named_after_the_steps_deadline_not_the_ceiling():
+  """Steps of 20 ms, then none: the watchdog fires after its floor (0.3 s
+  here; 20 s in a run), not its ceiling (30 s)."""
+  progress = distribution.Progress()
+  rule = watchdog.Rule(multiple=4, quantile=0.99, floor=0.3, min_samples=3,
+                       of_steps=True)
+  deadlines = watchdog.Deadlines(progress, 30, rules={'training': rule})
+  fired = []
+  dog = watchdog.Watchdog(30, progress.waiting_since, fired.append,
+                          poll=0.02, deadline=deadlines.now).start()
+  with progress.waiting('training'):
+    _beats(progress, 0.02, 9)
+    progress.beat()  # The last answer.
+    frozen = time.monotonic()
+    while not fired and time.monotonic() - frozen < 10:
+      time.sleep(0.01)
+  dog.stop()
+  assert fired and 0.3 <= time.monotonic() - frozen < 2
+  assert 0.3 <= fired[0] < 2
+
+
+def test_the_stuck_line_says_its_deadline_and_the_launcher_reads_it(
+    caplog, monkeypatch):
+  progress = distribution.Progress()
+  deadlines = watchdog.Deadlines(progress, ceiling=120)
+  said = []
+  end = watchdog.end_stuck_worker(1, deadlines, [lambda: said.append(1),
+                                                 lambda: 1 / 0])
+  monkeypatch.setattr(watchdog.os, '_exit', sys.exit)
+  with progress.waiting('evaluation'), pytest.raises(SystemExit):
+    end(121.4)
+  assert said == [1]  # Its last words came first; a failing one no matter.
+  line = caplog.records[-1].getMessage()
+  assert '(the evaluation deadline, 10 x --failure_timeout)' in line
+  assert supervisor.describe_failure(4, [line], ['h1', 'h2'], 1).cause == (
+      "worker 0 was frozen or stuck: the others waited 121 s on the job's "
+      'collectives, then ended themselves')
 
 
 def test_a_worker_that_was_frozen_itself_does_not_blame_the_others():
