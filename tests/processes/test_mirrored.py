@@ -21,18 +21,25 @@ pytestmark = pytest.mark.xdist_group('mirrored')
 
 # 16 training images (2 steps of 8 per epoch) and 9 validation images: not
 # a multiple of the global batch, nor of any replica count's share of it.
+# No plots: no test reads them, and they took 3 of a one-replica run's 17 s
+# of CPU.
 ARGS = ['--resnet_depth=10', '--width_multiplier=0.25', '--image_size=32',
         '--batch_size=8', '--steps_per_loop=2', '--log_steps=1',
-        '--global_seed=3', '--enable_checkpoint_and_export', '--dtype=fp32',
+        '--global_seed=3', '--dtype=fp32', '--noplots',
         # What the runs evaluate, export and resume is then the weight
         # average: one set over the replicas, as one replica's.
         '--ema_decay=0.5']
 
 
 def _train(data_dir, model_dir, replicas, *extra, epochs=2,
-           strategy='mirrored'):
+           strategy='mirrored', evaluate=True, save=True):
+  """A run's summary. `evaluate`, `save` (checkpoints and an export): False
+  where no test reads them (a 4-replica resume took 36 s of CPU with both,
+  27 s without)."""
   args = ARGS + [f'--data_dir={data_dir}', f'--model_dir={model_dir}',
                  f'--train_epochs={epochs}', '-ds', strategy] + list(extra)
+  args += [] if evaluate else ['--skip_eval']
+  args += ['--enable_checkpoint_and_export'] if save else []
   if replicas > 1:
     result = runner.spawn_main(args + [f'--num_cpu_replicas={replicas}'])
   else:
@@ -72,12 +79,14 @@ def runs(tmp_path_factory):
   write_dataset(data_dir, num_classes=6, train_per_shard=(8, 8),
                 eval_per_shard=(5, 4))
   dirs = {}
+  # (The run without sync batch norm is read for its losses and export.)
   for name, replicas, extra in [('1_sync', 1, ('--sync_batch_norm',)),
                                 ('2_sync', 2, ('--sync_batch_norm',)),
                                 ('4_sync', 4, ('--sync_batch_norm',)),
                                 ('2', 2, ())]:
     dirs[name] = str(root / name)
-    summary = _train(data_dir, dirs[name], replicas, *extra)
+    summary = _train(data_dir, dirs[name], replicas, *extra,
+                     evaluate=name != '2')
     assert summary['num_replicas'] == replicas
     assert summary['global_batch_size'] == 8
   dirs['data'] = data_dir
@@ -129,7 +138,8 @@ def continued(runs, tmp_path_factory):
   """The one-replica run, trained on for a third epoch."""
   model_dir = str(tmp_path_factory.mktemp('continued') / 'run')
   shutil.copytree(runs['1_sync'], model_dir)
-  _train(runs['data'], model_dir, 1, '--sync_batch_norm', epochs=3)
+  _train(runs['data'], model_dir, 1, '--sync_batch_norm', epochs=3,
+         evaluate=False, save=False)
   return model_dir
 
 
@@ -140,7 +150,7 @@ def test_a_two_replica_checkpoint_resumes_with_other_counts(runs, continued,
   model_dir = str(tmp_path / 'resumed')
   shutil.copytree(runs['2_sync'], model_dir)
   summary = _train(runs['data'], model_dir, replicas, '--sync_batch_norm',
-                   epochs=3)
+                   epochs=3, evaluate=False, save=False)
   assert summary['resumed_from_step'] == 4 and summary['train_steps'] == 6
   assert summary['num_replicas'] == replicas
   # It computes what the one-replica run, continued the same way, does.
