@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.support import records
 from tests.support import runner
 
 # One mpirun job at a time: its ranks share this machine's cores, and jobs on
@@ -329,7 +330,7 @@ def test_port_in_use_is_one_line(tmp_path):
   assert not model_dir.exists()
 
 
-def test_two_workers_resume_the_techniques_exactly(records_run, tmp_path):
+def test_two_workers_resume_the_techniques_exactly(tmp_path):
   """The time-to-accuracy techniques under Horovod's 2 processes
   (e2e/test_training_techniques.py's run, its per-worker batch halved and
   accumulated in 2 micro-batches, its ramp in 2 epochs: 24 then 32 px):
@@ -339,7 +340,11 @@ def test_two_workers_resume_the_techniques_exactly(records_run, tmp_path):
   evaluations (which read the other worker's batch-norm statistics too: it
   takes the chief's at each loop's end, as a resume gives them). (A resume
   from a checkpoint that ended a run: the e2e test, in one process.)"""
-  data_dir, _ = records_run
+  # records_run's records (16 training and 9 validation images, 6 classes),
+  # without the run trained on them, which nothing here reads.
+  data_dir = str(tmp_path / 'data')
+  records.write_dataset(data_dir, num_classes=len(records.CLASS_NAMES),
+                        train_per_shard=(8, 8), eval_per_shard=(5, 4))
   # One image size per epoch: each size is a trace of its own in each
   # worker, the most of these runs' time.
   # No plots: nothing reads them (3 s of CPU in each run's chief).
