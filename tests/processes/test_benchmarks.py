@@ -53,16 +53,29 @@ for kind, name, args in json.loads(sys.argv[1]):
 '''
 
 
+def _selected(request, test):
+  """The items of the test function `test` this session runs."""
+  return [item for item in request.session.items
+          if getattr(item, 'originalname', None) == test]
+
+
 @pytest.fixture(scope='module')
-def scripts(request):
+def scripts(request, tmp_path_factory):
   """(kind, name) -> a script's result (_DRIVER's): ('help', name) for
-  each script's --help, ('run', name) for each tiny run of
-  test_tiny_run_prints_its_figures this session runs."""
-  runs = sorted({item.callspec.params['name'] for item in request.session.items
-                 if getattr(item, 'originalname', None) ==
-                 'test_tiny_run_prints_its_figures'})
+  each script's --help, ('run', name) for each run of
+  test_tiny_run_prints_its_figures and of input_pipeline this session
+  runs."""
+  runs = sorted({item.callspec.params['name'] for item in _selected(
+      request, 'test_tiny_run_prints_its_figures')})
   plan = [('help', name, ['--help']) for name in SCRIPTS] + [
       ('run', name, _TINY_RUNS[name][0]) for name in runs]
+  if _selected(request, 'test_input_pipeline_on_records_of_its_own'):
+    data_dir = str(tmp_path_factory.mktemp('input_pipeline'))
+    # Fewer records than its 10 warm-up calls (it divided by zero there).
+    records.write_dataset(data_dir, train_per_shard=(3, 2))
+    plan.append(('run', 'input_pipeline', [
+        f'--data_dir={data_dir}', '--batch_size=2', '--batches=2',
+        '--repeats=1']))
   result = subprocess.run([sys.executable, '-c', _DRIVER, json.dumps(plan)],
                           cwd=runner.REPO_ROOT, capture_output=True,
                           text=True, timeout=600)
@@ -159,20 +172,23 @@ _SLOW_RUNS = ('levers', 'memory', 'recompute')
     for name in sorted(_TINY_RUNS)])
 def test_tiny_run_prints_its_figures(scripts, name):
   _, patterns = _TINY_RUNS[name]
-  result = scripts['run', name]
-  assert result['error'] is None and result['code'] == 0, (
-      result['error'], result['stdout'][-2000:] + result['stderr'][-3000:])
-  output = result['stdout']
+  output = _stdout(scripts['run', name])
   assert output.startswith(('machine: ', 'CPU: ')), output
   for pattern in patterns:
     assert all(figure > 0 for figure in _figures(pattern, output)), pattern
 
 
-def test_input_pipeline_on_records_of_its_own(tmp_path):
-  # Fewer records than its 10 warm-up calls (it divided by zero there).
-  records.write_dataset(str(tmp_path), train_per_shard=(3, 2))
-  output = _run('input_pipeline', [f'--data_dir={tmp_path}', '--batch_size=2',
-                                   '--batches=2', '--repeats=1'])
+def _stdout(result):
+  """A run's output, once it ended with 0 and raised nothing."""
+  assert result['error'] is None and result['code'] == 0, (
+      result['error'], result['stdout'][-2000:] + result['stderr'][-3000:])
+  return result['stdout']
+
+
+@pytest.mark.xdist_group('benchmark_scripts')
+def test_input_pipeline_on_records_of_its_own(scripts):
+  """On records of its own (`scripts` writes them)."""
+  output = _stdout(scripts['run', 'input_pipeline'])
   for side in ('ours', 'model_garden', 'ours_seeded', 'ours_private_threads',
                'ours_uint8'):
     assert _figures(rf'^{side} +([\d.]+) images/sec', output)[0] > 0
