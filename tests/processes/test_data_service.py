@@ -10,7 +10,6 @@ import subprocess
 import sys
 import time
 
-
 from resnet_keras.data import input_service
 from tests.support import runner
 from testbed.ports import free_ports

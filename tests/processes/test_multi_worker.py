@@ -1,8 +1,8 @@
 """Real 2-process jobs through demo_resnet_keras.py (mpirun on this host).
 
 Horovod and multi_worker_mirrored each train a tiny model (reading a tf.data
-service); both workers must end with identical weights. A job whose worker dies must end, non-zero,
-without leaving processes behind.
+service); both workers must end with identical weights. A job whose worker
+dies must end, non-zero, without leaving processes behind.
 """
 
 import json
@@ -84,7 +84,7 @@ def test_two_workers_train_in_lockstep(service_records, in_process_service,
   two more."""
   dispatcher, workers = in_process_service
   model_dir = str(tmp_path / 'model')
-  records = [a for a in TINY if not a.startswith(
+  on_records = [a for a in TINY if not a.startswith(
       ('--use_synthetic_data', '--num_classes'))]
   result = runner.spawn_script(
       DEMO, backend_args + ['--num_workers_per_hls=2', batch_flag,
@@ -92,7 +92,7 @@ def test_two_workers_train_in_lockstep(service_records, in_process_service,
                             '--enable_checkpoint_and_export',
                             f'--data_dir={service_records}',
                             f'--tf_data_service={dispatcher.target}'] +
-      records, timeout=300)
+      on_records, timeout=300)
   techniques = '--ema_decay=0.5' in backend_args
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   output = result.stdout + result.stderr
