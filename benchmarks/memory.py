@@ -49,7 +49,10 @@ def main():
         f'--batch_size={args.batch}', f'--image_size={args.image_size}',
         f'--dtype={args.dtype}', f'--resnet_depth={args.resnet_depth}',
         f'--steps_per_loop={args.log_steps}', f'--log_steps={args.log_steps}',
-        f'--model_dir={model_dir}']
+        f'--model_dir={model_dir}',
+        # The model_dir is deleted unread; plots would only add their
+        # drawing after the last step.
+        '--noplots']
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
     proc = subprocess.Popen(command, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)

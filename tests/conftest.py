@@ -164,10 +164,10 @@ def records_run(tmp_path_factory):
   Six classes named in labels.txt (records.CLASS_NAMES), 16 training and 9
   validation images of 40-80 px; 2 epochs of 4 steps with ckpt-4, ckpt-8
   and an export; the class count comes from the data; an eval crop of half
-  the short side. Shared by the tool and technique tests (e2e/) and the
-  multi-worker resume (processes/), which only read it. Seeded: what the
-  exports are compared against is one model on every run and CPU (unseeded,
-  the int8 file's largest error ranged 0.003-0.041 from run to run).
+  the short side. Shared by the tool and technique tests (e2e/), which
+  only read it. Seeded: what the exports are compared against is one model
+  on every run and CPU (unseeded, the int8 file's largest error ranged
+  0.003-0.041 from run to run).
   """
   root = tmp_path_factory.mktemp('records_run')
   data_dir, model_dir = root / 'data', root / 'model'

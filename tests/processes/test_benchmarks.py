@@ -1,9 +1,10 @@
 """The scripts in benchmarks/ start as benchmarks/README.md runs them: `python
--m benchmarks.NAME` from the repository's root in a fresh interpreter, which
-is what broke when they still imported each other as top-level modules. The
-cheap ones also run, on inputs of seconds, and print their figures; the
-rest (minutes of training, the namespace cluster, mpirun, PyTorch) are
-started for their --help only."""
+-m benchmarks.NAME` from the repository's root, which is what broke when they
+still imported each other as top-level modules. The cheap ones also run, on
+inputs of seconds, and print their figures; the rest (minutes of training,
+the namespace cluster, mpirun, PyTorch) are started for their --help only.
+The starts and the runs share one fresh interpreter, each script run as
+`python -m` runs it, not yet imported."""
 
 import glob
 import importlib.util
@@ -23,58 +24,84 @@ SCRIPTS = sorted(
     os.path.basename(path)[:-len('.py')] for path in glob.glob(
         os.path.join(runner.REPO_ROOT, 'benchmarks', '*.py')))
 
-# Each script's --help in one interpreter (TensorFlow's import paid once, not
-# per script), run as `python -m` runs it, each script's output captured
-# apart. One JSON line per script: its exit code, or the last line of what
-# it raised, and what it printed. A script another one imported is run
-# afresh, as `python -m` finds it: not yet imported.
-_HELP_DRIVER = r'''
+# Each script's --help, then the tiny runs (below) this session selected, in
+# one interpreter (TensorFlow's import, 4-5 s of CPU, paid once, not per
+# script), each run as `python -m` runs it, its output captured apart. One
+# JSON line per script run: its exit code, or the last line of what it
+# raised, and what it printed on stdout and stderr. A script another one
+# imported, or one run before, is run afresh, as `python -m` finds it: not
+# yet imported.
+_DRIVER = r'''
 import contextlib, io, json, runpy, sys, traceback
-for name in sys.argv[1:]:
-  sys.argv = [f'benchmarks/{name}.py', '--help']
+for kind, name, args in json.loads(sys.argv[1]):
+  sys.argv = [f'benchmarks/{name}.py'] + args
   sys.modules.pop(f'benchmarks.{name}', None)
-  output, code, error = io.StringIO(), 0, None
+  out, err, code, error = io.StringIO(), io.StringIO(), 0, None
   try:
-    with contextlib.redirect_stdout(output), contextlib.redirect_stderr(output):
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
       runpy.run_module(f'benchmarks.{name}', run_name='__main__',
                        alter_sys=True)
   except SystemExit as e:
     if isinstance(e.code, str):  # sys.exit(message): Python prints it.
-      output.write(e.code + '\n')
+      err.write(e.code + '\n')
     code = e.code if isinstance(e.code, int) else int(e.code is not None)
   except Exception as e:
     code, error = 1, traceback.format_exception_only(e)[-1].strip()
-  print('help-result', json.dumps({'name': name, 'code': code,
-                                   'error': error,
-                                   'output': output.getvalue()}), flush=True)
+  print('script-result', json.dumps({
+      'kind': kind, 'name': name, 'code': code, 'error': error,
+      'stdout': out.getvalue(), 'stderr': err.getvalue()}), flush=True)
 '''
 
 
+def _selected(request, test):
+  """The items of the test function `test` this session runs."""
+  return [item for item in request.session.items
+          if getattr(item, 'originalname', None) == test]
+
+
 @pytest.fixture(scope='module')
-def helps():
-  """Script name -> its --help's result (_HELP_DRIVER's)."""
-  result = subprocess.run([sys.executable, '-c', _HELP_DRIVER] + SCRIPTS,
+def scripts(request, tmp_path_factory):
+  """(kind, name) -> a script's result (_DRIVER's): ('help', name) for
+  each script's --help, ('run', name) for each run of
+  test_tiny_run_prints_its_figures and of input_pipeline this session
+  runs."""
+  runs = sorted({item.callspec.params['name'] for item in _selected(
+      request, 'test_tiny_run_prints_its_figures')})
+  plan = [('help', name, ['--help']) for name in SCRIPTS] + [
+      ('run', name, _TINY_RUNS[name][0]) for name in runs]
+  if _selected(request, 'test_input_pipeline_on_records_of_its_own'):
+    data_dir = str(tmp_path_factory.mktemp('input_pipeline'))
+    # Fewer records than its 10 warm-up calls (it divided by zero there).
+    records.write_dataset(data_dir, train_per_shard=(3, 2))
+    plan.append(('run', 'input_pipeline', [
+        f'--data_dir={data_dir}', '--batch_size=2', '--batches=2',
+        '--repeats=1']))
+  result = subprocess.run([sys.executable, '-c', _DRIVER, json.dumps(plan)],
                           cwd=runner.REPO_ROOT, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=600)
   assert result.returncode == 0, result.stderr[-3000:]
   found = [json.loads(line.split(' ', 1)[1])
            for line in result.stdout.splitlines()
-           if line.startswith('help-result ')]
-  assert [r['name'] for r in found] == SCRIPTS, result.stderr[-3000:]
-  return {r['name']: r for r in found}
+           if line.startswith('script-result ')]
+  assert [(r['kind'], r['name']) for r in found] == [
+      (kind, name) for kind, name, _ in plan], result.stderr[-3000:]
+  return {(r['kind'], r['name']): r for r in found}
 
 
+# The scripts' runs share one interpreter (`scripts`): in one worker.
+@pytest.mark.xdist_group('benchmark_scripts')
 @pytest.mark.parametrize('name', SCRIPTS)
-def test_help_starts_from_the_repository_root(helps, name):
-  result = helps[name]
+def test_help_starts_from_the_repository_root(scripts, name):
+  result = scripts['help', name]
   assert result['error'] is None, result['error']
-  if 'Try --helpfull' in result['output']:
+  output = result['stdout'] + result['stderr']
+  if 'Try --helpfull' in output:
     # absl's --help prints the flags and exits 1 unless the script turns
     # that into 0 (common/cli.py).
     assert result['code'] in (0, 1), result
   else:
     assert result['code'] == 0, result
-    assert f'usage: {name}.py' in result['output'], result['output']
+    assert f'usage: {name}.py' in output, output
 
 
 def _figures(pattern, output):
@@ -139,22 +166,29 @@ _TINY_RUNS = {
 _SLOW_RUNS = ('levers', 'memory', 'recompute')
 
 
+@pytest.mark.xdist_group('benchmark_scripts')
 @pytest.mark.parametrize('name', [
     pytest.param(name, marks=[pytest.mark.slow] if name in _SLOW_RUNS else [])
     for name in sorted(_TINY_RUNS)])
-def test_tiny_run_prints_its_figures(name):
-  args, patterns = _TINY_RUNS[name]
-  output = _run(name, args)
+def test_tiny_run_prints_its_figures(scripts, name):
+  _, patterns = _TINY_RUNS[name]
+  output = _stdout(scripts['run', name])
   assert output.startswith(('machine: ', 'CPU: ')), output
   for pattern in patterns:
     assert all(figure > 0 for figure in _figures(pattern, output)), pattern
 
 
-def test_input_pipeline_on_records_of_its_own(tmp_path):
-  # Fewer records than its 10 warm-up calls (it divided by zero there).
-  records.write_dataset(str(tmp_path), train_per_shard=(3, 2))
-  output = _run('input_pipeline', [f'--data_dir={tmp_path}', '--batch_size=2',
-                                   '--batches=2', '--repeats=1'])
+def _stdout(result):
+  """A run's output, once it ended with 0 and raised nothing."""
+  assert result['error'] is None and result['code'] == 0, (
+      result['error'], result['stdout'][-2000:] + result['stderr'][-3000:])
+  return result['stdout']
+
+
+@pytest.mark.xdist_group('benchmark_scripts')
+def test_input_pipeline_on_records_of_its_own(scripts):
+  """On records of its own (`scripts` writes them)."""
+  output = _stdout(scripts['run', 'input_pipeline'])
   for side in ('ours', 'model_garden', 'ours_seeded', 'ours_private_threads',
                'ours_uint8'):
     assert _figures(rf'^{side} +([\d.]+) images/sec', output)[0] > 0

@@ -1,15 +1,14 @@
 """Training input from a tf.data service (resnet_keras/data/input_service.py)
 read by trainers in processes of their own: the servers as the processes
-users start, killed while a trainer reads from them; 2-process jobs and
-mirrored replicas reading one job. (In this process: unit/ and e2e/.)"""
+users start, killed while a trainer reads from them; mirrored replicas
+reading one job. (2-process jobs reading one job: the lockstep jobs of
+test_multi_worker.py. In this process: unit/ and e2e/.)"""
 
 import os
 import signal
 import subprocess
 import sys
 import time
-
-import pytest
 
 from resnet_keras.data import input_service
 from tests.support import runner
@@ -129,33 +128,6 @@ def test_faults_a_lost_worker_a_restarted_dispatcher_the_last_worker(
           process.wait(timeout=10)
         except subprocess.TimeoutExpired:
           process.kill()
-
-
-@pytest.mark.xdist_group('mpirun')
-@pytest.mark.parametrize('backend_args,batch', [
-    (['--use_horovod'], 8), (['-ds', 'multi_worker_mirrored'], 16)])
-def test_two_workers_read_one_job(service_records, tmp_path,
-                                  in_process_service, backend_args, batch):
-  """Horovod and multi_worker_mirrored workers (2 processes through the
-  launcher) read their batches from one job and train in step."""
-  dispatcher, workers = in_process_service
-  model_dir = str(tmp_path / 'model')
-  args = [a for a in runner.TINY if not a.startswith(
-      ('--use_synthetic_data', '--num_classes', '--batch_size'))]
-  result = runner.spawn_script(
-      os.path.join(runner.REPO_ROOT, 'demo_resnet_keras.py'),
-      backend_args + ['--num_workers_per_hls=2', f'--batch_size={batch}',
-                      f'--data_dir={service_records}',
-                      f'--model_dir={model_dir}',
-                      f'--tf_data_service={dispatcher.target}'] + args,
-      timeout=300)
-  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  chief = runner.read_summary(model_dir)
-  worker = runner.read_summary(os.path.join(model_dir, 'worker_1'))
-  assert chief['tf_data_service']['address'] == dispatcher.target
-  assert worker['tf_data_service'] == chief['tf_data_service']
-  assert chief['weights_sha256'] == worker['weights_sha256']
-  assert sum(w._num_tasks() for w in workers) >= 1  # pylint: disable=protected-access
 
 
 def test_mirrored_replicas_read_the_service(service_records, tmp_path,
