@@ -9,6 +9,7 @@ import tf_keras
 
 from resnet_keras import layers
 from resnet_keras import network as network_lib
+from tests.support import gradients
 from tests.support.gradients import loss_and_grads
 
 
@@ -50,13 +51,15 @@ def test_matmul_convs_pick_the_kernel_gradient_per_layer(monkeypatch, policy):
 
 @pytest.mark.parametrize('depth,image_size', [(50, 64), (18, 28)])
 def test_matmul_convs_match_native_outputs_and_gradients(depth, image_size,
-                                                        policy):
+                                                        policy, monkeypatch):
   # ResNet-50 at 64 px: stride-1 and stride-2 1x1 convolutions, 3x3 ones on
   # 2x2 maps with 512 channels. ResNet-18 at 28 px (small stem): stride-2
   # 3x3 convolutions from 4x4 to 2x2 and odd map sizes (7 -> 4).
   stem = 'imagenet' if depth == 50 else 'small'
   tf_keras.utils.set_random_seed(3)  # Fixed weights: a stable comparison.
   native = network_lib.resnet(depth, 10, image_size, stem=stem)
+  # The other two take the native network's weights: nothing to draw.
+  gradients.unfilled_kernels(monkeypatch)
   matmul = network_lib.resnet(depth, 10, image_size, stem=stem,
                               matmul_convs=True)
   assert isinstance(matmul.get_layer('stage4_block1_conv1'),
@@ -238,9 +241,10 @@ def _native_bf16_resnet50():
 
 
 @pytest.mark.parametrize('impl', ['bitwise', 'xla'])
-def test_fast_residual_relus_train_bit_identically(impl, policy,
+def test_fast_residual_relus_train_bit_identically(impl, policy, monkeypatch,
                                                    native_bf16_resnet50):
   names, weights, loss_native, grads_native = native_bf16_resnet50
+  gradients.unfilled_kernels(monkeypatch)  # It takes the native weights.
   policy('mixed_bfloat16')
   fast = network_lib.resnet(50, 10, 32, residual_relu=impl)
   policy('float32')

@@ -18,6 +18,7 @@ from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data.preprocessing import normalize_images
 from tests.support.cpus import EPYC_AVX2, SAPPHIRE_RAPIDS
+from tests.support import gradients
 from tests.support.gradients import loss_and_grads
 
 
@@ -33,12 +34,8 @@ RESNET18_10_CLASSES = EXPECTED_PARAMS[18] - 990 * 513
 
 @pytest.fixture(name='unfilled_kernels')
 def _unfilled_kernels(monkeypatch):
-  """The convolutions' kernels start as zeros, not he_normal draws: a count
-  needs their shapes only (the draws were 40% of building a ResNet-152)."""
-  monkeypatch.setattr(
-      tf_keras.initializers.VarianceScaling, '__call__',
-      lambda self, shape, dtype=None, **kwargs: tf.zeros(shape,
-                                                         dtype or 'float32'))
+  """A count needs the kernels' shapes, not their values."""
+  gradients.unfilled_kernels(monkeypatch)
 
 
 @pytest.mark.parametrize('depth', sorted(EXPECTED_PARAMS))
@@ -327,7 +324,7 @@ def test_group_norm_trains_a_step_in_bf16(matmul_convs, policy):
 @pytest.mark.parametrize('norm,matmul_convs,depth,variables', [
     ('batch', False, 18, 62), ('group', False, 10, 38), ('batch', True, 10, 38)])
 def test_recompute_gives_the_same_gradients(norm, matmul_convs, depth,
-                                            variables):
+                                            variables, monkeypatch):
   """Each stage under tf.recompute_grad. ResNet-18's stages of two blocks
   with batch norm; group norm and the matmul convolutions recompute in a
   ResNet-10's one-block stages (the same layers, half the graph)."""
@@ -335,6 +332,7 @@ def test_recompute_gives_the_same_gradients(norm, matmul_convs, depth,
   plain = network_lib.resnet(depth, 10, 32,
                              norm=network_lib.norm_factory(norm),
                              matmul_convs=matmul_convs)
+  gradients.unfilled_kernels(monkeypatch)  # It takes the plain weights.
   recompute = network_lib.resnet(depth, 10, 32,
                                  norm=network_lib.norm_factory(norm),
                                  matmul_convs=matmul_convs, recompute=True)
