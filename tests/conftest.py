@@ -18,6 +18,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from tests.support import built_once
 from tests.support import datasets
 from tests.support import records
 from tests.support import runner
@@ -164,25 +165,31 @@ def records_run(tmp_path_factory):
   Six classes named in labels.txt (records.CLASS_NAMES), 16 training and 9
   validation images of 40-80 px; 2 epochs of 4 steps with ckpt-4, ckpt-8
   and an export; the class count comes from the data; an eval crop of half
-  the short side. Shared by the tool and technique tests (e2e/), which
-  only read it. Seeded: what the exports are compared against is one model
-  on every run and CPU (unseeded, the int8 file's largest error ranged
+  the short side. Shared by the tool and technique tests (e2e/), which read
+  it and may add their outputs beside it: trained once per pytest run, each
+  xdist worker given a copy (support/built_once.py; its config.json names
+  the data of that one build). Seeded: what the exports are compared
+  against is one model on every run and CPU (unseeded, the int8 file's
+  largest error ranged
   0.003-0.041 from run to run).
   """
-  root = tmp_path_factory.mktemp('records_run')
-  data_dir, model_dir = root / 'data', root / 'model'
-  records.write_dataset(str(data_dir), num_classes=len(records.CLASS_NAMES),
-                        train_per_shard=(8, 8), eval_per_shard=(5, 4))
-  (data_dir / 'labels.txt').write_text(
-      ''.join(f'{n}\n' for n in records.CLASS_NAMES))
-  args = [a for a in runner.TINY if not a.startswith(
-      ('--use_synthetic_data', '--num_classes', '--num_eval_examples',
-       '--batch_size'))]
-  runner.train_tiny(model_dir, args + ['--batch_size=4',
-                                       f'--data_dir={data_dir}',
-                                       '--eval_crop_fraction=0.5',
-                                       '--global_seed=3'])
-  return str(data_dir), str(model_dir)
+  def build(root):
+    data_dir, model_dir = root / 'data', root / 'model'
+    records.write_dataset(str(data_dir),
+                          num_classes=len(records.CLASS_NAMES),
+                          train_per_shard=(8, 8), eval_per_shard=(5, 4))
+    (data_dir / 'labels.txt').write_text(
+        ''.join(f'{n}\n' for n in records.CLASS_NAMES))
+    args = [a for a in runner.TINY if not a.startswith(
+        ('--use_synthetic_data', '--num_classes', '--num_eval_examples',
+         '--batch_size'))]
+    runner.train_tiny(model_dir, args + ['--batch_size=4',
+                                         f'--data_dir={data_dir}',
+                                         '--eval_crop_fraction=0.5',
+                                         '--global_seed=3'])
+
+  root = built_once.built_once(tmp_path_factory, 'records_run', build)
+  return str(root / 'data'), str(root / 'model')
 
 
 # -- Datasets a module's unit and end-to-end tests share ----------------------

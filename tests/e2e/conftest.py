@@ -2,6 +2,7 @@
 
 import pytest
 
+from tests.support import built_once
 from tests.support import runner
 
 
@@ -10,8 +11,12 @@ def synthetic_run(tmp_path_factory):
   """model_dir of a tiny synthetic run: 2 epochs, ckpt-4, ckpt-8, export,
   plots.
 
-  Shared by the tool tests, which only read it (and add their outputs).
+  Shared by the tool tests, which only read it (and add their outputs):
+  trained once per pytest run, each xdist worker given a copy
+  (support/built_once.py).
   """
-  model_dir = tmp_path_factory.mktemp('synthetic_run') / 'model'
-  runner.train_tiny(model_dir, runner.TINY + ['--plots'])
-  return str(model_dir)
+  root = built_once.built_once(
+      tmp_path_factory, 'synthetic_run',
+      lambda root: runner.train_tiny(root / 'model',
+                                     runner.TINY + ['--plots']))
+  return str(root / 'model')

@@ -18,26 +18,26 @@ from tests.support import runner
 from tests.support.records import write_dataset
 
 
-def _train_with_checkpoint(model_dir):
-  """A tiny run that leaves one checkpoint, at step 4."""
-  result = runner.run_main([f'--model_dir={model_dir}',
-                            '--enable_checkpoint_and_export', '--skip_eval'] +
-                           runner.TINY)
-  assert result.returncode == 0, result.stderr[-3000:]
-
-
-def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(tmp_path):
+def _copy_of(synthetic_run, tmp_path):
+  """A copy of the shared tiny run (ckpt-4, ckpt-8, its record of what it
+  wrote): a run with checkpoints to go on from or to refuse."""
   model_dir = str(tmp_path / 'model')
-  _train_with_checkpoint(model_dir)
-  assert runner.checkpoint_steps(model_dir) == [4]
+  shutil.copytree(synthetic_run, model_dir)
+  return model_dir
+
+
+def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(synthetic_run,
+                                                             tmp_path):
+  model_dir = _copy_of(synthetic_run, tmp_path)
+  assert runner.checkpoint_steps(model_dir) == [4, 8]
   exploding = runner.run_main([f'--model_dir={model_dir}', '-te', '3',
                                '--enable_checkpoint_and_export', '--skip_eval',
                                '--base_learning_rate=1e30',
                                '--warmup_epochs=0'] + runner.TINY)
   runner.assert_stopped_with(exploding, 'training loss is', 'at step',
-                            'ckpt-4', '--base_learning_rate')
+                            'ckpt-8', '--base_learning_rate')
   assert exploding.returncode == guards.NON_FINITE_EXIT_CODE
-  assert runner.checkpoint_steps(model_dir) == [4]
+  assert runner.checkpoint_steps(model_dir) == [4, 8]
 
 
 def test_checkpoint_interval_and_max_checkpoints(tmp_path):
@@ -52,9 +52,9 @@ def test_checkpoint_interval_and_max_checkpoints(tmp_path):
   assert runner.checkpoint_steps(model_dir) == [6, 7, 8]
 
 
-def test_checkpoint_of_another_model_is_refused_and_kept(tmp_path):
-  model_dir = str(tmp_path / 'model')
-  _train_with_checkpoint(model_dir)
+def test_checkpoint_of_another_model_is_refused_and_kept(synthetic_run,
+                                                         tmp_path):
+  model_dir = _copy_of(synthetic_run, tmp_path)
   before = {p: os.path.getmtime(p) for p in glob.glob(f'{model_dir}/*')}
   other = [a for a in runner.TINY if not a.startswith('--num_classes')]
   for change in (['--num_classes=5'], ['--resnet_depth=34', '--num_classes=10']):
@@ -91,8 +91,10 @@ def test_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
   resumed_dir = str(tmp_path / 'resumed')
   straight = summary(str(tmp_path / 'straight'),
                      train(str(tmp_path / 'straight'), 2))
-  # "Interrupted" after epoch 1.
-  summary(resumed_dir, train(resumed_dir, 1, ['--clean']))
+  # Interrupted after epoch 1: the straight run as it stood at ckpt-4 (a
+  # directory --clean would empty: it adopts a run's files it finds without
+  # a record of them, ownership.py).
+  runner.copy_run_up_to(str(tmp_path / 'straight'), 4, resumed_dir)
   monkeypatch.setenv(worker_contract.RESTARTS_VAR, '1')
   monkeypatch.setenv(worker_contract.RESUME_STEP_VAR, '4')
   restarted = train(resumed_dir, 2, ['--clean'])
@@ -116,18 +118,22 @@ def test_full_disk_is_one_line_and_keeps_what_was_written(tmp_path):
   import tensorflow as tf
   model_dir = str(tmp_path / 'small_disk')
   os.makedirs(model_dir)
-  # Room for one checkpoint (weights + momentum, ~90 MB) and the export
-  # (~45 MB) of a ResNet-18, not for a second checkpoint.
-  subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=180M', 'tmpfs',
+  subprocess.run(['mount', '-t', 'tmpfs', '-o', 'size=64M', 'tmpfs',
                   model_dir], check=True)
   try:
     args = [f'--model_dir={model_dir}', '--enable_checkpoint_and_export',
             '--skip_eval'] + runner.TINY[:-4] + ['--steps_per_loop=2',
-                                                 '--log_steps=2',
-                                                 '--resnet_depth=18',
-                                                 '--width_multiplier=1']
+                                                 '--log_steps=2']
     first = runner.run_main(args + ['--train_steps=2'])
     assert first.returncode == 0, first.stderr[-3000:]
+    # Room left for half a checkpoint (weights and momentum): what the run
+    # writes before its next save fits, that save does not.
+    disk = os.statvfs(model_dir)
+    used = (disk.f_blocks - disk.f_bfree) * disk.f_frsize
+    checkpoint = sum(os.path.getsize(p) for p in glob.glob(
+        os.path.join(model_dir, 'ckpt-2.*')))
+    subprocess.run(['mount', '-o', f'remount,size={used + checkpoint // 2}',
+                    model_dir], check=True)
     full = runner.run_main(args + ['--train_steps=4'])
     runner.assert_stopped_with(full, 'no space left', '--model_dir')
     assert tf.train.latest_checkpoint(model_dir).endswith('ckpt-2')

@@ -40,10 +40,12 @@ def test_all_techniques_train_together_and_resume_exactly(records_run,
   assert 'evaluations score the weight average' in straight.stderr
   assert 'stem: 6 of its 16 filters start as' in straight.stderr
 
-  _train(data_dir, resumed_dir, 1)
+  # The straight run as it stood at its epoch-1 checkpoint (its config and
+  # ckpt-4: a job interrupted there) resumes in epoch 1, at epoch 1's size,
+  # and goes on as the straight run did: the same weights, averages,
+  # optimizer state and evaluation.
+  runner.copy_run_up_to(str(straight_dir), 4, str(resumed_dir))
   resumed = _train(data_dir, resumed_dir, 3)
-  # It resumes in epoch 1, at epoch 1's size, and goes on as the straight
-  # run did: the same weights, averages, optimizer state and evaluation.
   assert 'training at 28 px from epoch 1 (step 4)' in resumed.stderr
   assert 'stem:' not in resumed.stderr  # its weights are the checkpoint's
   summaries = [runner.read_summary(d) for d in (straight_dir, resumed_dir)]

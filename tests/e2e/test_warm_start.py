@@ -215,7 +215,10 @@ def test_a_warm_started_run_resumes_exactly(tmp_path):
   train('source', 1)                                    # ends at step 4
   warm = ['--restore_from', str(tmp_path / 'source'), '--restore_optimizer']
   straight = train('straight', 3, *warm)                # steps 4 -> 12
-  train('resumed', 2, *warm)                            # 4 -> 8, "stopped"
+  # The straight run as it stood at its ckpt-8, a job stopped there: its
+  # world_sizes.json says its own data began at step 4.
+  runner.copy_run_up_to(str(tmp_path / 'straight'), 8,
+                        str(tmp_path / 'resumed'))
   resumed = train('resumed', 3, *warm)                  # its own ckpt-8 -> 12
   assert resumed['resumed_from_step'] == 8 and resumed['train_steps'] == 12
   # The resumed run skips the 4 steps of data its first part read, not 8.

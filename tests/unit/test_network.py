@@ -18,6 +18,7 @@ from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data.preprocessing import normalize_images
 from tests.support.cpus import EPYC_AVX2, SAPPHIRE_RAPIDS
+from tests.support import gradients
 from tests.support.gradients import loss_and_grads
 
 
@@ -26,10 +27,19 @@ from tests.support.gradients import loss_and_grads
 # 3,673,088, head 513,000).
 EXPECTED_PARAMS = {10: 5_418_792, 18: 11_689_512, 34: 21_797_672,
                    50: 25_557_032, 101: 44_549_160, 152: 60_192_808}
+# ResNet-18 with 10 classes: its head has 990 fewer units of 512 weights
+# and a bias (the image size changes no parameter).
+RESNET18_10_CLASSES = EXPECTED_PARAMS[18] - 990 * 513
+
+
+@pytest.fixture(name='unfilled_kernels')
+def _unfilled_kernels(monkeypatch):
+  """A count needs the kernels' shapes, not their values."""
+  gradients.unfilled_kernels(monkeypatch)
 
 
 @pytest.mark.parametrize('depth', sorted(EXPECTED_PARAMS))
-def test_parameter_counts(depth):
+def test_parameter_counts(depth, unfilled_kernels):
   model = network_lib.resnet(depth, 1000, 224)
   assert (network_lib.count_trainable_parameters(model) ==
           EXPECTED_PARAMS[depth])
@@ -47,8 +57,8 @@ def test_width_multiplier_scales_every_layer():
   assert widths['stage4_block2_conv2'] == 128
   assert network.name == 'resnet18' and cfg.model_name == 'resnet18_w0.25'
   # A quarter of the channels: about 1/16 of the 3x3 kernels' weights.
-  full = network_lib.count_trainable_parameters(network_lib.resnet(18, 10, 28))
-  assert 14 < full / network_lib.count_trainable_parameters(network) < 17
+  assert 14 < RESNET18_10_CLASSES / network_lib.count_trainable_parameters(
+      network) < 17
   # --stage_widths gives each stage its own.
   network = network_lib.build_network(
       dataclasses.replace(cfg, resnet_depth=10, stage_widths=(24, 48, 96, 256)),
@@ -80,10 +90,9 @@ def test_stem_sets_the_resolution_of_the_first_stage(stem, stage1_size):
   stage1 = model.get_layer('stage1_block1_out').output_shape
   assert stage1 == (None, stage1_size, stage1_size, 64)
   # The stem changes no residual stage, only the stem conv's kernel.
-  base = network_lib.count_trainable_parameters(network_lib.resnet(18, 10, 32))
   stem_kernel_delta = 64 * 3 * (7 * 7 - 3 * 3) if stem != 'imagenet' else 0
   assert (network_lib.count_trainable_parameters(model) ==
-          base - stem_kernel_delta)
+          RESNET18_10_CLASSES - stem_kernel_delta)
 
 
 def test_bf16_policy_keeps_float32_softmax_and_variables(policy):
@@ -251,7 +260,8 @@ def _group_norm(groups=32):
 
 
 @pytest.mark.parametrize('depth', sorted(EXPECTED_PARAMS))
-def test_group_norm_builds_every_depth_with_batch_norm_parameter_counts(depth):
+def test_group_norm_builds_every_depth_with_batch_norm_parameter_counts(
+    depth, unfilled_kernels):
   # GroupNormalization has a gamma and beta per channel like batch norm, and
   # no moving statistics.
   model = network_lib.resnet(depth, 1000, 32, norm=_group_norm())
@@ -265,7 +275,10 @@ def test_group_norm_builds_every_depth_with_batch_norm_parameter_counts(depth):
 @pytest.mark.parametrize('stem', ['imagenet', 'small', 'cifar'])
 @pytest.mark.parametrize('groups', [32, 64, 1])
 def test_group_norm_every_stem_normalises_each_group(stem, groups):
-  model = network_lib.resnet(18, 10, 32, stem=stem, norm=_group_norm(groups))
+  # Only the stem is read: a ResNet-10 whose stages keep the stem's 64
+  # channels (which every group count divides).
+  model = network_lib.resnet(10, 10, 32, stem=stem, norm=_group_norm(groups),
+                             filters=(64, 64, 64, 64))
   images = tf.random.stateless_normal([2, 32, 32, 3], seed=[0, 1])
   stem_bn = tf_keras.Model(model.input, model.get_layer('stem_bn').output)
   out = stem_bn(images, training=True).numpy()
@@ -282,7 +295,8 @@ def test_group_norm_every_stem_normalises_each_group(stem, groups):
 def test_group_norm_trains_a_step_in_bf16(matmul_convs, policy):
   policy('mixed_bfloat16')
   tf_keras.utils.set_random_seed(4)
-  model = network_lib.resnet(18, 10, 32, stem='small', norm=_group_norm(),
+  # A ResNet-10: the same layers as deeper ones, half the graph to trace.
+  model = network_lib.resnet(10, 10, 32, stem='small', norm=_group_norm(),
                              matmul_convs=matmul_convs)
   optimizer = tf_keras.optimizers.legacy.SGD(0.01)
   images = tf.random.stateless_uniform([4, 32, 32, 3], seed=[2, 3])
@@ -307,14 +321,19 @@ def test_group_norm_trains_a_step_in_bf16(matmul_convs, policy):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('norm,matmul_convs', [('batch', False),
-                                               ('group', False),
-                                               ('batch', True)])
-def test_recompute_gives_the_same_gradients(norm, matmul_convs):
+@pytest.mark.parametrize('norm,matmul_convs,depth,variables', [
+    ('batch', False, 18, 62), ('group', False, 10, 38), ('batch', True, 10, 38)])
+def test_recompute_gives_the_same_gradients(norm, matmul_convs, depth,
+                                            variables, monkeypatch):
+  """Each stage under tf.recompute_grad. ResNet-18's stages of two blocks
+  with batch norm; group norm and the matmul convolutions recompute in a
+  ResNet-10's one-block stages (the same layers, half the graph)."""
   tf_keras.utils.set_random_seed(5)
-  plain = network_lib.resnet(18, 10, 32, norm=network_lib.norm_factory(norm),
+  plain = network_lib.resnet(depth, 10, 32,
+                             norm=network_lib.norm_factory(norm),
                              matmul_convs=matmul_convs)
-  recompute = network_lib.resnet(18, 10, 32,
+  gradients.unfilled_kernels(monkeypatch)  # It takes the plain weights.
+  recompute = network_lib.resnet(depth, 10, 32,
                                  norm=network_lib.norm_factory(norm),
                                  matmul_convs=matmul_convs, recompute=True)
   assert isinstance(recompute, network_lib.StagewiseRecompute)
@@ -324,7 +343,7 @@ def test_recompute_gives_the_same_gradients(norm, matmul_convs):
   loss_plain, grads_plain = tf.function(loss_and_grads)(plain, images, labels)
   loss_re, grads_re = tf.function(loss_and_grads)(recompute, images, labels)
   np.testing.assert_allclose(loss_re, loss_plain, rtol=1e-5)
-  assert len(grads_re) == len(grads_plain) == 62
+  assert len(grads_re) == len(grads_plain) == variables
   for g_re, g_plain in zip(grads_re, grads_plain):
     np.testing.assert_allclose(g_re, g_plain, rtol=1e-4,
                                atol=1e-5 * float(tf.reduce_max(abs(g_plain))))
@@ -334,16 +353,31 @@ def test_recompute_gives_the_same_gradients(norm, matmul_convs):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
 
 
-def test_recompute_moving_averages_match_one_update_per_step():
-  """Batch norm in a stage runs twice under recompute (forward and
-  recomputation); momentum sqrt(0.9) twice is one 0.9 update."""
+def test_recompute_checkpoints_are_interchangeable_and_average_once_per_step(
+    tmp_path):
+  """--enable_recompute's network (built from the config) keeps the plain
+  one's checkpoint: each restores the other's. Batch norm in a stage runs
+  twice under recompute (forward and recomputation); momentum sqrt(0.9)
+  twice is one 0.9 update."""
   cfg = RunConfig(resnet_depth=18, image_size=32)
   tf_keras.utils.set_random_seed(8)
   plain = network_lib.build_network(cfg, 10, use_regularizers=False)
   recompute = network_lib.build_network(
-      RunConfig(resnet_depth=18, image_size=32, enable_recompute=True), 10,
+      dataclasses.replace(cfg, enable_recompute=True), 10,
       use_regularizers=False)
-  recompute.set_weights(plain.get_weights())
+  assert isinstance(recompute, network_lib.StagewiseRecompute)
+  plain_path = tf.train.Checkpoint(model=plain).save(str(tmp_path / 'p'))
+  re_path = tf.train.Checkpoint(model=recompute).save(str(tmp_path / 'r'))
+  assert (tf.train.list_variables(plain_path) ==
+          [(n, s) for n, s in tf.train.list_variables(re_path)])
+  # Drawn apart, the same after the restore.
+  assert not np.array_equal(plain.get_layer('stem_conv').kernel,
+                            recompute.get_layer('stem_conv').kernel)
+  status = tf.train.Checkpoint(model=recompute).restore(plain_path)
+  status.assert_existing_objects_matched()
+  for a, b in zip(plain.get_weights(), recompute.get_weights()):
+    np.testing.assert_array_equal(a, b)
+
   images = tf.random.stateless_normal([4, 32, 32, 3], seed=[9, 10]) + 1.0
   labels = tf.constant([1, 2, 3, 4])
   before = plain.get_layer('stage3_block2_bn2').moving_mean.numpy()
@@ -353,19 +387,6 @@ def test_recompute_moving_averages_match_one_update_per_step():
   after_re = recompute.get_layer('stage3_block2_bn2').moving_mean.numpy()
   assert np.abs(after_plain - before).max() > 1e-3  # It moved...
   np.testing.assert_allclose(after_re, after_plain, rtol=1e-4, atol=1e-6)
-
-
-def test_recompute_checkpoints_are_interchangeable(tmp_path):
-  plain = network_lib.resnet(18, 10, 32)
-  recompute = network_lib.resnet(18, 10, 32, recompute=True)
-  plain_path = tf.train.Checkpoint(model=plain).save(str(tmp_path / 'p'))
-  re_path = tf.train.Checkpoint(model=recompute).save(str(tmp_path / 'r'))
-  assert (tf.train.list_variables(plain_path) ==
-          [(n, s) for n, s in tf.train.list_variables(re_path)])
-  status = tf.train.Checkpoint(model=recompute).restore(plain_path)
-  status.assert_existing_objects_matched()
-  for a, b in zip(plain.get_weights(), recompute.get_weights()):
-    np.testing.assert_array_equal(a, b)
 
 
 def test_drop_path_rates_rise_linearly_over_the_blocks():
