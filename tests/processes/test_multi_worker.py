@@ -110,12 +110,6 @@ def test_two_workers_train_in_lockstep(service_records, in_process_service,
   assert chief['tf_data_service']['address'] == dispatcher.target
   assert worker['tf_data_service'] == chief['tf_data_service']
   assert sum(w._num_tasks() for w in workers) >= 1  # pylint: disable=protected-access
-  # Each worker's own time per step, exchanged after each loop: both hold
-  # both. (Whether one was slow is not asserted: on a busy host either may
-  # be, for as long as the run lasts.)
-  assert chief['own_step_seconds'] == worker['own_step_seconds']
-  assert len(chief['own_step_seconds']) == 2
-  assert min(chief['own_step_seconds']) > 0
 
 
 def _rank_pids(launcher_pid):
