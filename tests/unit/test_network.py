@@ -356,7 +356,8 @@ def test_recompute_gives_the_same_gradients(norm, matmul_convs, depth,
 def test_recompute_checkpoints_are_interchangeable_and_average_once_per_step(
     tmp_path):
   """--enable_recompute's network (built from the config) keeps the plain
-  one's checkpoint: each restores the other's. Batch norm in a stage runs
+  one's checkpoint: the same variables, and it restores the plain one's
+  (a run switching recompute on resumes). Batch norm in a stage runs
   twice under recompute (forward and recomputation); momentum sqrt(0.9)
   twice is one 0.9 update."""
   cfg = RunConfig(resnet_depth=18, image_size=32)
