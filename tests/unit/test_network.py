@@ -34,7 +34,8 @@ RESNET18_10_CLASSES = EXPECTED_PARAMS[18] - 990 * 513
 
 @pytest.fixture(name='unfilled_kernels')
 def _unfilled_kernels(monkeypatch):
-  """A count needs the kernels' shapes, not their values."""
+  """For tests that read a network's structure (counts, shapes, strides):
+  the kernels' shapes, not their values."""
   gradients.unfilled_kernels(monkeypatch)
 
 
@@ -70,12 +71,12 @@ def test_width_multiplier_scales_every_layer():
           widths['stage4_block1_conv2']) == (24, 24, 48, 96, 256)
 
 
-def test_output_layer_has_one_unit_per_class():
+def test_output_layer_has_one_unit_per_class(unfilled_kernels):
   model = network_lib.resnet(18, 7, 32)
   assert model.output_shape == (None, 7)
 
 
-def test_v1_5_stride_is_on_the_3x3_conv():
+def test_v1_5_stride_is_on_the_3x3_conv(unfilled_kernels):
   model = network_lib.resnet(50, 10, 64)
   assert model.get_layer('stage2_block1_conv1').strides == (1, 1)
   assert model.get_layer('stage2_block1_conv2').strides == (2, 2)
@@ -85,7 +86,8 @@ def test_v1_5_stride_is_on_the_3x3_conv():
 
 @pytest.mark.parametrize('stem,stage1_size', [('imagenet', 8), ('small', 16),
                                                ('cifar', 32)])
-def test_stem_sets_the_resolution_of_the_first_stage(stem, stage1_size):
+def test_stem_sets_the_resolution_of_the_first_stage(stem, stage1_size,
+                                                    unfilled_kernels):
   model = network_lib.resnet(18, 10, 32, stem=stem)
   stage1 = model.get_layer('stage1_block1_out').output_shape
   assert stage1 == (None, stage1_size, stage1_size, 64)
@@ -140,7 +142,7 @@ def test_logits_model_is_the_training_model_before_its_softmax(cfg, tmp_path):
   assert tf.train.list_variables(after) == tf.train.list_variables(before)
 
 
-def test_keras_applications_backbone_gets_our_head():
+def test_keras_applications_backbone_gets_our_head(unfilled_kernels):
   cfg = RunConfig(keras_applications_model='ResNet50V2', image_size=32)
   model = network_lib.build_network(cfg, 10, use_regularizers=False)
   assert model.output_shape == (None, 10)
