@@ -3,7 +3,7 @@
 Trains, on random data, the model our trainer builds for the same flags
 (ResNet v1.5: stride on the bottleneck's 3x3; stems 'imagenet' 7x7/2 + max
 pool, 'small' 3x3/1 + max pool, 'cifar' 3x3/1; --width_multiplier rounded
-to multiples of 8 as config.scaled_filters does) with SGD + momentum, weight
+to multiples of 8 as channels.scaled_filters does) with SGD + momentum, weight
 decay and label-smoothed cross entropy, in fp32, in PyTorch eager mode, and
 with torch.compile; NCHW and channels_last. Prints img/s per mode: the
 median over windows of --window steps, after a first window of warm-up (and
@@ -29,10 +29,9 @@ import time
 
 # All three are free of TensorFlow.
 from common import cli
-from resnet_keras.config import scaled_filters
+from resnet_keras.channels import STAGE_FILTERS, scaled_filters
 from resnet_keras.hardware import this_cpu
 
-STAGE_FILTERS = (64, 128, 256, 512)
 BLOCKS = {10: (1, 1, 1, 1), 18: (2, 2, 2, 2), 34: (3, 4, 6, 3),
           50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}
 STEMS = {'imagenet': (7, 2, True), 'small': (3, 1, True),

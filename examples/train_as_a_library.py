@@ -3,7 +3,7 @@
   python -m examples.train_as_a_library [MODEL_DIR]   # from the repository's root
   python examples/train_as_a_library.py [MODEL_DIR]   # after pip install .
 
-The library takes a RunConfig (resnet_keras/config.py), the record the
+The library takes a RunConfig (resnet_keras/config/), the record the
 trainer's flags are parsed into: every flag is a field of the same name,
 with the same default and checks. `run.run` trains and evaluates as the
 config says and writes the run directory (config.json, metrics.jsonl,

@@ -1,7 +1,7 @@
 """Command-line flags of resnet_ctl_imagenet_main.py, made from RunConfig.
 
 Every RunConfig field is a flag of the same name, with the default, short
-alias and help its `option(...)` declares (config.py): the command line and
+alias and help its `option(...)` declares (config/): the command line and
 the library cannot disagree, and a new option is written once. Besides
 those, only the recipe flags (--config, --print_config) and flags accepted
 for the reference's command lines. The tools define their own few flags.

@@ -19,7 +19,8 @@ import tensorflow as tf
 import tf_keras
 
 from resnet_keras import hardware
-from resnet_keras.config import STAGE_FILTERS, RunConfig
+from resnet_keras.channels import STAGE_FILTERS
+from resnet_keras.config import RunConfig
 from common.errors import UsageError
 from resnet_keras.layers import (Blur, GroupNormalization, MatmulConv2D,
                                  ResidualAdd, ResidualRelu)
@@ -389,7 +390,7 @@ def build_models(cfg: RunConfig, num_classes: int, use_regularizers: bool,
 def logits_view(network: tf_keras.Model) -> tf_keras.Model:
   """`network` up to its head's logits, before the softmax: the same layers
   and variables, so a loss on the logits trains the network itself. A
-  functional view: it bypasses StagewiseRecompute's call (config.py refuses
+  functional view: it bypasses StagewiseRecompute's call (RunConfig refuses
   --loss=bce with --enable_recompute)."""
   return tf_keras.Model(network.inputs, network.get_layer(HEAD_LAYER).output,
                         name=f'{network.name}_logits')

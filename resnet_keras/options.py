@@ -1,12 +1,12 @@
 """One declaration per option: its name, type, default, choices or range and
-help, written once as a RunConfig field (config.py) with `option(...)`.
+help, written once as a RunConfig field (config/) with `option(...)`.
 
 Everything else is derived from that field: its flag (flags.py: name,
 short alias, type, default, help), the check of its value (`check_fields`:
 the choices or the range, in one line naming the flag) and its place in
 config.json and --print_config (the dataclass's own field order). Rules that
 relate several fields are written beside the group that owns them
-(config.py).
+(config/).
 """
 
 import dataclasses

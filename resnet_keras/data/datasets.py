@@ -13,7 +13,6 @@ from typing import Callable, Optional, Tuple
 from absl import logging
 import tensorflow as tf
 
-from resnet_keras import config as config_lib
 from resnet_keras.config import RunConfig
 from resnet_keras.randaugment_spec import parse_randaugment
 from resnet_keras.data import augment
@@ -24,6 +23,10 @@ from resnet_keras.data.preprocessing import normalize_images
 from common.errors import UsageError
 
 LOADER_DTYPES = {'fp32': tf.float32, 'bf16': tf.bfloat16, 'uint8': tf.uint8}
+# ImageNet-1k, used for synthetic data so its step counts match real runs.
+IMAGENET_NUM_CLASSES = 1000
+IMAGENET_NUM_TRAIN_EXAMPLES = 1281167
+IMAGENET_NUM_EVAL_EXAMPLES = 50000
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,11 +56,11 @@ def describe(cfg: RunConfig) -> DatasetInfo:
   """Class and example counts of the data the flags select."""
   if cfg.use_synthetic_data:
     return DatasetInfo(
-        num_classes=cfg.num_classes or config_lib.IMAGENET_NUM_CLASSES,
+        num_classes=cfg.num_classes or IMAGENET_NUM_CLASSES,
         num_train_examples=(cfg.num_train_examples or
-                            config_lib.IMAGENET_NUM_TRAIN_EXAMPLES),
+                            IMAGENET_NUM_TRAIN_EXAMPLES),
         num_eval_examples=(cfg.num_eval_examples or
-                           config_lib.IMAGENET_NUM_EVAL_EXAMPLES),
+                           IMAGENET_NUM_EVAL_EXAMPLES),
         name='synthetic')
   if cfg.dataset in cifar.SPECS:
     train_files, eval_files = (

@@ -6,7 +6,6 @@ import pytest
 import tensorflow as tf
 
 from common.errors import UsageError
-from resnet_keras import config as config_lib
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data.preprocessing import normalize_images
@@ -22,9 +21,9 @@ def _context(pipeline_id=0, pipelines=1, replicas=1):
 def test_synthetic_data_has_imagenet_sizes_unless_limited():
   info = datasets.describe(RunConfig(use_synthetic_data=True))
   assert (info.num_classes, info.num_train_examples, info.num_eval_examples
-          ) == (config_lib.IMAGENET_NUM_CLASSES,
-                config_lib.IMAGENET_NUM_TRAIN_EXAMPLES,
-                config_lib.IMAGENET_NUM_EVAL_EXAMPLES)
+          ) == (datasets.IMAGENET_NUM_CLASSES,
+                datasets.IMAGENET_NUM_TRAIN_EXAMPLES,
+                datasets.IMAGENET_NUM_EVAL_EXAMPLES)
   info = datasets.describe(RunConfig(use_synthetic_data=True, num_classes=7,
                                      num_eval_examples=9))
   assert (info.num_classes, info.num_eval_examples) == (7, 9)
