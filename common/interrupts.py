@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 
-# Every write of the package is atomic (common/files.py, TensorFlow's
+# Every write of the package is atomic (resnet_keras/files.py, TensorFlow's
 # checkpoints): what was written before is whole, or was not written.
 MESSAGE = ('interrupted by Ctrl-C (SIGINT); what was written before is '
            'kept: rerun the same command to go on')

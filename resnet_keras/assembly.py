@@ -25,7 +25,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 import tensorflow as tf
 import tf_keras
 
-from common import distribution
+from resnet_keras import distribution
 from resnet_keras import checkpoints
 from resnet_keras import guards
 from resnet_keras import hardware

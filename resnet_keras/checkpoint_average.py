@@ -22,7 +22,7 @@ from typing import Iterable, List, Optional, Sequence
 
 import numpy as np
 
-from common import files
+from resnet_keras import files
 from common.errors import UsageError
 from resnet_keras import checkpoints
 from resnet_keras import optimizers

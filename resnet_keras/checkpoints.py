@@ -26,7 +26,7 @@ from resnet_keras import run_directory
 from resnet_keras.config import RunConfig
 from resnet_keras.plan import TrainingPlan
 from common.errors import UsageError
-from common.files import write_json_atomically
+from resnet_keras.files import write_json_atomically
 
 MAX_TO_KEEP = RunConfig.max_checkpoints
 

@@ -16,7 +16,7 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
-from common import distribution
+from resnet_keras import distribution
 from resnet_keras import ema as ema_lib
 from resnet_keras.objective import cross_entropy
 

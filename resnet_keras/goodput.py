@@ -47,8 +47,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from absl import logging
 import numpy as np
 
-from common import files
-from common.files import write_json_atomically
+from resnet_keras import files
+from resnet_keras.files import write_json_atomically
 from resnet_keras import run_directory
 from resnet_keras.metrics import LOOP_RECORD
 

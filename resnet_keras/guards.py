@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from common import distribution
+from resnet_keras import distribution
 from common.errors import NON_FINITE_EXIT_CODE, WARNING_SIGNAL, RunStopped
 from resnet_keras.metrics import LOOP_RECORD
 

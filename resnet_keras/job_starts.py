@@ -12,9 +12,9 @@ from typing import Dict, List, Mapping, Optional
 
 from absl import logging
 
-from common import files
+from resnet_keras import files
 from common import worker_contract as contract
-from common.files import write_json_atomically
+from resnet_keras.files import write_json_atomically
 from resnet_keras import run_directory
 
 

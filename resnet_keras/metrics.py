@@ -25,7 +25,7 @@ import numpy as np
 from absl import logging
 
 from common.errors import UsageError
-from common.files import write_text_atomically
+from resnet_keras.files import write_text_atomically
 from resnet_keras import run_directory
 
 # The key of the LoopRecord in a training loop's orbit output, beside the

@@ -23,7 +23,7 @@ from typing import Any, Optional, Tuple
 import tensorflow as tf
 import tf_keras
 
-from common import distribution
+from resnet_keras import distribution
 from resnet_keras import layers
 from resnet_keras import optimizers as optimizers_lib
 from resnet_keras.data import augment

@@ -48,7 +48,7 @@ from typing import Dict, List, Mapping, Optional, Set, Tuple
 
 from absl import logging
 
-from common import files
+from resnet_keras import files
 from common import worker_contract
 from common.errors import UsageError
 from resnet_keras import run_directory

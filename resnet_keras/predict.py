@@ -30,7 +30,7 @@ from absl import logging
 
 from common import cli
 from common.errors import UsageError
-from common.files import kind_of
+from resnet_keras.files import kind_of
 from resnet_keras import tool_flags
 from resnet_keras.serving import readers
 # pylint: enable=g-import-not-at-top

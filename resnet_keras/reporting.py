@@ -15,7 +15,7 @@ from typing import Callable, Dict, Optional
 import tensorflow as tf
 from absl import logging
 
-from common import files
+from resnet_keras import files
 from common import worker_contract
 from resnet_keras import assembly
 from resnet_keras import curves

@@ -27,7 +27,7 @@ import orbit
 import tensorflow as tf
 from absl import logging
 
-from common import distribution
+from resnet_keras import distribution
 from common import worker_contract
 from resnet_keras import assembly
 from resnet_keras import ema as ema_lib

@@ -175,7 +175,7 @@ def kept_checkpoints(model_dir: str) -> List[LatestCheckpoint]:
 # such a directory. Besides the table above: what a write
 # cut short leaves (TensorFlow's temporary shards of a checkpoint and its
 # state file's temporary, the hidden temporary of an atomic write,
-# common/files.py, and an export's staging, serving/saved_model.py).
+# resnet_keras/files.py, and an export's staging, serving/saved_model.py).
 _RUN_FILES = re.compile(
     r'(?P<hidden>\.)?(%s)(?(hidden)\.tmp)' % '|'.join(map(re.escape, (
         CONFIG_FILE, WORLD_FILE, SCHEDULER_FILE, WARM_START_FILE,

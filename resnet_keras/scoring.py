@@ -21,7 +21,7 @@ import tensorflow as tf
 import tf_keras
 from absl import logging
 
-from common import files
+from resnet_keras import files
 from common.errors import UsageError
 from resnet_keras import assembly
 from resnet_keras import checkpoints

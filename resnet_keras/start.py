@@ -50,10 +50,10 @@ import tensorflow as tf
 import tf_keras
 from absl import logging
 
-from common import distribution
-from common import files
+from resnet_keras import distribution
+from resnet_keras import files
 from common.errors import UsageError
-from common.files import write_json_atomically
+from resnet_keras.files import write_json_atomically
 from resnet_keras import checkpoints
 from resnet_keras import network as network_lib
 from resnet_keras import run_directory

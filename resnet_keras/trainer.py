@@ -19,7 +19,7 @@ import orbit
 import tensorflow as tf
 import tf_keras
 
-from common import distribution
+from resnet_keras import distribution
 from resnet_keras import ema as ema_lib
 from resnet_keras.objective import Objective
 from resnet_keras.metrics import LOOP_RECORD

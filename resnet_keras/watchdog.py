@@ -7,7 +7,7 @@ training loop's tf.function). And the job's collectives, waiting on a
 worker frozen or stuck: Horovod's own stall check runs in the same
 background loop as its negotiation, which waits for that worker too, so it
 never fires; multi_worker_mirrored's collective timeout holds a thread per
-collective until it passes (common/distribution.py). What the collective
+collective until it passes (resnet_keras/distribution.py). What the collective
 watchdog polls is the backend's `Progress`, told by each step that the
 collectives still move; how long a wait may last follows from how long the
 same phase's steps took so far (`Deadlines`), so that a frozen worker is
@@ -32,7 +32,7 @@ import numpy as np
 from common.errors import STUCK_EXIT_CODE
 
 if TYPE_CHECKING:  # Imported for its type only: it loads TensorFlow.
-  from common import distribution
+  from resnet_keras import distribution
 
 # Seconds between two polls past which this process itself was stopped.
 _SUSPENDED = 10
@@ -131,7 +131,7 @@ RULES = {
     'checkpoints': Rule(multiple=3, quantile=1.0, floor=60, min_samples=1,
                         of_steps=False),
 }
-# Steps between a wait's first two beats are its start (common/distribution
+# Steps between a wait's first two beats are its start (distribution.py
 # Progress.beat): the ceiling holds until its second beat.
 _STEADY_BEATS = 2
 

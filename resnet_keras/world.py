@@ -14,10 +14,10 @@ import os
 from typing import Dict, List, Mapping, Optional
 
 from common import batch_rule
-from common import files
+from resnet_keras import files
 from common import worker_contract
 from common.errors import UsageError
-from common.files import write_json_atomically
+from resnet_keras.files import write_json_atomically
 from resnet_keras import run_directory
 from resnet_keras.plan import TrainingPlan
 

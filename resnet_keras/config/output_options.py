@@ -4,7 +4,7 @@ profiles and trackers; with its own checks."""
 import dataclasses
 from typing import Optional, Tuple
 
-from common import files
+from resnet_keras import files
 from common.errors import UsageError
 from resnet_keras.options import check_fields, option
 

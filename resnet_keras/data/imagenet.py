@@ -36,7 +36,7 @@ from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.data.preprocessing import training_order
 from resnet_keras.data.preprocessing import with_private_threads
 from common.errors import UsageError
-from common.files import kind_of
+from resnet_keras.files import kind_of
 
 SPLIT_PATTERNS = {
     'train': ('train/train-*-of-*', 'train-*-of-*',

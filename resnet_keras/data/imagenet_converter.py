@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from PIL import Image
 
-from common import files
+from resnet_keras import files
 from common.errors import RunStopped, UsageError
 
 # TensorFlow is imported only where shards are written (write_shard): it

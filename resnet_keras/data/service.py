@@ -18,7 +18,7 @@ from absl import flags
 
 from common import cli
 from common.errors import UsageError
-from common.files import kind_of
+from resnet_keras.files import kind_of
 from resnet_keras.data import input_service
 # pylint: enable=g-import-not-at-top
 

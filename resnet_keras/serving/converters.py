@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 import tf_keras
 
-from common import files
+from resnet_keras import files
 from common.errors import UsageError
 from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.serving import contract

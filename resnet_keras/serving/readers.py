@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from common.errors import UsageError
-from common.files import kind_of
+from resnet_keras.files import kind_of
 from resnet_keras import evaluator
 from resnet_keras.data import imagenet
 from resnet_keras.serving import contract

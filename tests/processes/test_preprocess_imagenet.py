@@ -9,7 +9,7 @@ import os
 import pytest
 
 from resnet_keras.data import imagenet_converter
-from common import files
+from resnet_keras import files
 from common.errors import RunStopped
 from tests.support import runner
 from tests.support.converter import (NUM_VALIDATION, SYNSETS, TRAIN_PER_CLASS,

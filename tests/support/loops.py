@@ -6,7 +6,7 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from common import distribution
+from resnet_keras import distribution
 from resnet_keras import guards
 from resnet_keras.evaluator import Evaluator
 from resnet_keras.objective import Objective

@@ -1,8 +1,8 @@
-"""common/distribution.py: device choice and input options, on fake devices."""
+"""resnet_keras/distribution.py: device choice and input options, on fake devices."""
 
 import pytest
 
-from common import distribution
+from resnet_keras import distribution
 from common.errors import UsageError
 
 GPUS = ['/physical_device:GPU:0', '/physical_device:GPU:1',

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from common import distribution
+from resnet_keras import distribution
 from resnet_keras import goodput
 from resnet_keras import run_directory
 from resnet_keras.metrics import LOOP_RECORD, LoopRecord

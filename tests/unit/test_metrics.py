@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from absl import logging
 
-from common import files
+from resnet_keras import files
 from resnet_keras import metrics
 from common.errors import UsageError
 from resnet_keras.metrics import LOOP_RECORD, LoopRecord

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from common import distribution
+from resnet_keras import distribution
 from resnet_keras import objective as objective_lib
 
 # Two examples, three classes.

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from resnet_keras.data import imagenet_converter
-from common import files
+from resnet_keras import files
 from common.errors import UsageError
 from tests.support.converter import (NUM_VALIDATION, SYNSETS, TRAIN_PER_CLASS,
                                      convert_in_process, encoded, feature,

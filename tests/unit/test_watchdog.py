@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from common import distribution
+from resnet_keras import distribution
 from resnet_keras import watchdog
 from resnet_keras.launcher import supervisor
 from tests.support import runner
