@@ -20,7 +20,7 @@ starts, and start.restore restores it after assembling.
 import dataclasses
 import os
 import shutil
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import tensorflow as tf
 import tf_keras
@@ -30,6 +30,7 @@ from resnet_keras import checkpoints
 from resnet_keras import guards
 from resnet_keras import hardware
 from resnet_keras import lr_schedules
+from resnet_keras import progressive_resizing
 from resnet_keras import network as network_lib
 from resnet_keras import optimizers
 from resnet_keras import run_directory
@@ -78,11 +79,8 @@ class Parts:
   # Counts the records --skip_corrupt_records skipped; None: not counting.
   skipped: Optional[imagenet.SkippedRecords] = None
   guard: Optional[guards.LoopGuard] = None  # training only
-  # (image_size, data_start) -> the distributed training input at that size,
-  # from the batch after `data_start` batches of the run's data; training
-  # only (progressive resizing replaces the trainer's with it).
-  train_input: Optional[Callable[[int, int], Any]] = None
-  train_image_size: int = 0  # of the trainer's training input now
+  # The trainer's input at each image size; training only.
+  training_input: Optional[progressive_resizing.TrainingInput] = None
 
   def weights(self) -> start_lib.Weights:
     """What start.restore loads into."""
@@ -218,11 +216,11 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
       any_worker=backend.any_worker,
       last_checkpoint=lambda: manager and manager.latest_checkpoint,
       dtype=cfg.dtype, stopped_early=step_record.stopped_early)
-  train_image_size = lr_schedules.image_size_for_run(
-      cfg, start.step // plan.steps_per_epoch)
+  training_input = progressive_resizing.TrainingInput(
+      cfg, plan.steps_per_epoch, train_input, start.step)
   trainer = Trainer(
       objective=objective, step_record=step_record,
-      train_dataset=train_input(train_image_size, start.batches_read),
+      train_dataset=train_input(training_input.size, start.batches_read),
       global_batch_size=plan.global_batch_size, backend=backend,
       weights_finite=guards.finite_check(model.variables),
       ema=ema,
@@ -232,8 +230,7 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
   return Parts(plan=plan, schedule=schedule, network=network, model=model,
                optimizer=optimizer, manager=manager, evaluator=evaluator,
                trainer=trainer, step_record=step_record, ema=ema,
-               skipped=skipped, guard=guard, train_input=train_input,
-               train_image_size=train_image_size)
+               skipped=skipped, guard=guard, training_input=training_input)
 
 
 def assemble_evaluation(basis: Basis, plan: TrainingPlan) -> Parts:

@@ -1,5 +1,5 @@
-"""Schedules: the learning rate's (linear warmup, then one of tf_keras's
-decays) and progressive resizing's training image size.
+"""The learning rate's schedules: linear warmup, then one of tf_keras's
+decays.
 
 All schedules ramp linearly from 0 at step 0 to the peak at `warmup_steps`
 (lr = peak * step / warmup_steps), then follow the decay. Decays that describe
@@ -180,31 +180,6 @@ def build_schedule(name: str, peak: float, warmup_steps: int, total_steps: int,
   if name == 'constant':
     return WarmupThenDecay(peak, warmup_steps, _Constant(peak), warmup_steps)
   raise ValueError(f'unknown schedule {name}')
-
-
-def image_size_at(epoch: int, start_size: int, end_size: int,
-                  start_epoch: int, end_epoch: int, multiple: int) -> int:
-  """Progressive resizing's training size in `epoch` (from 0): `start_size`
-  up to `start_epoch`, `end_size` from `end_epoch`, linear in between,
-  rounded to the nearest multiple of `multiple` (FFCV's ramp) and kept
-  inside [start_size, end_size]."""
-  if epoch >= end_epoch:
-    return end_size
-  if epoch <= start_epoch:
-    return start_size
-  size = start_size + (end_size - start_size) * (
-      (epoch - start_epoch) / (end_epoch - start_epoch))
-  return min(max(int(round(size / multiple)) * multiple, start_size), end_size)
-
-
-def image_size_for_run(cfg: RunConfig, epoch: int) -> int:
-  """The training size the flags ask for in `epoch`: --image_size, or the
-  progressive schedule's."""
-  if not cfg.progressive_resize_start_size:
-    return cfg.image_size
-  first, last = cfg.resize_epochs
-  return image_size_at(epoch, cfg.progressive_resize_start_size,
-                       cfg.image_size, first, last, cfg.resize_multiple)
 
 
 def stepped_boundaries(points: Sequence[float], total_steps: int):

@@ -16,15 +16,12 @@ the config as asked, as they always have (reporting.py).
 """
 
 import contextlib
-import dataclasses
 import gc
 import os
-import tempfile
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
 import orbit
-import tensorflow as tf
 from absl import logging
 
 from resnet_keras import distribution
@@ -34,11 +31,11 @@ from resnet_keras import ema as ema_lib
 from resnet_keras import goodput
 from resnet_keras import guards
 from resnet_keras import job_starts
-from resnet_keras import lr_schedules
 from resnet_keras import ownership
 from resnet_keras import reporting
 from resnet_keras import run_directory
 from resnet_keras import start as start_lib
+from resnet_keras import stuck_workers
 from resnet_keras import tracking
 from resnet_keras import watchdog
 from resnet_keras import world
@@ -47,28 +44,11 @@ from resnet_keras.plan import TrainingPlan
 from resnet_keras.data import input_service
 from resnet_keras.data import datasets
 from resnet_keras.serving import saved_model
-from common.errors import RunStopped, UsageError
+from common.errors import RunStopped
 
 # orbit's Controller logs every status twice (log and stdout) as multi-line
 # dicts; StepLogger and Reporting.evaluated print one line each instead.
 orbit.controller._log = logging.debug  # pylint: disable=protected-access
-
-
-def with_model_dir(cfg: RunConfig, environ) -> RunConfig:
-  """`cfg` with a model_dir: the one given, or (none) a new private
-  directory of this run's, so that no two users or runs share a default.
-  A job of several workers (MPI's or TF_CONFIG's) must name one, on
-  storage every host shares."""
-  if cfg.model_dir:
-    return cfg
-  if worker_contract.several_workers(environ):
-    raise UsageError('a job of several workers needs --model_dir: name a '
-                     'directory on storage every host shares')
-  model_dir = tempfile.mkdtemp(prefix='resnet_keras_run_')
-  logging.info('no --model_dir given: this run writes to %s, a new private '
-               'directory (give --model_dir to choose one, and to resume)',
-               model_dir)
-  return dataclasses.replace(cfg, model_dir=model_dir)
 
 
 def run(cfg: RunConfig, started: Optional[float] = None) -> Dict:
@@ -77,7 +57,8 @@ def run(cfg: RunConfig, started: Optional[float] = None) -> Dict:
   point's main, before TensorFlow loads), where the run's start-up and
   wall time begin; by default, now."""
   try:
-    return _run(with_model_dir(cfg, os.environ), started or time.time())
+    return _run(run_directory.with_model_dir(cfg, os.environ),
+                started or time.time())
   finally:
     # The run's objects hold its input iterators (and tf.data service
     # clients) in reference cycles that only a garbage collection frees.
@@ -102,44 +83,12 @@ def _run(cfg: RunConfig, started: float) -> Dict:
   owner = (ownership.for_training(cfg.model_dir, cfg.clean, os.environ)
            if worker == 0 else None)
   try:
-    return _run_held(cfg, started, run_started, worker)
+    with stuck_workers.watched(cfg, worker) as (progress, last_words):
+      return _run_on(_set_up(cfg, progress), started, run_started,
+                     last_words)
   finally:
     if owner:
       owner.release()
-
-
-def _run_held(cfg: RunConfig, started: float, run_started: float,
-              worker: int) -> Dict:
-  # Watched from before the backend is built: the workers' joining waits
-  # for every one of them (a worker frozen while it started, as on a
-  # restart, held the others there for good).
-  timeout = _stuck_worker_timeout(cfg)
-  progress = distribution.Progress(
-      joining_watch=lambda: watchdog.watched_from_outside(
-          timeout, watchdog.stuck_line(
-              worker, timeout, 'the joining deadline, 10 x --failure_timeout')),
-      stall=goodput.stalled_seconds)
-  deadlines = watchdog.Deadlines(
-      progress, timeout,
-      step_floor=cfg.tf_data_service_timeout if cfg.tf_data_service else 0)
-  last_words = []  # The chief's goodput account, once it has one.
-  stuck = watchdog.Watchdog(
-      timeout, progress.waiting_since,
-      watchdog.end_stuck_worker(worker, deadlines, last_words),
-      deadline=deadlines.now).start()
-  try:
-    return _run_on(_set_up(cfg, progress), started, run_started, last_words)
-  finally:
-    stuck.stop()
-
-
-def _stuck_worker_timeout(cfg: RunConfig) -> float:
-  """Seconds a worker waits on the others' collectives before it ends
-  itself (0: it waits; one worker, or no launcher set one)."""
-  if not worker_contract.several_workers(os.environ):
-    return 0
-  return worker_contract.stuck_worker_timeout(
-      os.environ, use_horovod=cfg.use_horovod) or 0
 
 
 def _run_on(basis: assembly.Basis, started: float, run_started: float,
@@ -229,16 +178,12 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
                  'run: nothing to train; %s', cfg.model_dir, start.step,
                  _what_is_left(cfg))
   try:
-    if reports.profiler:
-      reports.profiler()  # the first loop may be the window's
-    attempt.ready()
-    outcome = _train_and_evaluate(cfg, backend, parts, controller, reports,
-                                  start, started, attempt)
-  except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
-    error = _data_error(cfg, basis.info, e)
-    if error is None:
-      raise
-    raise error from None
+    with datasets.errors_named(cfg, basis.info):
+      if reports.profiler:
+        reports.profiler()  # the first loop may be the window's
+      attempt.ready()
+      outcome = _train_and_evaluate(cfg, backend, parts, controller, reports,
+                                    start, started, attempt)
   finally:
     input_watchdog.stop()
     reports.close()
@@ -267,9 +212,9 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
   outcome = reporting.Outcome(step=start.step, eval_results={})
   while outcome.step < plan.total_train_steps and not outcome.target_reached:
     if cfg.progressive_resize_start_size:
-      _resize_training_input(cfg, parts, outcome.step,
-                             start.batches_read_at(outcome.step),
-                             announce=outcome.step == start.step)
+      parts.training_input.follow(parts.trainer, outcome.step,
+                                  start.batches_read_at(outcome.step),
+                                  announce=outcome.step == start.step)
     try:
       with attempt.timing('training'), backend.progress.waiting('training'):
         controller.train(plan.next_stop(outcome.step),
@@ -331,38 +276,6 @@ def _evaluate(controller: orbit.Controller, reports: reporting.Reporting,
   reports.evaluated(plan, step, results)
   attempt.write()
   return results
-
-
-def _resize_training_input(cfg: RunConfig, parts: assembly.Parts, step: int,
-                           data_start: int, announce: bool) -> None:
-  """Progressive resizing: gives the trainer the input at the size of the
-  epoch `step` is in, if that is a new size (stops fall on epoch ends), and
-  says so (or, with `announce`, the size it starts at). The input goes on
-  from the batch after `data_start` batches of the run's data, as one
-  input of changing size would (exact resume); each size traces the
-  training loop once."""
-  epoch = step // parts.plan.steps_per_epoch
-  size = lr_schedules.image_size_for_run(cfg, epoch)
-  if size != parts.train_image_size:
-    parts.trainer.train_dataset = parts.train_input(size, data_start)
-    parts.train_image_size = size
-  elif not announce:
-    return
-  logging.info('progressive resizing: training at %d px from epoch %d (step '
-               '%d)', size, epoch, step)
-
-
-def _data_error(cfg: RunConfig, info: datasets.DatasetInfo,
-                error: tf.errors.OpError) -> Optional[UsageError]:
-  """The one-line error for a data error, if it has a known cause."""
-  if 'label out of range' in error.message:
-    return UsageError(f'a record in --data_dir={cfg.data_dir} has a label '
-                      f'outside 1..{info.num_classes}; fix the records or '
-                      'their metadata.json, or raise --num_classes')
-  logging.info('data error (%s); looking for the corrupt file',
-               error.message.strip().splitlines()[0][:200])
-  message = datasets.corrupt_data_message(cfg, info)
-  return UsageError(message) if message else None
 
 
 def _export(basis: assembly.Basis, parts: assembly.Parts,

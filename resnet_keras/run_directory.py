@@ -1,8 +1,8 @@
 """The run directory's contract: every file and folder a run writes in its
-model_dir, each named here once, and the one reading of its latest
-checkpoint. The trainer, the tools (export, validate, average, plots) and
-the launcher read and write through it, as the exports go through
-serving/contract.py.
+model_dir, each named here once; the one reading of its latest checkpoint;
+and the model_dir of a run given none (`with_model_dir`). The trainer, the
+tools (export, validate, average, plots) and the launcher read and write
+through it, as the exports go through serving/contract.py.
 
   config.json            the effective config, the training plan and the
                          machine: what the checkpoints are checkpoints of
@@ -47,8 +47,14 @@ import codecs
 import dataclasses
 import os
 import re
-from typing import List, Optional
+import tempfile
+from typing import List, Mapping, Optional
 
+from absl import logging
+
+from common import worker_contract
+from common.errors import UsageError
+from resnet_keras.config import RunConfig
 
 CONFIG_FILE = 'config.json'
 WORLD_FILE = 'world_sizes.json'
@@ -91,6 +97,23 @@ def worker_dir(model_dir: str, worker_index: int) -> str:
   if worker_index == 0:
     return model_dir
   return os.path.join(model_dir, f'worker_{worker_index}')
+
+
+def with_model_dir(cfg: RunConfig, environ: Mapping[str, str]) -> RunConfig:
+  """`cfg` with a model_dir: the one given, or (none) a new private
+  directory of this run's, so that no two users or runs share a default.
+  A job of several workers (MPI's or TF_CONFIG's) must name one, on
+  storage every host shares."""
+  if cfg.model_dir:
+    return cfg
+  if worker_contract.several_workers(environ):
+    raise UsageError('a job of several workers needs --model_dir: name a '
+                     'directory on storage every host shares')
+  model_dir = tempfile.mkdtemp(prefix='resnet_keras_run_')
+  logging.info('no --model_dir given: this run writes to %s, a new private '
+               'directory (give --model_dir to choose one, and to resume)',
+               model_dir)
+  return dataclasses.replace(cfg, model_dir=model_dir)
 
 
 @dataclasses.dataclass(frozen=True)

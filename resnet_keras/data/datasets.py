@@ -3,12 +3,14 @@
 Everything the trainer needs to know about data goes through `describe`
 (class and example counts, so step arithmetic never hard-codes ImageNet) and
 `make_input_fns` (per-replica `tf.data` pipelines for tf.distribute's
-`distribute_datasets_from_function`).
+`distribute_datasets_from_function`); a data error's known causes become
+one line through `errors_named`.
 """
 
+import contextlib
 import dataclasses
 import functools
-from typing import Callable, Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 from absl import logging
 import tensorflow as tf
@@ -138,7 +140,35 @@ def skipped_records_counter(cfg: RunConfig
   return None
 
 
-def corrupt_data_message(cfg: RunConfig, info: DatasetInfo) -> Optional[str]:
+@contextlib.contextmanager
+def errors_named(cfg: RunConfig, info: DatasetInfo) -> Iterator[None]:
+  """A data error the block raises becomes a one-line UsageError where its
+  cause is known: a label outside the classes, or a corrupt shard (named);
+  any other goes on as it is."""
+  try:
+    yield
+  except (tf.errors.InvalidArgumentError, tf.errors.DataLossError) as e:
+    error = _data_error(cfg, info, e)
+    if error is None:
+      raise
+    raise error from None
+
+
+def _data_error(cfg: RunConfig, info: DatasetInfo,
+                error: tf.errors.OpError) -> Optional[UsageError]:
+  """The one-line error for a data error, if it has a known cause."""
+  if 'label out of range' in error.message:
+    return UsageError(f'a record in --data_dir={cfg.data_dir} has a label '
+                      f'outside 1..{info.num_classes}; fix the records or '
+                      'their metadata.json, or raise --num_classes')
+  logging.info('data error (%s); looking for the corrupt file',
+               error.message.strip().splitlines()[0][:200])
+  message = _corrupt_data_message(cfg, info)
+  return UsageError(message) if message else None
+
+
+def _corrupt_data_message(cfg: RunConfig,
+                          info: DatasetInfo) -> Optional[str]:
   """After a data error: one line naming the corrupt shard, if one is."""
   if not _reads_tfrecords(cfg):
     return None
