@@ -87,6 +87,28 @@ def _log_flag_notes(cfg: RunConfig, weight_decay_path: str,
     logging.info('--loss_scale only applies to --dtype=fp16; ignored')
 
 
+def log_start(cfg: RunConfig, start_step: int, total_train_steps: int) -> None:
+  """Where training goes from `start_step`: to the plan's end (and how a
+  signal stops it), or, for a run that had reached it, nowhere, with what
+  is left to do."""
+  if start_step < total_train_steps:
+    logging.info('training to step %d; SIGTERM, SIGHUP or Ctrl-C: checkpoint '
+                 'after the current step, then stop', total_train_steps)
+  else:  # start.decide refuses a checkpoint past the end.
+    # The run had reached its end (an export or summary cut short): the
+    # rest of its work, from that checkpoint.
+    logging.info('--model_dir=%s is trained to step %d, the end of this '
+                 'run: nothing to train; %s', cfg.model_dir, start_step,
+                 _what_is_left(cfg))
+
+
+def _what_is_left(cfg: RunConfig) -> str:
+  done = [] if cfg.skip_eval else ['evaluating it']
+  if cfg.enable_checkpoint_and_export:
+    done.append('exporting it')
+  return ', '.join(done + ['writing run_summary.json'])
+
+
 class _Profiler:
   """orbit train action: a TensorBoard profile of --profile_steps.
 

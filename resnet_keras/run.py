@@ -8,7 +8,10 @@ a run starts is start.py's decision; what its parts are, assembly.py's; what
 a step computes, objective.py's and trainer.py's; evaluation,
 evaluator.py's; what the run reports (log lines, metrics.jsonl, plots,
 run_summary.json), reporting.py's; what its files are called,
-run_directory.py's.
+run_directory.py's. How each cross-cutting piece works has its own room:
+the stuck-worker watchdog (stuck_workers.py), a data error's one line
+(data/datasets.py), progressive resizing (progressive_resizing.py), the
+export at the end (final_export.py).
 
 One config lives in a run: the effective config (assembly.Basis's, classes
 resolved), which config.json records; only the TensorBoard hparams record
@@ -27,7 +30,7 @@ from absl import logging
 from resnet_keras import distribution
 from common import worker_contract
 from resnet_keras import assembly
-from resnet_keras import ema as ema_lib
+from resnet_keras import final_export
 from resnet_keras import goodput
 from resnet_keras import guards
 from resnet_keras import job_starts
@@ -43,7 +46,6 @@ from resnet_keras.config import RunConfig
 from resnet_keras.plan import TrainingPlan
 from resnet_keras.data import input_service
 from resnet_keras.data import datasets
-from resnet_keras.serving import saved_model
 from common.errors import RunStopped
 
 # orbit's Controller logs every status twice (log and stdout) as multi-line
@@ -111,7 +113,7 @@ def _run_on(basis: assembly.Basis, started: float, run_started: float,
   last_words.append(attempt.write)
   with parts.guard.installed():
     outcome, reports = _train(basis, parts, start, run_started, attempt)
-    _export(basis, parts, attempt, outcome.step)
+    final_export.export(basis, parts, attempt, outcome.step)
   # The job's account is the chief's: only it records every attempt.
   job = attempt.job() if backend.is_chief else None
   summary = reporting.write_summary(basis, parts, reports, outcome,
@@ -167,16 +169,7 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
       cfg.tf_data_service_timeout if cfg.tf_data_service else 0,
       parts.step_record.input_waiting_since,
       input_service.end_stalled_run(cfg.tf_data_service)).start()
-  if start.step < parts.plan.total_train_steps:
-    logging.info('training to step %d; SIGTERM, SIGHUP or Ctrl-C: checkpoint '
-                 'after the current step, then stop',
-                 parts.plan.total_train_steps)
-  else:  # start.decide refuses a checkpoint past the end.
-    # The run had reached its end (an export or summary cut short): the
-    # rest of its work, from that checkpoint.
-    logging.info('--model_dir=%s is trained to step %d, the end of this '
-                 'run: nothing to train; %s', cfg.model_dir, start.step,
-                 _what_is_left(cfg))
+  reporting.log_start(cfg, start.step, parts.plan.total_train_steps)
   try:
     with datasets.errors_named(cfg, basis.info):
       if reports.profiler:
@@ -188,13 +181,6 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
     input_watchdog.stop()
     reports.close()
   return outcome, reports
-
-
-def _what_is_left(cfg: RunConfig) -> str:
-  done = [] if cfg.skip_eval else ['evaluating it']
-  if cfg.enable_checkpoint_and_export:
-    done.append('exporting it')
-  return ', '.join(done + ['writing run_summary.json'])
 
 
 def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
@@ -276,42 +262,6 @@ def _evaluate(controller: orbit.Controller, reports: reporting.Reporting,
   reports.evaluated(plan, step, results)
   attempt.write()
   return results
-
-
-def _export(basis: assembly.Basis, parts: assembly.Parts,
-            attempt: goodput.Attempt, step: int) -> None:
-  """--enable_checkpoint_and_export: the chief exports the trained model
-  (timed in `attempt`). A stop signal ends it at once (the guard's
-  `at_once`: a scheduler's grace period may be shorter than an export),
-  and says so; the run's checkpoint at `step` is written by then, and the
-  rerun exports it (`_train`: nothing to train)."""
-  cfg, backend = basis.effective_cfg, basis.backend
-  if not cfg.enable_checkpoint_and_export:
-    return
-  try:
-    with attempt.timing('export'), parts.guard.at_once(), \
-        ema_lib.in_model(parts.ema):
-      if backend.is_chief:
-        logging.info('exporting the model of step %d', step)
-        path, = saved_model.export_run(parts.network, cfg, cfg.model_dir)
-        logging.info('exported SavedModel to %s%s', path,
-                     ' (the weight average)' if parts.ema else '')
-      elif backend.collective_saves:
-        # Under multi_worker_mirrored reading the weights is a collective
-        # (batch norm statistics are averaged when read): the other workers
-        # join the chief's read, once, as its export copies them.
-        with backend.progress.waiting('export'):
-          parts.network.get_weights()
-  except guards.StopNow as stop:
-    attempt.write()
-    if backend.is_chief:
-      job_starts.record_stop(cfg.model_dir, os.environ, str(stop), step)
-    raise RunStopped(
-        f'stopped by {stop} during the export of step {step}\'s model: '
-        f'{run_directory.SAVED_MODEL_DIR}/ and run_summary.json are not '
-        'written (an earlier export stays as it was); rerun the same command '
-        f'to write them from the newest checkpoint{stop.hint}',
-        stop.exit_code) from None
 
 
 def _reached(cfg: RunConfig, results: Dict) -> bool:
