@@ -15,7 +15,9 @@ commands.py     the commands it builds, as data: mpirun, the tf.data
                 service's servers
 input_servers.py  the tf.data service's servers on other hosts
 fanout.py       a command on many hosts over ssh, at most 64 at once
-port_guard.py   the job's ports closed to all but its hosts
-supervisor.py   the attempts run: output read, failure named, restarts
+port_guard.py   the job's ports closed to all but its hosts (port_rules.py:
+                the iptables rules as shell commands)
+supervisor.py   the attempts run: output read, restarts
+failures.py     an attempt's record, and its failure named in one line
 main.py         flags -> configs -> placement -> job -> dry run or run
 """

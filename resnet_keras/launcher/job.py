@@ -25,7 +25,7 @@ from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import elastic
 from resnet_keras.launcher import host_checks
 from resnet_keras.launcher import launch_config
-from resnet_keras.launcher import supervisor
+from resnet_keras.launcher import failures
 from resnet_keras.launcher.placement import FILES_DIR_PREFIX, TRAINER, Placement
 
 
@@ -148,7 +148,7 @@ class Job:
       yield (f'elastic: on {layout.describe()}{lr}: '
              f'{" ".join(layout.trainer_flags(self._cfg.use_horovod))}')
 
-  def first_attempt(self) -> supervisor.Attempt:
+  def first_attempt(self) -> failures.Attempt:
     if not self._cfg.model_dir and self.placement.total_workers > 1:
       # Each worker would otherwise make a private directory of its own.
       raise UsageError('a job of several workers needs --model_dir: name a '
@@ -175,7 +175,7 @@ class Job:
     latest = run_directory.latest_checkpoint(self._cfg.model_dir)
     return latest and latest.step
 
-  def replan(self, failure: supervisor.Failure) -> supervisor.Attempt:
+  def replan(self, failure: failures.Failure) -> failures.Attempt:
     """The next attempt: on the hosts that pass a new check (an elastic job,
     or one with a tf.data service; the same hosts otherwise), resuming at
     model_dir's last checkpoint, which the trainer is told to expect."""
@@ -200,7 +200,7 @@ class Job:
                        'once enough hosts are back)') from None
 
   def _attempt(self, step: Optional[int], lost: float,
-               restart: bool = False) -> supervisor.Attempt:
+               restart: bool = False) -> failures.Attempt:
     before, report = self.layout, self._report
     launch_cfg = self.placement.cfg
     layout = (elastic.relayout(self.planned, report.ready,
@@ -223,7 +223,7 @@ class Job:
       with open(path, 'w') as f:  # In the job's own directory.
         f.write(content)
     sys.stdout.flush()
-    return supervisor.Attempt(plan.argv,
+    return failures.Attempt(plan.argv,
                               {**self.placement.environ, **plan.env},
                               layout.hosts,
                               resume_step=(step or 0) if restart else None)

@@ -12,7 +12,8 @@ from resnet_keras.launcher.launch_config import LaunchConfig
 
 class Kubeflow(placement.Placement):
 
-  guard_kind = 'kubernetes'
+  guard_refused = ('not applied under Kubernetes (give the pods a '
+                   'NetworkPolicy)')
 
   @classmethod
   def chosen(cls, cfg: LaunchConfig, environ: Mapping[str, str],

@@ -100,8 +100,9 @@ def guard_for(job: job_lib.Job, cfg: RunConfig,
   if cfg.distribution_strategy != 'multi_worker_mirrored' or workers == 1:
     tf_ports = []
   guard, line = port_guard.for_job(
-      placement.cfg.port_guard, placement.guard_kind, placement.hosts,
-      tf_ports, mpi, servers, ssh_hosts.ssh(placement.environ)[0],
+      placement.cfg.port_guard, placement.guard_kind, placement.guard_refused,
+      placement.hosts, tf_ports, mpi, servers,
+      ssh_hosts.ssh(placement.environ)[0],
       os.geteuid() == 0, shutil.which('iptables') is not None)
   if guard and mpi:
     placement.environ.update(port_guard.mpi_env(mpi))

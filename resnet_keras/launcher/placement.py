@@ -33,7 +33,7 @@ from common import worker_contract
 from common.errors import STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import preflight
-from resnet_keras.launcher import supervisor
+from resnet_keras.launcher import failures
 from resnet_keras.launcher.launch_config import LaunchConfig
 
 # The trainer, which every placement starts on each worker (at the same
@@ -56,12 +56,15 @@ class Placement(abc.ABC):
   # Whether a fail-stop job checks its hosts again before a restart (an
   # elastic job always does).
   checks_at_restart = False
-  # How port_guard.py reaches its hosts (this_host, ssh_hosts), or why it
-  # cannot (slurm, kubernetes).
+  # How port_guard.py reaches the hosts: this_host (its rules here) or
+  # ssh_hosts (over the launcher's ssh).
   guard_kind = 'this_host'
+  # Why port_guard.py adds no rules where this placement runs the workers,
+  # as the launcher's line says it ('': it can).
+  guard_refused = ''
   # What the supervisor reads in the output of this placement's command,
   # beyond mpirun's lines.
-  launcher_output = supervisor.LauncherOutput()
+  launcher_output = failures.LauncherOutput()
 
   @classmethod
   def chosen(cls, cfg: LaunchConfig, environ: Mapping[str, str],

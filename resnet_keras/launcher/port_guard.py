@@ -12,17 +12,12 @@ and removes it when the job ends (also after a failure or a signal).
 OpenMPI's daemons are pinned to ports the chain covers (`mpi_env`).
 
 Per placement: this host: the rules here; ssh hosts: on each host over the
-launcher's ssh; Slurm and Kubernetes: none (docs/security.md says what
-applies there). The allowed traffic RETURNs to the host's own rules rather
-than being ACCEPTed: the guard only closes, never opens what a firewall
-closes.
+launcher's ssh; where a placement refuses them (its guard_refused: Slurm,
+Kubernetes), none (docs/security.md says what applies there). The rules
+themselves, as shell commands, are port_rules.py's.
 """
 
 import contextlib
-import dataclasses
-import ipaddress
-import os
-import secrets
 import shlex
 import signal
 import socket
@@ -35,9 +30,9 @@ from common import hosts as hosts_lib
 from common.errors import UsageError
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import fanout
+from resnet_keras.launcher import port_rules
 
 MODES = ('auto', 'on', 'off')
-IPV4, IPV6 = 'iptables', 'ip6tables'
 # While the guard is on, OpenMPI listens on the MPI_PORTS from
 # TF_BASE_PORT + MPI_OFFSET: its daemons on the first _OOB_PORTS (mpirun
 # takes every free one of them), each rank's TCP transport on one of the
@@ -48,103 +43,27 @@ _TIMEOUT = 30  # Seconds for one host's rules, ssh included.
 # Seconds to remove them: a host the job lost would hold its end up for
 # ssh's whole ConnectTimeout.
 _REMOVE_TIMEOUT = 6
-_CANNOT = 3  # The script's exit code where the host cannot take rules.
 _DOCS = 'docs/security.md'
-
-
-@dataclasses.dataclass(frozen=True)
-class Rules:
-  """One host's rules: `ports` (inclusive ranges) closed to all but
-  `sources` (addresses) and loopback, in the job's own `chain`."""
-  chain: str
-  sources: Tuple[str, ...]
-  ports: Tuple[Tuple[int, int], ...]
-
-
-def chain_name(token: Optional[str] = None) -> str:
-  """A chain named after this launch (its pid and a random token), so that
-  removing it removes only its rules; within iptables' 28 characters."""
-  return f'RESNET_KERAS_{os.getpid()}_{token or secrets.token_hex(3)}'[:28]
-
-
-def port_ranges(ports: Sequence[int]) -> Tuple[Tuple[int, int], ...]:
-  """`ports` as sorted inclusive ranges of consecutive ports."""
-  ranges: List[List[int]] = []
-  for port in sorted(set(ports)):
-    if ranges and port == ranges[-1][1] + 1:
-      ranges[-1][1] = port
-    else:
-      ranges.append([port, port])
-  return tuple((low, high) for low, high in ranges)
 
 
 def describe_ports(ports: Sequence[int]) -> str:
   return ', '.join(str(low) if low == high else f'{low}-{high}'
-                   for low, high in port_ranges(ports))
+                   for low, high in port_rules.port_ranges(ports))
 
 
-def _jumps(rules: Rules, tool: str, action: str) -> List[List[str]]:
-  return [[tool, '-w', action, 'INPUT', '-p', 'tcp', '--dport',
-           f'{low}:{high}', '-j', rules.chain] for low, high in rules.ports]
-
-
-def add_commands(rules: Rules, tool: str) -> List[List[str]]:
-  """The commands that close `rules.ports` with `tool` (IPV4 or IPV6)."""
-  version = 4 if tool == IPV4 else 6
-  chain = rules.chain
-  commands = [[tool, '-w', '-N', chain],
-              [tool, '-w', '-A', chain, '-i', 'lo', '-j', 'RETURN']]
-  commands += [[tool, '-w', '-A', chain, '-s', source, '-j', 'RETURN']
-               for source in rules.sources
-               if ipaddress.ip_address(source).version == version]
-  commands.append([tool, '-w', '-A', chain, '-p', 'tcp', '-j', 'REJECT',
-                   '--reject-with', 'tcp-reset'])
-  return commands + _jumps(rules, tool, '-I')
-
-
-def remove_commands(rules: Rules, tool: str) -> List[List[str]]:
-  """The commands that remove exactly what add_commands added."""
-  return _jumps(rules, tool, '-D') + [[tool, '-w', '-F', rules.chain],
-                                      [tool, '-w', '-X', rules.chain]]
-
-
-def remove_script(rules: Rules) -> str:
-  """One shell command that removes a host's rules, whatever is left."""
-  # Each command on its own: one already gone must not keep the others.
-  return ' '.join(f'{shlex.join(c)} 2>/dev/null;' for tool in (IPV4, IPV6)
-                  for c in remove_commands(rules, tool)) + ' true'
-
-
-def add_script(rules: Rules) -> str:
-  """One shell command for a host: that it can (root, iptables, and
-  ip6tables where the kernel has IPv6, which the servers listen on too),
-  the rules, or none and why not."""
-  add4, add6 = (' && '.join(shlex.join(c) for c in add_commands(rules, tool))
-                for tool in (IPV4, IPV6))
-  return (f'[ "$(id -u)" = 0 ] || {{ echo not root; exit {_CANNOT}; }}; '
-          f'command -v {IPV4} >/dev/null || '
-          f'{{ echo no {IPV4}; exit {_CANNOT}; }}; '
-          f'[ ! -e /proc/net/if_inet6 ] || command -v {IPV6} >/dev/null || '
-          f'{{ echo no {IPV6}; exit {_CANNOT}; }}; '
-          f'{{ {add4} && {{ [ ! -e /proc/net/if_inet6 ] || {{ {add6}; }}; }}; }}'
-          f' || {{ {remove_script(rules)}; exit 4; }}')
-
-
-def cannot(mode: str, placement: str, is_root: bool,
+def cannot(mode: str, kind: str, refused: str, is_root: bool,
            has_iptables: bool) -> str:
-  """Why --port_guard=`mode` adds no rules for a placement of kind
-  `placement` ('this_host', 'ssh_hosts', 'slurm', 'kubernetes'), as this
-  process sees it ('': it tries; ssh hosts say for themselves)."""
+  """Why --port_guard=`mode` adds no rules for a placement whose guard_kind
+  is `kind` ('this_host', 'ssh_hosts') and whose guard_refused is
+  `refused`, as this process sees it ('': it tries; ssh hosts say for
+  themselves)."""
   if mode == 'off':
     return 'off (--port_guard=off)'
-  if placement == 'slurm':
-    return ('not applied under Slurm (it cannot remove rules from the nodes '
-            'Slurm takes back)')
-  if placement == 'kubernetes':
-    return 'not applied under Kubernetes (give the pods a NetworkPolicy)'
-  if placement == 'this_host' and not is_root:
+  if refused:
+    return refused
+  if kind == 'this_host' and not is_root:
     return 'not applied (not root)'
-  if placement == 'this_host' and not has_iptables:
+  if kind == 'this_host' and not has_iptables:
     return 'not applied (no iptables on this host)'
   return ''
 
@@ -200,8 +119,9 @@ class Guard:
   def __init__(self, ports_by_host: Mapping[str, Sequence[int]],
                sources: Sequence[str], ssh: Sequence[str],
                chain: Optional[str] = None):
-    self.chain = chain or chain_name()
-    self.rules = {host: Rules(self.chain, tuple(sources), port_ranges(ports))
+    self.chain = chain or port_rules.chain_name()
+    self.rules = {host: port_rules.Rules(self.chain, tuple(sources),
+                                        port_rules.port_ranges(ports))
                   for host, ports in ports_by_host.items()}
     self.ports = sorted({p for ports in ports_by_host.values() for p in ports})
     self._ssh = list(ssh)
@@ -235,14 +155,15 @@ class Guard:
   def add(self) -> Dict[str, str]:
     """Adds every host's rules; returns the hosts where it could not, and
     why."""
-    results = self._each(list(self.rules), add_script)
+    results = self._each(list(self.rules), port_rules.add_script)
     self.applied = [host for host, why in results.items() if why is None]
     return {host: why for host, why in results.items() if why is not None}
 
   def remove(self) -> List[str]:
     """Removes the rules from every host they were added on; a line for
     each host where that failed."""
-    failed = self._each(self.applied, remove_script, _REMOVE_TIMEOUT)
+    failed = self._each(self.applied, port_rules.remove_script,
+                        _REMOVE_TIMEOUT)
     self.applied = []
     return [f'port guard: could not remove iptables chain {self.chain} on '
             f'{host or "this host"} ({why}): remove it there ({_DOCS})'
@@ -252,18 +173,19 @@ class Guard:
     """What it runs on each host, as --dry_run prints it: once for the
     hosts that get the same rules, HOST standing for each (one line per
     host listed every host's address in each: 55 MB at 1,000 hosts)."""
-    hosts_of: Dict[Rules, List[str]] = {}
+    hosts_of: Dict[port_rules.Rules, List[str]] = {}
     for host, rules in self.rules.items():
       hosts_of.setdefault(rules, []).append(host)
     lines = []
     for rules, hosts in hosts_of.items():
       if len(hosts) == 1 or THIS_HOST in hosts:
         lines += [f'port guard on {_name(host)}: '
-                  f'{shlex.join(self.argv(host, add_script(rules)))}'
+                  f'{shlex.join(self.argv(host, port_rules.add_script(rules)))}'
                   for host in hosts]
       else:
+        script = port_rules.add_script(rules)
         lines.append(f'port guard on each of {", ".join(hosts)}: '
-                     f'{shlex.join(self.argv("HOST", add_script(rules)))}')
+                     f'{shlex.join(self.argv("HOST", script))}')
     return lines
 
 
@@ -332,19 +254,20 @@ def closed(guard: Optional[Guard], mode: str) -> Iterator[None]:
         signal.signal(sig, handler)
 
 
-def for_job(mode: str, placement: str, hosts: Sequence[str],
+def for_job(mode: str, kind: str, refused: str, hosts: Sequence[str],
             tf_ports: Sequence[int], mpi: Optional[Tuple[int, int]],
             servers: Sequence[launch.DataServer], ssh: Sequence[str],
             is_root: bool, has_iptables: bool
             ) -> Tuple[Optional[Guard], str]:
   """The guard of a job (None: none) and, without one, the launcher's line
-  saying why ('': nothing of the job listens). `hosts`: the training hosts
-  (none: this host); `tf_ports`: multi_worker_mirrored's on each; `mpi`:
-  OpenMPI's range where mpirun starts the workers."""
+  saying why ('': nothing of the job listens). `kind` and `refused`: the
+  placement's guard_kind and guard_refused (`cannot`). `hosts`: the
+  training hosts (none: this host); `tf_ports`: multi_worker_mirrored's on
+  each; `mpi`: OpenMPI's range where mpirun starts the workers."""
   ports_by_host = job_ports(hosts, tf_ports, mpi, servers)
   if not ports_by_host:
     return None, ''
-  why = cannot(mode, placement, is_root, has_iptables)
+  why = cannot(mode, kind, refused, is_root, has_iptables)
   every = [p for ports in ports_by_host.values() for p in ports]
   if why and mode == 'on':
     raise UsageError(f'--port_guard=on: {why}: run where it can '

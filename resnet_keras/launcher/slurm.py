@@ -44,7 +44,7 @@ from resnet_keras import flags as flags_lib
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import placement
 from resnet_keras.launcher import preflight
-from resnet_keras.launcher import supervisor
+from resnet_keras.launcher import failures
 from resnet_keras.launcher.launch_config import LaunchConfig
 
 # Each attempt's step shares the CPUs with the steps before it. After a lost
@@ -197,7 +197,7 @@ def requeue(job_id: str) -> Optional[str]:
   return None if done else answer
 
 
-class SrunOutput(supervisor.LauncherOutput):
+class SrunOutput(failures.LauncherOutput):
   """srun's own lines: a node Slurm found down, and each task that exited
   with an error."""
 
@@ -207,14 +207,14 @@ class SrunOutput(supervisor.LauncherOutput):
     if not node:
       return ''
     return (f'Slurm lost node {node.group(1)}'
-            f'{supervisor.ranks_on(node.group(1), hosts, workers_per_host)}: '
+            f'{failures.ranks_on(node.group(1), hosts, workers_per_host)}: '
             'it went down or its network failed')
 
   def first_task_exit(self, text: str) -> Optional[Tuple[str, int, int]]:
     task = _TASK_EXIT.search(text)
     return task and (task.group(1), *map(int, task.groups()[1:]))
 
-  def stopped_note(self, text: str, failure: supervisor.Failure) -> str:
+  def stopped_note(self, text: str, failure: failures.Failure) -> str:
     """Slurm ends a job that lost a node with a signal to its batch script
     (the launcher): the node srun named, if that is why."""
     if not _NODE_FAILURE.search(text):
@@ -228,7 +228,8 @@ class SrunOutput(supervisor.LauncherOutput):
 class Slurm(placement.Placement):
   """The allocation's nodes; `cfg.num_workers_per_hls` tasks on each."""
 
-  guard_kind = 'slurm'
+  guard_refused = ('not applied under Slurm (it cannot remove rules from the '
+                   'nodes Slurm takes back)')
   # Each restart asks Slurm which nodes the job still holds (one scontrol).
   checks_at_restart = True
   launcher_output = SrunOutput()

@@ -14,6 +14,7 @@ from absl import flags
 
 from common import worker_contract
 from resnet_keras.config import RunConfig
+from resnet_keras.launcher import failures
 from resnet_keras.launcher import job as job_lib
 from resnet_keras.launcher import launch_config
 from resnet_keras.launcher import main as launcher
@@ -160,7 +161,7 @@ def test_a_restart_resumes_at_the_last_checkpoint_and_says_so(tmp_path,
   first = job.first_attempt()
   assert first.resume_step is None  # --clean: the first attempt starts over.
   _write_checkpoint_state(tmp_path / 'model', 12)
-  failure = supervisor.Failure(137, 'rank 1 was killed', retry=True)
+  failure = failures.Failure(137, 'rank 1 was killed', retry=True)
   restart = job.replan(failure)
   assert restart.resume_step == 12 and restart.argv == first.argv
   assert 'the job restarts on the same host(s): resuming at step 12' in \
@@ -188,7 +189,7 @@ def test_an_elastic_restart_shrinks_on_the_hosts_that_pass(tmp_path, caplog,
   assert type(job.placement) is _Lossy and job.is_elastic
   job.first_attempt()
   _write_checkpoint_state(tmp_path / 'model', 4)
-  attempt = job.replan(supervisor.Failure(1, 'lost', retry=True))
+  attempt = job.replan(failures.Failure(1, 'lost', retry=True))
   assert attempt.hosts == ('192.0.2.1', '192.0.2.2')
   assert attempt.resume_step == 4
   assert attempt.env['MULTI_HLS_IPS'] == '192.0.2.1,192.0.2.2'
@@ -343,7 +344,7 @@ def test_a_requeued_job_resumes_whatever_its_script_says(tmp_path, caplog):
       caplog.text
 
 
-@pytest.mark.parametrize('module', [launcher, supervisor])
+@pytest.mark.parametrize('module', [launcher, supervisor, failures])
 def test_the_launch_and_its_supervision_name_no_scheduler(module):
   """A scheduler is its placement's module alone (slurm.py): main.py and
   the supervisor go through the Placement's hooks."""

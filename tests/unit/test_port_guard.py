@@ -1,67 +1,17 @@
-"""The port guard's rules as data (launcher/port_guard.py): the iptables
-commands that close a job's ports and remove exactly them, and what each
---port_guard mode decides on each placement. Nothing here needs root."""
+"""The port guard (launcher/port_guard.py): the ports of a job, what each
+--port_guard mode decides on each placement, the rules added and removed
+and the launcher's lines. Nothing here needs root."""
 
 import signal
-import subprocess
 
 import pytest
 
 from resnet_keras.launcher import commands as launch
 from common.errors import UsageError
 from resnet_keras.launcher import port_guard
-
-RULES = port_guard.Rules('RESNET_KERAS_7_ab12cd', ('10.0.0.1', 'fd00::2'),
-                         ((2410, 2411), (5050, 5050)))
-
-
-def test_add_commands_return_the_jobs_hosts_and_reset_the_rest():
-  chain = RULES.chain
-  assert port_guard.add_commands(RULES, 'iptables') == [
-      ['iptables', '-w', '-N', chain],
-      ['iptables', '-w', '-A', chain, '-i', 'lo', '-j', 'RETURN'],
-      ['iptables', '-w', '-A', chain, '-s', '10.0.0.1', '-j', 'RETURN'],
-      ['iptables', '-w', '-A', chain, '-p', 'tcp', '-j', 'REJECT',
-       '--reject-with', 'tcp-reset'],
-      ['iptables', '-w', '-I', 'INPUT', '-p', 'tcp', '--dport', '2410:2411',
-       '-j', chain],
-      ['iptables', '-w', '-I', 'INPUT', '-p', 'tcp', '--dport', '5050:5050',
-       '-j', chain]]
-  # Each family's addresses to its own tool.
-  assert ['ip6tables', '-w', '-A', chain, '-s', 'fd00::2', '-j', 'RETURN'] \
-      in port_guard.add_commands(RULES, 'ip6tables')
-
-
-def test_remove_commands_undo_exactly_the_chains_jumps_and_the_chain():
-  chain = RULES.chain
-  assert port_guard.remove_commands(RULES, 'iptables') == [
-      ['iptables', '-w', '-D', 'INPUT', '-p', 'tcp', '--dport', '2410:2411',
-       '-j', chain],
-      ['iptables', '-w', '-D', 'INPUT', '-p', 'tcp', '--dport', '5050:5050',
-       '-j', chain],
-      ['iptables', '-w', '-F', chain], ['iptables', '-w', '-X', chain]]
-
-
-def test_the_add_script_checks_first_and_undoes_a_half_done_add():
-  script = port_guard.add_script(RULES)
-  assert script.startswith('[ "$(id -u)" = 0 ] || { echo not root; exit 3; }')
-  assert 'ip6tables -w -N' in script
-  assert script.endswith(f'|| {{ {port_guard.remove_script(RULES)}; exit 4; }}')
-
-
-def test_a_script_that_cannot_run_says_why_in_its_output(tmp_path):
-  # As a host without iptables answers: its PATH holds no iptables.
-  done = subprocess.run(['/bin/sh', '-c', port_guard.add_script(RULES)],
-                        env={'PATH': str(tmp_path)}, capture_output=True,
-                        text=True)
-  assert done.returncode == 3
-  assert done.stdout.strip() in ('not root', 'no iptables')
-
-
-def test_chain_names_are_the_launchs_own_and_fit_iptables():
-  name = port_guard.chain_name()
-  assert name.startswith('RESNET_KERAS_') and len(name) <= 28
-  assert name != port_guard.chain_name()
+from resnet_keras.launcher import port_rules
+from resnet_keras.launcher.kubeflow import Kubeflow
+from resnet_keras.launcher.slurm import Slurm
 
 
 @pytest.mark.parametrize('ports,ranges,text', [
@@ -70,7 +20,7 @@ def test_chain_names_are_the_launchs_own_and_fit_iptables():
     ([2410, 2410], ((2410, 2410),), '2410'),
 ])
 def test_port_ranges(ports, ranges, text):
-  assert port_guard.port_ranges(ports) == ranges
+  assert port_rules.port_ranges(ports) == ranges
   assert port_guard.describe_ports(ports) == text
 
 
@@ -102,24 +52,29 @@ def test_mpi_env_pins_openmpis_daemons_and_transport():
       'OMPI_MCA_btl_tcp_port_range_v4': '64'}
 
 
-@pytest.mark.parametrize('mode,placement,root,iptables,why', [
-    ('auto', 'this_host', True, True, ''),
-    ('auto', 'ssh_hosts', False, False, ''),  # The hosts say for themselves.
-    ('auto', 'this_host', False, True, 'not applied (not root)'),
-    ('auto', 'this_host', True, False, 'not applied (no iptables on this '
+@pytest.mark.parametrize('mode,kind,refused,root,iptables,why', [
+    ('auto', 'this_host', '', True, True, ''),
+    # The hosts say for themselves.
+    ('auto', 'ssh_hosts', '', False, False, ''),
+    ('auto', 'this_host', '', False, True, 'not applied (not root)'),
+    ('auto', 'this_host', '', True, False, 'not applied (no iptables on this '
      'host)'),
-    ('auto', 'slurm', True, True, 'not applied under Slurm'),
-    ('auto', 'kubernetes', True, True, 'not applied under Kubernetes'),
-    ('off', 'this_host', True, True, 'off (--port_guard=off)'),
+    ('auto', Slurm.guard_kind, Slurm.guard_refused, True, True,
+     'not applied under Slurm'),
+    ('auto', Kubeflow.guard_kind, Kubeflow.guard_refused, True, True,
+     'not applied under Kubernetes'),
+    ('off', 'this_host', '', True, True, 'off (--port_guard=off)'),
 ])
-def test_cannot(mode, placement, root, iptables, why):
-  assert port_guard.cannot(mode, placement, root, iptables).startswith(why)
-  assert bool(why) == bool(port_guard.cannot(mode, placement, root, iptables))
+def test_cannot(mode, kind, refused, root, iptables, why):
+  said = port_guard.cannot(mode, kind, refused, root, iptables)
+  assert said.startswith(why)
+  assert bool(why) == bool(said)
 
 
-def _for_job(mode, placement='this_host', root=True, tf_ports=(2410, 2411)):
-  return port_guard.for_job(mode, placement, [], list(tf_ports), None, [],
-                            ['ssh'], is_root=root, has_iptables=True)
+def _for_job(mode, refused='', root=True, tf_ports=(2410, 2411)):
+  return port_guard.for_job(mode, 'this_host', refused, [], list(tf_ports),
+                            None, [], ['ssh'], is_root=root,
+                            has_iptables=True)
 
 
 def test_for_job_on_this_host_closes_its_ports_to_all_but_loopback():
@@ -139,14 +94,15 @@ def test_for_job_says_why_not_and_on_fails_in_one_line():
   with pytest.raises(UsageError, match=r'^--port_guard=on: not applied under '
                      r'Slurm .*: run where it can \(docs/security.md\), '
                      r'or use --port_guard=auto$'):
-    _for_job('on', placement='slurm')
+    _for_job('on', refused=Slurm.guard_refused)
   assert _for_job('on', tf_ports=()) == (None, '')  # Nothing listens.
 
 
 def test_for_job_on_ssh_hosts_lets_the_hosts_and_the_launcher_in():
   servers = [_server('127.0.0.3', 5051)]
-  guard, _ = port_guard.for_job('auto', 'ssh_hosts', ['127.0.0.2'], [2410],
-                                None, servers, ['ssh', '-p', '22'], True, True)
+  guard, _ = port_guard.for_job('auto', 'ssh_hosts', '', ['127.0.0.2'],
+                                [2410], None, servers, ['ssh', '-p', '22'],
+                                True, True)
   assert set(guard.rules) == {'127.0.0.2', '127.0.0.3'}
   assert guard.rules['127.0.0.3'].sources == ('127.0.0.2', '127.0.0.3',
                                               '127.0.0.1')
@@ -157,15 +113,15 @@ def test_for_job_on_ssh_hosts_lets_the_hosts_and_the_launcher_in():
 def test_ipv6_hosts_are_let_in_by_ip6tables_and_the_launchers_address():
   # A job on IPv6 hosts: the launcher's own address on the route to them
   # is an IPv6 one (it was a socket.gaierror: an IPv4 socket asked).
-  guard, _ = port_guard.for_job('auto', 'ssh_hosts', ['::1'], [2410], None,
-                                [], ['ssh'], True, True)
+  guard, _ = port_guard.for_job('auto', 'ssh_hosts', '', ['::1'], [2410],
+                                None, [], ['ssh'], True, True)
   assert guard.rules['::1'].sources == ('::1',)
-  add6 = port_guard.add_commands(guard.rules['::1'], port_guard.IPV6)
+  add6 = port_rules.add_commands(guard.rules['::1'], port_rules.IPV6)
   assert ['ip6tables', '-w', '-A', guard.chain, '-s', '::1', '-j',
           'RETURN'] in add6
-  assert not any('::1' in c for c in port_guard.add_commands(
-      guard.rules['::1'], port_guard.IPV4))
-  assert 'command -v ip6tables' in port_guard.add_script(guard.rules['::1'])
+  assert not any('::1' in c for c in port_rules.add_commands(
+      guard.rules['::1'], port_rules.IPV4))
+  assert 'command -v ip6tables' in port_rules.add_script(guard.rules['::1'])
 
 
 def test_an_unknown_host_name_is_one_line():

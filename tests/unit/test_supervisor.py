@@ -1,4 +1,5 @@
-"""The launcher's supervisor: failure causes from mpirun's output, restarts."""
+"""The launcher's supervisor: a job run, its output passed through and read,
+restarts, and the job ended when mpirun or a worker hangs."""
 
 import os
 import re
@@ -10,119 +11,11 @@ import time
 import pytest
 
 from common.errors import UsageError
-from resnet_keras.launcher import slurm
+from resnet_keras.launcher import failures
 from resnet_keras.launcher import supervisor
+from tests.support.launcher_output import (ABORT_NOTICES, SRUN,
+                                           SRUN_NODE_FAILURE, SRUN_TASK_EXIT)
 from tests.support.runner import REPO_ROOT
-
-HOSTS = ['10.0.0.1', '10.0.0.2']
-
-LOST_DAEMON = '''\
---------------------------------------------------------------------------
-ORTE has lost communication with a remote daemon.
-
-  HNP daemon   : [[36023,0],0] on node h1
-  Remote daemon: [[36023,0],1] on node 10.0.0.2
-
-This is usually due to either a failure of the TCP network
---------------------------------------------------------------------------'''
-
-KILLED_RANK = '''\
---------------------------------------------------------------------------
-mpirun noticed that process rank 3 with PID 0 on node 10.0.0.2 exited on signal 9 (Killed).
---------------------------------------------------------------------------'''
-
-EXITED_RANK = '''\
-[1,1]<stderr>:error: --data_dir=/x does not exist
---------------------------------------------------------------------------
-mpirun detected that one or more processes exited with non-zero status, thus causing
-the job to be terminated. The first process to do so was:
-
-  Process name: [[63015,1],1]
-  Exit code:    {code}
---------------------------------------------------------------------------'''
-
-
-def test_a_lost_daemon_names_the_host_and_its_ranks():
-  failure = supervisor.describe_failure(205, LOST_DAEMON.splitlines(), HOSTS,
-                                        workers_per_host=2)
-  assert failure.cause.startswith(
-      'lost contact with host 10.0.0.2 (ranks 2, 3): it went down')
-  assert failure.retry and failure.exit_code == 205
-
-
-def test_a_killed_rank_names_rank_host_and_signal():
-  failure = supervisor.describe_failure(137, KILLED_RANK.splitlines(), HOSTS,
-                                        workers_per_host=2)
-  assert failure.cause == 'rank 3 on host 10.0.0.2 was killed by SIGKILL (9)'
-  assert failure.retry
-
-
-def test_workers_that_ended_themselves_name_the_one_they_waited_on():
-  stuck = ("12:00:00 E worker {} : the job's collectives have not moved for "
-           "{} s (the stuck-worker timeout, 10 x --failure_timeout): ...")
-  lines = [stuck.format(0, 120).replace(' :', ':'),
-           stuck.format(2, 121).replace(' :', ':'),
-           'Peer host: h2', 'srun: error: h1: task 0: Exited with exit code 4']
-  failure = supervisor.describe_failure(4, lines, ['h1', 'h2', 'h3'], 1)
-  assert failure.cause == ('worker 1 was frozen or stuck: the others waited '
-                           "121 s on the job's collectives, then ended "
-                           'themselves')
-  assert failure.retry and failure.first_exit_code == 4
-  # On this host the launcher does not know the worker count.
-  assert supervisor.describe_failure(4, lines[:1], [], 2).cause.startswith(
-      'a worker was frozen or stuck: the others waited 120 s')
-
-
-@pytest.mark.parametrize('code,retry,meaning', [
-    (2, False, 'a usage error'), (3, False, 'a non-finite loss'),
-    (4, True, 'it waited too long on a frozen or stuck worker'),
-    (143, True, 'SIGTERM (15)'), (1, True, None)])
-def test_a_rank_exit_code_decides_whether_to_retry(code, retry, meaning):
-  failure = supervisor.describe_failure(
-      code, EXITED_RANK.format(code=code).splitlines(), HOSTS, 1)
-  assert failure.cause.startswith(f'rank 1 exited with code {code}')
-  assert failure.retry is retry
-  if meaning:
-    assert meaning in failure.cause
-
-
-def test_without_mpirun_output_the_exit_code_is_the_cause():
-  assert supervisor.describe_failure(2, [], [], 1) == supervisor.Failure(
-      2, 'the job exited with code 2 (a usage error: see its error line '
-      'above)', retry=False)
-  assert supervisor.describe_failure(137, [], [], 1).retry
-
-
-# srun's account of a step whose node failed, and of one whose task 1
-# exited first (the others ended by --kill-on-bad-exit), as Slurm 22.05
-# prints them.
-SRUN_NODE_FAILURE = '''\
-srun: error: Node failure on s3
-srun: error: s1: task 0: Killed
-srun: launch/slurm: _step_signal: Terminating StepId=2.0
-srun: error: s2: task 1: Killed'''
-SRUN_TASK_EXIT = '''\
-error: stopped by SIGUSR1 at step 7; rerun the same command to resume
-srun: error: s2: task 1: Exited with exit code 138
-srun: launch/slurm: _step_signal: Terminating StepId=2.0
-srun: error: s1: task 0: Terminated'''
-SRUN = slurm.SrunOutput()
-
-
-def test_srun_names_the_lost_node_and_the_first_task_to_exit():
-  nodes = ['s1', 's2', 's3']
-  lost = supervisor.describe_failure(137, SRUN_NODE_FAILURE.splitlines(),
-                                     nodes, 1, SRUN)
-  assert lost.cause.startswith('Slurm lost node s3 (rank 2): it went down')
-  assert lost.retry
-  first = supervisor.describe_failure(143, SRUN_TASK_EXIT.splitlines(),
-                                      nodes, 1, SRUN)
-  assert first.cause == 'rank 1 on host s2 exited with code 138 (SIGUSR1 (10))'
-  assert first.first_exit_code == 138
-  # srun's words are the Slurm placement's to read, not the supervisor's.
-  assert supervisor.describe_failure(
-      143, SRUN_TASK_EXIT.splitlines(), nodes, 1).cause == (
-          'the job exited with code 143 (SIGTERM (15))')
 
 
 def test_workers_stopped_at_the_warning_are_neither_failed_nor_restarted(
@@ -156,16 +49,11 @@ def _supervise(tmp_path, script, max_restarts, replan=None,
                parse_output=True, abort_grace=0, launcher_output=None):
   lines = []
   code = supervisor.Supervisor(
-      supervisor.Attempt([sys.executable, '-c', script, str(tmp_path)], {}),
+      failures.Attempt([sys.executable, '-c', script, str(tmp_path)], {}),
       max_restarts=max_restarts, workers_per_host=1,
       parse_output=parse_output, log=lines.append, replan=replan,
       abort_grace=abort_grace, launcher_output=launcher_output).run()
   return code, lines
-
-
-# What mpirun prints when it begins to take a job down.
-ABORT_NOTICES = {'aborted': 'Per user-direction, the job has been aborted.',
-                 'killed_rank': KILLED_RANK, 'lost_daemon': LOST_DAEMON}
 
 
 def _aborting_mpirun(then, notice=ABORT_NOTICES['aborted']):
@@ -218,17 +106,17 @@ def test_replan_gives_each_restart_its_command_or_ends_the_job(tmp_path):
   """An elastic launcher's replan: the second attempt runs what replan
   returned (its environment here), the next replan's UsageError ends the
   job with its message as the last line."""
-  failures = []
+  seen_failures = []
 
   def replan(failure):
-    failures.append(failure)
-    if len(failures) == 2:
+    seen_failures.append(failure)
+    if len(seen_failures) == 2:
       raise UsageError('only 1 of 3 hosts left, --min_hosts=2')
     seen = ('import os, sys; open(sys.argv[1] + "/seen", "a").write('
             'os.environ["WHERE"] + os.environ["RESNET_KERAS_RESTARTS"] + '
             '"@" + os.environ["RESNET_KERAS_RESUME_STEP"]); sys.exit(1)')
-    return supervisor.Attempt([sys.executable, '-c', seen, str(tmp_path)],
-                              {'WHERE': 'b'}, hosts=['b'], resume_step=8)
+    return failures.Attempt([sys.executable, '-c', seen, str(tmp_path)],
+                            {'WHERE': 'b'}, hosts=['b'], resume_step=8)
 
   code, lines = _supervise(tmp_path, FLAKY.format(n=5), max_restarts=3,
                            replan=replan)
@@ -236,7 +124,7 @@ def test_replan_gives_each_restart_its_command_or_ends_the_job(tmp_path):
   assert len((tmp_path / 'runs').read_text().split()) == 1
   # The attempt's resume step reaches its workers (the trainer checks it).
   assert (tmp_path / 'seen').read_text() == 'b1@8'
-  assert [f.exit_code for f in failures] == [137, 1]
+  assert [f.exit_code for f in seen_failures] == [137, 1]
   assert lines[-1] == 'only 1 of 3 hosts left, --min_hosts=2'
 
 
@@ -305,25 +193,9 @@ def test_a_usage_error_is_never_retried(tmp_path):
 
 def test_negative_max_restarts_is_a_usage_error():
   with pytest.raises(UsageError, match='--max_restarts must be >= 0'):
-    supervisor.Supervisor(supervisor.Attempt(['true'], {}), max_restarts=-1,
+    supervisor.Supervisor(failures.Attempt(['true'], {}), max_restarts=-1,
                           workers_per_host=1, parse_output=False,
                           log=print)
-
-
-def test_a_host_whose_processes_died_is_named():
-  # Which of these mpirun prints depends on what noticed first.
-  closed = ['Connection to 10.0.0.2 closed by remote host.',
-            'ORTE was unable to reliably start one or more daemons.']
-  peer = ['An MPI communication peer process has unexpectedly disconnected.',
-          '  Local host: h1', '  Local PID:  18996',
-          '  Peer host:  10.0.0.2']
-  for output in (closed, peer):
-    failure = supervisor.describe_failure(255, output, HOSTS, 1)
-    assert failure.cause.startswith('lost contact with host 10.0.0.2 '
-                                    '(rank 1)'), failure
-    assert failure.retry
-  # 255 is mpirun's own failure, not a signal.
-  assert 'signal' not in supervisor.describe_failure(255, [], [], 1).cause
 
 
 def test_an_mpirun_that_exits_leaving_its_ssh_session_is_ended_after_the_grace(
@@ -343,6 +215,7 @@ def test_an_mpirun_that_exits_leaving_its_ssh_session_is_ended_after_the_grace(
 
 _LAUNCHER = '''
 import sys
+from resnet_keras.launcher import failures
 from resnet_keras.launcher import supervisor
 job = """
 import signal, sys, time
@@ -354,7 +227,7 @@ open(sys.argv[1] + "/started", "w").close()
 time.sleep(60)
 """
 supervisor.Supervisor(
-    supervisor.Attempt([sys.executable, "-c", job, sys.argv[1]], {}),
+    failures.Attempt([sys.executable, "-c", job, sys.argv[1]], {}),
     max_restarts=0, workers_per_host=1, parse_output=True,
     log=print).run()
 '''

@@ -14,7 +14,7 @@ import pytest
 
 from resnet_keras import distribution
 from resnet_keras import watchdog
-from resnet_keras.launcher import supervisor
+from resnet_keras.launcher import failures
 from tests.support import runner
 
 
@@ -170,7 +170,7 @@ def test_the_stuck_line_says_its_deadline_and_the_launcher_reads_it(
   assert said == [1]  # Its last words came first; a failing one no matter.
   line = caplog.records[-1].getMessage()
   assert '(the evaluation deadline, 10 x --failure_timeout)' in line
-  assert supervisor.describe_failure(4, [line], ['h1', 'h2'], 1).cause == (
+  assert failures.describe_failure(4, [line], ['h1', 'h2'], 1).cause == (
       "worker 0 was frozen or stuck: the others waited 121 s on the job's "
       'collectives, then ended themselves')
 
