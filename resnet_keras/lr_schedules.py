@@ -27,13 +27,12 @@ POLYNOMIAL_POWER = 2.0
 SGD_REFERENCE_BATCH = 256
 
 
-def peak_learning_rate(optimizer: str, base_learning_rate: float,
-                       global_batch_size: int) -> float:
-  """SGD and RMSProp scale linearly with the global batch; LARS peaks are
-  absolute."""
-  if optimizer == 'LARS':
-    return base_learning_rate
-  return base_learning_rate * global_batch_size / SGD_REFERENCE_BATCH
+def peak_learning_rate(cfg: RunConfig, global_batch_size: int) -> float:
+  """--base_learning_rate at its peak: per 256 images, scaled linearly with
+  the global batch, except LARS's, which is absolute."""
+  if cfg.uses_lars:
+    return cfg.base_learning_rate
+  return cfg.base_learning_rate * global_batch_size / SGD_REFERENCE_BATCH
 
 
 class WarmupThenDecay(tf_keras.optimizers.schedules.LearningRateSchedule):
@@ -194,8 +193,7 @@ def schedule_for_run(cfg: RunConfig, global_batch_size: int,
   was planned for, times `scale` (the job's batch over the planned one)."""
   schedule = build_schedule(
       name=cfg.lr_schedule,
-      peak=peak_learning_rate(cfg.optimizer, cfg.base_learning_rate,
-                              global_batch_size),
+      peak=peak_learning_rate(cfg, global_batch_size),
       warmup_steps=int(round(cfg.warmup_epochs * steps_per_epoch)),
       total_steps=total_steps,
       steps_per_epoch=steps_per_epoch,

@@ -36,6 +36,7 @@ import tf_keras
 from official.modeling.optimization import lamb as official_lamb
 from official.modeling.optimization import lars as official_lars
 
+from common.errors import UsageError
 from resnet_keras.config import RunConfig
 
 _KERNEL_NAME = re.compile(r'(^|/)kernel(:\d+)?$')
@@ -162,24 +163,61 @@ class LAMB(AdamW):
     return is_decayed(param_name)
 
 
-def _base_optimizer(cfg: RunConfig, learning_rate, **options):
-  """The optimizer the flags ask for, before loss scaling."""
-  if cfg.uses_lars:
-    return LARS(learning_rate=learning_rate, momentum=cfg.momentum,
-                weight_decay_rate=cfg.weight_decay, eeta=0.001,
-                epsilon=cfg.lars_epsilon, nesterov=cfg.nesterov, **options)
-  if cfg.uses_adam:
-    adam = LAMB if cfg.optimizer == 'LAMB' else AdamW
-    return adam(learning_rate=learning_rate, beta_1=cfg.adam_beta1,
-                beta_2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
-                weight_decay_rate=cfg.weight_decay, **options)
-  if cfg.optimizer == 'RMSProp':
-    return tf_keras.optimizers.legacy.RMSprop(
-        learning_rate=learning_rate, rho=cfg.rmsprop_rho,
-        momentum=cfg.momentum, epsilon=cfg.rmsprop_epsilon, **options)
+def _sgd(cfg: RunConfig, learning_rate, **options):
   return tf_keras.optimizers.legacy.SGD(
       learning_rate=learning_rate, momentum=cfg.momentum,
       nesterov=cfg.nesterov, **options)
+
+
+def _lars(cfg: RunConfig, learning_rate, **options):
+  return LARS(learning_rate=learning_rate, momentum=cfg.momentum,
+              weight_decay_rate=cfg.weight_decay, eeta=0.001,
+              epsilon=cfg.lars_epsilon, nesterov=cfg.nesterov, **options)
+
+
+def _rmsprop(cfg: RunConfig, learning_rate, **options):
+  return tf_keras.optimizers.legacy.RMSprop(
+      learning_rate=learning_rate, rho=cfg.rmsprop_rho,
+      momentum=cfg.momentum, epsilon=cfg.rmsprop_epsilon, **options)
+
+
+def _adam(adam):
+  def build(cfg: RunConfig, learning_rate, **options):
+    return adam(learning_rate=learning_rate, beta_1=cfg.adam_beta1,
+                beta_2=cfg.adam_beta2, epsilon=cfg.adam_epsilon,
+                weight_decay_rate=cfg.weight_decay, **options)
+  return build
+
+
+# Each of --optimizer's choices (config's OPTIMIZERS): how it is built,
+# before loss scaling, and where its weight decay goes (L2: a loss term,
+# `weight_decay_path` says which).
+_BUILDS = {
+    'SGD': (_sgd, 'l2'),
+    'LARS': (_lars, 'lars'),
+    'RMSProp': (_rmsprop, 'l2'),
+    'AdamW': (_adam(AdamW), 'decoupled'),
+    'LAMB': (_adam(LAMB), 'decoupled'),
+}
+
+
+def _build(cfg: RunConfig):
+  """`cfg.optimizer`'s build and weight-decay path; a name declared without
+  them ends the run in one line before anything is built, rather than
+  training it as another optimizer."""
+  if cfg.optimizer not in _BUILDS:
+    raise UsageError(
+        f'--optimizer={cfg.optimizer} is declared (OPTIMIZERS, '
+        'resnet_keras/config/training_options.py) but never built: give it '
+        'its build and weight-decay path in _BUILDS, '
+        'resnet_keras/optimizers.py')
+  return _BUILDS[cfg.optimizer]
+
+
+def _base_optimizer(cfg: RunConfig, learning_rate, **options):
+  """The optimizer the flags ask for, before loss scaling."""
+  build, _ = _build(cfg)
+  return build(cfg, learning_rate, **options)
 
 
 def build_optimizer(cfg: RunConfig, learning_rate):
@@ -210,12 +248,11 @@ def create_slots(optimizer, variables) -> None:
 def weight_decay_path(cfg: RunConfig) -> str:
   """Which path applies weight decay in this run: 'none', 'lars',
   'decoupled' (AdamW, LAMB), 'single_l2_loss_op' or 'regularizers'."""
+  _, path = _build(cfg)
   if not cfg.weight_decay:
     return 'none'
-  if cfg.uses_lars:
-    return 'lars'
-  if cfg.uses_adam:
-    return 'decoupled'
+  if path != 'l2':
+    return path
   # keras.applications backbones have no per-layer regularisers.
   if cfg.single_l2_loss_op or cfg.keras_applications_model:
     return 'single_l2_loss_op'

@@ -12,7 +12,7 @@ relate several fields are written beside the group that owns them
 import dataclasses
 import re
 import typing
-from typing import Any, Callable, Optional, Sequence, Tuple
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 from common.errors import UsageError
 
@@ -113,6 +113,17 @@ def range_message(name: str, value: Any, spec: Spec) -> str:
   where = spec.within if _ONE_SIDED.match(spec.within) else f'in {spec.within}'
   note = f' {spec.note}' if spec.note else ''
   return f'--{name} {spec.says} {where}{note}, got {value}'
+
+
+def one_of(choices: Sequence[Any], words: Optional[Mapping[Any, str]] = None
+           ) -> str:
+  """The choices as a help text lists them, 'A, B or C', each followed by
+  its `words` in parentheses where it has some: written from the choices,
+  a help cannot leave one out or name one that is gone."""
+  words = words or {}
+  named = [f'{c} ({words[c]})' if c in words else str(c) for c in choices]
+  return ' or '.join([', '.join(named[:-1]), named[-1]] if len(named) > 1
+                     else named)
 
 
 def choice_message(name: str, value: Any, choices: Sequence[Any]) -> str:

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 
 from common.errors import UsageError
 from resnet_keras.channels import STAGE_FILTERS, scaled_filters
-from resnet_keras.options import check_fields, option
+from resnet_keras.options import check_fields, one_of, option
 
 RESNET_DEPTHS = (10, 18, 34, 50, 101, 152)
 NORMS = ('batch', 'group')
@@ -25,8 +25,8 @@ class ModelConfig:
   """The network."""
   resnet_depth: int = option(
       50,
-      'ResNet v1.5 depth: 10, 18, 34, 50, 101 or 152 (10: one basic '
-      'block per stage).',
+      f'ResNet v1.5 depth: {one_of(RESNET_DEPTHS)} (10: one basic block '
+      'per stage).',
       choices=RESNET_DEPTHS)
   stem: str = option(
       'imagenet',
@@ -37,8 +37,8 @@ class ModelConfig:
       choices=tuple(STEM_STRIDES))
   keras_applications_model: Optional[str] = option(
       None,
-      'Use a keras.applications backbone instead: ResNet50, ResNet101, '
-      'ResNet152, ResNet50V2, ResNet101V2, ResNet152V2.',
+      'Use a keras.applications backbone instead: '
+      f'{", ".join(KERAS_APPLICATIONS_MODELS)}.',
       choices=KERAS_APPLICATIONS_MODELS)
   width_multiplier: float = option(
       1.0,

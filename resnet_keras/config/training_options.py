@@ -7,7 +7,7 @@ import dataclasses
 from typing import Optional, Tuple
 
 from common.errors import UsageError
-from resnet_keras.options import check_fields, option
+from resnet_keras.options import check_fields, one_of, option
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +215,12 @@ class LossConfig:
 
 
 OPTIMIZERS = ('SGD', 'LARS', 'RMSProp', 'AdamW', 'LAMB')
+# What --optimizer's help says of each, beside its name.
+_OPTIMIZER_WORDS = {
+    'SGD': 'momentum',
+    'AdamW': "decoupled weight decay, as PyTorch's and timm's",
+    'LAMB': "AdamW's update scaled per kernel by ||w|| / ||update||, as "
+            'timm\'s, which "ResNet strikes back" trains with'}
 # Adam's moments and decoupled weight decay, inside the optimizer.
 ADAM_OPTIMIZERS = ('AdamW', 'LAMB')
 
@@ -224,10 +230,8 @@ class OptimizerConfig:
   """The optimizer and the average of the weights."""
   optimizer: str = option(
       'SGD',
-      'SGD (momentum), LARS, RMSProp, AdamW (decoupled weight decay, as '
-      "PyTorch's and timm's) or LAMB (AdamW's update scaled per kernel "
-      'by ||w|| / ||update||, as timm\'s, which "ResNet strikes back" '
-      'trains with). LARS and LAMB adapt conv/dense kernels only; '
+      one_of(OPTIMIZERS, _OPTIMIZER_WORDS) + '. LARS and LAMB adapt '
+      'conv/dense kernels only; '
       'biases and normalisation weights get neither weight decay nor '
       'the trust ratio.',
       choices=OPTIMIZERS)

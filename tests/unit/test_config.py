@@ -7,8 +7,10 @@ import json
 import pytest
 
 from resnet_keras import config as config_lib
+from resnet_keras import options
 from resnet_keras import plan as plan_lib
 from resnet_keras.config import RunConfig
+from resnet_keras.launcher.launch_config import LaunchConfig
 from resnet_keras.plan import make_training_plan
 from common.errors import UsageError
 
@@ -295,3 +297,22 @@ def test_config_from_another_version_loads():
   values['retired_flag'] = True            # a field this version removed
   cfg = config_lib.from_dict(RunConfig, values)
   assert cfg.resnet_depth == 34 and cfg.stem == RunConfig().stem
+
+
+@pytest.mark.parametrize('group', config_lib.GROUPS + (LaunchConfig,),
+                         ids=lambda group: group.__name__)
+def test_every_choice_is_named_in_its_flags_help(group):
+  """--helpfull lists what a flag takes: a choice added without its words
+  in the help (or a help written by hand that drifts) shows here."""
+  for field in options.fields_of(group):
+    spec = options.spec_of(field)
+    if spec.choices:
+      missing = [c for c in spec.choices if str(c) not in spec.help]
+      assert not missing, (field.name, missing)
+
+
+def test_one_of_lists_the_choices_with_their_words():
+  assert options.one_of(('SGD', 'LARS', 'LAMB'), {'SGD': 'momentum'}) == (
+      'SGD (momentum), LARS or LAMB')
+  assert options.one_of((10, 18)) == '10 or 18'
+  assert options.one_of(('only',)) == 'only'

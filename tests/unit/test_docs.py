@@ -1,5 +1,6 @@
 """Every repository file docs/extending.md and the README's architecture map
-name exists: a reader follows them to the code."""
+name exists: a reader follows them to the code; and what they say of the
+code (the cluster tests' subnets, the watchdog's backends) holds."""
 
 import pathlib
 import re
@@ -59,3 +60,31 @@ def test_a_file_that_does_not_exist_is_found_missing():
       'pbs.py', 'resnet_keras/launcher/pbs.py']
   assert _missing('`resnet_keras/launcher/slurm.py` and `placement.py`',
                   tracked) == []
+
+
+def _ranges(text: str) -> list:
+  return sorted((int(low), int(high)) for low, high in
+                re.findall(r'(\d+)-(\d+)', text))
+
+
+def test_extending_names_the_subnets_the_cluster_tests_hold():
+  """A new cluster test picks its subnets apart from the others' by the
+  ranges extending.md lists: they are the modules' CLUSTER_SUBNETS."""
+  text = ' '.join((REPO / 'docs/extending.md').read_text().split())
+  listed = re.search(r'`CLUSTER_SUBNETS` range apart from the other '
+                     r"modules' \(today ([^)]*)\)", text)
+  held = []
+  for module in sorted((REPO / 'tests/multihost').glob('test_*.py')):
+    subnets = re.search(r'^CLUSTER_SUBNETS = range\((\d+), (\d+)\)',
+                        module.read_text(), re.MULTILINE)
+    if subnets:
+      held.append((int(subnets.group(1)), int(subnets.group(2)) - 1))
+  assert held and _ranges(listed.group(1)) == sorted(held)
+
+
+def test_the_readme_says_the_watchdog_covers_both_backends():
+  """The stuck-worker watchdog watches the backend's collectives, whichever
+  it is (distribution.Progress, which both backends report to)."""
+  text = ' '.join(_architecture_map((REPO / 'README.md').read_text()).split())
+  said = re.search(r'`watchdog\.py`: (.*?);', text).group(1)
+  assert 'Horovod' in said and 'multi_worker_mirrored' in said

@@ -11,10 +11,12 @@ def lr(schedule, step):
 
 
 def test_peak_scales_sgd_with_batch_but_not_lars():
-  assert lr_schedules.peak_learning_rate('SGD', 0.1, 1024) == pytest.approx(0.4)
-  assert lr_schedules.peak_learning_rate('LARS', 9.5, 2048) == 9.5
-  assert lr_schedules.peak_learning_rate('RMSProp', 0.016, 512) == (
-      pytest.approx(0.032))
+  def peak(optimizer, base, batch):
+    return lr_schedules.peak_learning_rate(
+        RunConfig(optimizer=optimizer, base_learning_rate=base), batch)
+  assert peak('SGD', 0.1, 1024) == pytest.approx(0.4)
+  assert peak('LARS', 9.5, 2048) == 9.5
+  assert peak('RMSProp', 0.016, 512) == pytest.approx(0.032)
 
 
 def test_piecewise_warmup_and_boundaries():

@@ -8,10 +8,13 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+from common import cli
+from common.errors import UsageError
 from resnet_keras import lr_schedules
 from resnet_keras import network as network_lib
 from resnet_keras import optimizers
 from resnet_keras.config import RunConfig
+from resnet_keras.config import training_options
 
 
 def test_is_decayed_matches_kernels_only():
@@ -147,6 +150,30 @@ def test_weight_decay_path_selection():
         RunConfig(optimizer=name, weight_decay=0)) == 'none'
 
 
+def test_every_optimizer_named_builds_one_of_its_own():
+  built = {name: type(optimizers.build_optimizer(RunConfig(optimizer=name),
+                                                 0.1))
+           for name in training_options.OPTIMIZERS}
+  assert len(set(built.values())) == len(training_options.OPTIMIZERS), built
+
+
+def test_an_optimizer_named_but_not_built_fails_in_one_line(capsys):
+  """A name added to OPTIMIZERS without its build trained as SGD without a
+  word; now the plan's first look at it (its weight-decay path) ends the
+  run in one line, and so would building it."""
+  unbuilt = RunConfig(optimizer='Lion')
+  for step in (optimizers.weight_decay_path,
+               lambda cfg: optimizers.build_optimizer(cfg, 0.1)):
+    with pytest.raises(UsageError, match=r'^--optimizer=Lion is declared '
+                       r'\(OPTIMIZERS.*never built'):
+      step(unbuilt)
+  with pytest.raises(SystemExit) as stopped:
+    cli.run_main(lambda argv: optimizers.weight_decay_path(unbuilt), [])
+  assert stopped.value.code == UsageError.exit_code
+  said = capsys.readouterr().err
+  assert said.startswith('error: --optimizer=Lion') and said.count('\n') == 1
+
+
 def _two_steps(optimizer, w0, grads):
   w = tf.Variable(w0, name='dense/kernel')
   for g in grads:
@@ -271,8 +298,8 @@ def test_adamw_decays_kernels_only_and_has_no_trust_ratio():
 def test_adam_optimizers_scale_the_learning_rate_per_256_images():
   # "ResNet strikes back" A1/A2: LAMB at 5e-3 for batch 2048.
   for name in ('AdamW', 'LAMB'):
-    assert lr_schedules.peak_learning_rate(name, 6.25e-4, 2048) == (
-        pytest.approx(5e-3))
+    cfg = RunConfig(optimizer=name, base_learning_rate=6.25e-4)
+    assert lr_schedules.peak_learning_rate(cfg, 2048) == pytest.approx(5e-3)
 
 
 @pytest.mark.parametrize('cfg', [
