@@ -2,7 +2,7 @@
 
 Runs one job per backend on the suite's three-host namespace cluster (ssh
 hosts, one worker each; testbed/cluster.py), the soak's tiny synthetic
-ResNet (testbed/soak_jobs.py), long enough for about `--minutes` of
+ResNet (testbed/soak/jobs.py), long enough for about `--minutes` of
 training, kills a rank (`kill -9`, a worker other than the chief) every
 `--every` seconds, and prints the run's goodput block (run_summary.json)
 split into its parts. As root (namespaces), with nothing else running:
@@ -22,9 +22,9 @@ import time
 
 from resnet_keras import goodput as goodput_lib
 from testbed import cluster as cluster_lib
-from testbed import soak as soak_lib
-from testbed import soak_jobs
-from testbed import soak_plan
+from testbed.soak import runner as soak_lib
+from testbed.soak import jobs as soak_jobs
+from testbed.soak import plan as soak_plan
 
 # Steps of the speed probe: enough step lines past tracing and warm-up.
 PROBE_STEPS = 200

@@ -228,7 +228,7 @@ def _ends_with(launcher: int) -> Callable[[], None]:
   """What mpirun runs before it starts: SIGTERM to it once the launcher
   dies. A launcher killed (kill -9, the OOM killer) would otherwise leave
   mpirun, in a session of its own, training on unsupervised and writing
-  model_dir while a rerun writes it too (found by testbed/soak.py); SIGTERM
+  model_dir while a rerun writes it too (found by testbed/soak/); SIGTERM
   has the workers save and stop, as the launcher's own SIGTERM does."""
   def preexec() -> None:
     if _LIBC is not None:

@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 
 from testbed import cluster as cluster_lib
-from testbed import soak
-from testbed import soak_invariants
-from testbed import soak_plan
+from testbed.soak import runner as soak
+from testbed.soak import invariants as soak_invariants
+from testbed.soak import plan as soak_plan
 from tests.support import launcher
 from tests.support import runner
 from tests.support.records import write_dataset
@@ -345,7 +345,7 @@ def test_a_host_outside_the_job_cannot_reach_its_ports(healthy, tmp_path,
   assert not launcher.wait_until_no_job_processes(cluster)
 
 
-# The fault soak's CI tier (testbed/soak.py, docs/testing.md): its first
+# The fault soak's CI tier (testbed/soak/, docs/testing.md): its first
 # jobs for a fixed seed on this host and over ssh, 16 steps each, each held
 # to an uninterrupted run of its layout (the weights invariant); the long
 # soak is a benchmark.

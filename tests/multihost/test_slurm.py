@@ -17,9 +17,9 @@ import pytest
 
 from testbed import cluster as cluster_lib
 from testbed import slurm as slurm_lib
-from testbed import soak
-from testbed import soak_invariants
-from testbed import soak_plan
+from testbed.soak import runner as soak
+from testbed.soak import invariants as soak_invariants
+from testbed.soak import plan as soak_plan
 from tests.support import deadlines
 from tests.support import launcher
 from tests.support import runner
@@ -272,7 +272,7 @@ def test_a_lost_node_is_named_and_the_job_goes_on_without_it(slurm, tmp_path,
 
 
 
-# The fault soak's CI tier under Slurm (testbed/soak.py, docs/testing.md):
+# The fault soak's CI tier under Slurm (testbed/soak/, docs/testing.md):
 # the first two Slurm jobs of a fixed seed, 16 steps each, on this module's
 # cluster, each held to an uninterrupted run of its layout: a node set DOWN
 # mid-step under multi_worker_mirrored, and the preemption warning at

@@ -1,11 +1,11 @@
-"""Hand-made soak plans and job records (testbed/soak_plan.py,
-soak_invariants.py) for the soak's unit tests: a job that kept every
+"""Hand-made soak plans and job records (testbed/soak/plan.py,
+invariants.py) for the soak's unit tests: a job that kept every
 invariant, changed field by field."""
 
 import dataclasses
 
-from testbed.soak_invariants import FaultRecord, JobRecord, Restart
-from testbed.soak_plan import JobPlan
+from testbed.soak.invariants import FaultRecord, JobRecord, Restart
+from testbed.soak.plan import JobPlan
 
 
 def plan(**changes) -> JobPlan:

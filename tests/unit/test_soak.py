@@ -1,4 +1,4 @@
-"""testbed/soak.py: its rows and table, its command line, and the
+"""testbed/soak/runner.py: its rows and table, its command line, and the
 catalogue as docs/testing.md lists it."""
 
 import os
@@ -6,10 +6,10 @@ import re
 
 import pytest
 
-from testbed import soak
-from testbed import soak_jobs
-from testbed import soak_plan
-from testbed.soak_invariants import Restart
+from testbed.soak import runner as soak
+from testbed.soak import jobs as soak_jobs
+from testbed.soak import plan as soak_plan
+from testbed.soak.invariants import Restart
 from tests.support import soak_records
 
 

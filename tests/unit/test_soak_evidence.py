@@ -1,4 +1,4 @@
-"""testbed/soak_evidence.py: the soak's readers of a job's log and of its
+"""testbed/soak/evidence.py: the soak's readers of a job's log and of its
 checkpoints."""
 
 import json
@@ -7,10 +7,10 @@ import subprocess
 
 import pytest
 
-from testbed import soak_evidence
-from testbed import soak_invariants
-from testbed import soak_jobs
-from testbed.soak_invariants import Restart
+from testbed.soak import evidence as soak_evidence
+from testbed.soak import invariants as soak_invariants
+from testbed.soak import jobs as soak_jobs
+from testbed.soak.invariants import Restart
 from tests.support import soak_records
 
 

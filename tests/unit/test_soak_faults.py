@@ -1,4 +1,4 @@
-"""testbed/soak_faults.py: a fault lands only where the world shows it,
+"""testbed/soak/faults.py: a fault lands only where the world shows it,
 never on the fault call's own word. Real child processes stand in for
 ranks and launchers; stand-ins for Slurm and the cluster answer as they
 would when a command is taken and nothing changes."""
@@ -10,7 +10,7 @@ import types
 import pytest
 
 from testbed import cluster
-from testbed import soak_faults
+from testbed.soak import faults as soak_faults
 from tests.support import soak_records
 
 

@@ -1,10 +1,10 @@
-"""testbed/soak_invariants.py: each invariant on hand-made job records,
+"""testbed/soak/invariants.py: each invariant on hand-made job records,
 passing and failing."""
 
 import pytest
 
-from testbed import soak_invariants
-from testbed.soak_invariants import Restart
+from testbed.soak import invariants as soak_invariants
+from testbed.soak.invariants import Restart
 from tests.support import soak_records
 
 

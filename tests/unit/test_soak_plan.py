@@ -1,9 +1,9 @@
-"""testbed/soak_plan.py: the jobs a seed draws, the fault catalogue's
+"""testbed/soak/plan.py: the jobs a seed draws, the fault catalogue's
 reach and the bound on a job's end."""
 
 import pytest
 
-from testbed import soak_plan
+from testbed.soak import plan as soak_plan
 from tests.support import soak_records
 
 

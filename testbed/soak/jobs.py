@@ -1,4 +1,4 @@
-"""Starting, watching and ending a soak job (testbed/soak.py) under each
+"""Starting, watching and ending a soak job (runner.py) under each
 placement: this host and ssh hosts (the launcher, a process on the
 cluster's first host) and Slurm (a batch job); the job's processes on
 every host, found, signalled and cleared.
@@ -13,9 +13,10 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
-from testbed.soak_plan import FAILURE_TIMEOUT, JobPlan, WORKERS, max_restarts
+from testbed.soak.plan import FAILURE_TIMEOUT, JobPlan, WORKERS, max_restarts
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
 DEMO = os.path.join(REPO_ROOT, 'demo_resnet_keras.py')
 TRAINER = 'resnet_ctl_imagenet_main.py'
 # Seconds the job's processes get to be gone once it ended and every link

@@ -1,5 +1,5 @@
-"""What each fault of the soak's catalogue (soak_plan.CATALOGUE) does to a
-running job (testbed/soak.py), and what shows that it landed: never the
+"""What each fault of the soak's catalogue (plan.CATALOGUE) does to a
+running job (runner.py), and what shows that it landed: never the
 call's own word, but the world after it (the process gone or stopped, the
 link down, the file system full, Slurm's state) or, where only the job can
 tell, the line it must log (`confirm`)."""
@@ -10,10 +10,10 @@ import signal
 import time
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
-from testbed import soak_evidence as evidence
-from testbed.soak_invariants import FaultRecord, JobRecord
-from testbed.soak_jobs import Processes, slurm_field
-from testbed.soak_plan import JobPlan
+from testbed.soak import evidence
+from testbed.soak.invariants import FaultRecord, JobRecord
+from testbed.soak.jobs import Processes, slurm_field
+from testbed.soak.plan import JobPlan
 
 # Seconds a fault's effect may take to show (a signal delivered, a process
 # reaped, Slurm's state changed) before the soak calls it not landed.

@@ -1,18 +1,15 @@
 """A randomized fault soak: real tiny jobs on the namespace cluster
-(cluster.py) and its Slurm (slurm.py), each hit by one or two faults drawn
-from a seed at a moment drawn from it, then checked against invariants.
+(testbed/cluster.py) and its Slurm (testbed/slurm.py), each hit by one or
+two faults drawn from a seed at a moment drawn from it, then checked
+against invariants.
 
   python -m testbed.soak --seed 1 --jobs 20 [--placements this_host,ssh,slurm]
       [--backends horovod,multi_worker_mirrored] [--out rows.jsonl]
 
 Root only (network namespaces, tmpfs mounts). One row per job, a summary
-table at the end; the exit code is 1 if any invariant broke. Its parts:
-soak_plan.py (the catalogue and the jobs a seed draws) and
-soak_invariants.py (the checks), both pure; soak_jobs.py (a job's start,
-state and processes under each placement), soak_faults.py (what each fault
-does) and soak_evidence.py (reading a job's log and model directory); this
-module runs each job through them and reports. docs/testing.md has the
-catalogue and the bound.
+table at the end; the exit code is 1 if any invariant broke. This module
+runs each job through the package's other modules (__init__.py names
+them) and reports.
 """
 
 import argparse
@@ -29,12 +26,12 @@ import tempfile
 import time
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from testbed import soak_evidence as evidence
-from testbed import soak_faults
-from testbed.soak_invariants import (ENDED_WELL, FaultRecord, JobRecord,
+from testbed.soak import evidence
+from testbed.soak import faults as soak_faults
+from testbed.soak.invariants import (ENDED_WELL, FaultRecord, JobRecord,
                                      broken_invariants, check_data)
-from testbed.soak_jobs import Jobs, Log, Processes
-from testbed.soak_plan import (BACKENDS, PLACEMENTS, STEP_CHOICES, WORKERS,
+from testbed.soak.jobs import Jobs, Log, Processes
+from testbed.soak.plan import (BACKENDS, PLACEMENTS, STEP_CHOICES, WORKERS,
                                JobPlan, bound_seconds, draw_plan)
 
 
@@ -400,7 +397,3 @@ def run_plans(plans: Sequence[JobPlan], use_slurm: bool,
   line, code = verdict(records, compare_weights)
   _say(line)
   return code
-
-
-if __name__ == '__main__':
-  sys.exit(main(sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""The fault soak's plan (testbed/soak.py): the fault catalogue, the
+"""The fault soak's plan (runner.py): the fault catalogue, the
 placements and backends, and the jobs a seed draws, each with its fault,
 moment and delay; the bound on a job's end. Pure: tested in
 tests/unit/test_soak_plan.py.

@@ -1,4 +1,4 @@
-"""Reading what a soak job left (testbed/soak.py): its log (resumes,
+"""Reading what a soak job left (runner.py): its log (resumes,
 shrinks, the line that named the fault) and its model directory
 (checkpoint files, which of them read, run_summary.json, the weights'
 drift from an uninterrupted run), into its JobRecord; and the kernel's
@@ -17,8 +17,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import numpy as np
 
-from testbed.soak_invariants import JobRecord, Restart, wrong_end
-from testbed.soak_plan import JobPlan
+from testbed.soak.invariants import JobRecord, Restart, wrong_end
+from testbed.soak.plan import JobPlan
 
 T = TypeVar('T')
 _STEP = re.compile(r' I step (\d+)/')
@@ -53,7 +53,7 @@ def wait_for(observe: Callable[[], T], done: Callable[[T], bool],
 
 
 def lines_after(log, at: float) -> List[str]:
-  """The lines of `log` (a soak_jobs.Log) first seen at or after `at`."""
+  """The lines of `log` (a jobs.Log) first seen at or after `at`."""
   return log.lines[bisect.bisect_left(log.seen, at):]
 
 
@@ -152,7 +152,7 @@ def outcome(code: Optional[int], plan: JobPlan, lines: Sequence[str]) -> str:
 
 def read_results(record: JobRecord, log, model_dir: str,
                  last_fault: float) -> None:
-  """Fills `record` from the job's log (a soak_jobs.Log) and model_dir."""
+  """Fills `record` from the job's log (a jobs.Log) and model_dir."""
   lines = log.lines
   record.last_line = last_line(lines)
   record.resumes = resumes_in(lines)

@@ -1,4 +1,4 @@
-"""The fault soak's invariants (testbed/soak.py): what a job did, as the
+"""The fault soak's invariants (runner.py): what a job did, as the
 soak saw it (JobRecord), and the pure checks it must pass: it ended where
 planned, every fault landed and was recovered from within its bound, it
 left no process, every restart resumed where it should, it lost no data,
@@ -11,7 +11,7 @@ import dataclasses
 import re
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from testbed.soak_plan import JobPlan, recovery_bound
+from testbed.soak.plan import JobPlan, recovery_bound
 
 # How far a shrunk job may end from the uninterrupted run's weights, as a
 # share of the distance that run's weights moved after its first
