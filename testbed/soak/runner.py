@@ -9,27 +9,25 @@ against invariants.
 Root only (network namespaces, tmpfs mounts). One row per job, a summary
 table at the end; the exit code is 1 if any invariant broke. This module
 runs each job through the package's other modules (__init__.py names
-them) and reports.
+them); report.py says what it found.
 """
 
 import argparse
-import collections
 import dataclasses
 import json
 import os
 import random
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from testbed.soak import evidence
 from testbed.soak import faults as soak_faults
-from testbed.soak.invariants import (ENDED_WELL, FaultRecord, JobRecord,
-                                     broken_invariants, check_data)
+from testbed.soak import report
+from testbed.soak.invariants import FaultRecord, JobRecord
 from testbed.soak.jobs import Jobs, Log, Processes
 from testbed.soak.plan import (BACKENDS, PLACEMENTS, STEP_CHOICES, WORKERS,
                                JobPlan, bound_seconds, draw_plan)
@@ -57,6 +55,42 @@ class Reference(NamedTuple):
   error: str  # Why it gives no weights ('': it does).
 
 
+class References:
+  """The uninterrupted run of each layout, which the faulted jobs of that
+  layout are held to: run on the soak's cluster once per layout.
+  `heal`: the cluster as before a job, after each run."""
+
+  def __init__(self, jobs: Jobs, work_dir: str, heal: Callable[[], None]):
+    self._jobs, self._work_dir, self._heal = jobs, work_dir, heal
+    # (placement, backend, steps) -> the uninterrupted run of that layout.
+    self._runs: Dict[Tuple[str, str, int], Reference] = {}
+
+  def of(self, plan: JobPlan) -> Reference:
+    """The uninterrupted run of the layout (run once per layout)."""
+    key = (plan.placement, plan.backend, plan.steps)
+    if key not in self._runs:
+      job_dir = tempfile.mkdtemp(dir=self._work_dir, prefix='reference_')
+      model_dir = os.path.join(job_dir, 'model')
+      clean = dataclasses.replace(plan, faults=())
+      log = Log(os.path.join(job_dir, 'log.txt'))
+      started = time.monotonic()
+      job = self._jobs.start(
+          clean, self._jobs.args(clean, model_dir, reference=True), log.path)
+      code = self._jobs.wait_for_end(clean, job, log, started + 900)
+      seconds = time.monotonic() - started
+      if code != 0:
+        self._jobs.stop(clean, job)
+      summary = evidence.read_summary(model_dir)
+      error = evidence.reference_problem(code, summary, plan.steps)
+      if error:
+        error += f'; its last line: {evidence.last_line(log.lines)!r}'
+      self._heal()
+      self._runs[key] = Reference(
+          None if error else summary['weights_sha256'], seconds, model_dir,
+          error)
+    return self._runs[key]
+
+
 class Soak:
   """The cluster (and Slurm) and the faulted jobs run on it, one at a
   time."""
@@ -69,37 +103,11 @@ class Soak:
     self.processes = Processes(cluster)
     self.work_dir = work_dir or tempfile.mkdtemp(prefix='resnet_keras_soak_')
     self.compare_weights = compare_weights
-    # (placement, backend, steps) -> the uninterrupted run of that layout.
-    self._references: Dict[Tuple[str, str, int], Reference] = {}
+    self.references = References(self.jobs, self.work_dir, self.heal)
     # TensorFlow, which reads checkpoints, imported before the first job's
     # moment rather than at it.
     from resnet_keras import checkpoints  # pylint: disable=g-import-not-at-top,unused-import
     self._mounts: List[str] = []
-
-  def reference(self, plan: JobPlan) -> Reference:
-    """The uninterrupted run of the layout (run once per layout)."""
-    key = (plan.placement, plan.backend, plan.steps)
-    if key not in self._references:
-      job_dir = tempfile.mkdtemp(dir=self.work_dir, prefix='reference_')
-      model_dir = os.path.join(job_dir, 'model')
-      clean = dataclasses.replace(plan, faults=())
-      log = Log(os.path.join(job_dir, 'log.txt'))
-      started = time.monotonic()
-      job = self.jobs.start(
-          clean, self.jobs.args(clean, model_dir, reference=True), log.path)
-      code = self.jobs.wait_for_end(clean, job, log, started + 900)
-      seconds = time.monotonic() - started
-      if code != 0:
-        self.jobs.stop(clean, job)
-      summary = evidence.read_summary(model_dir)
-      error = evidence.reference_problem(code, summary, plan.steps)
-      if error:
-        error += f'; its last line: {evidence.last_line(log.lines)!r}'
-      self.heal()
-      self._references[key] = Reference(
-          None if error else summary['weights_sha256'], seconds, model_dir,
-          error)
-    return self._references[key]
 
   def run_job(self, plan: JobPlan) -> JobRecord:
     job_dir = tempfile.mkdtemp(dir=self.work_dir, prefix=f'job{plan.index}_')
@@ -111,7 +119,7 @@ class Soak:
                       parent], check=True)
       self._mounts.append(parent)
     model_dir = os.path.join(parent, 'model')
-    reference = (self.reference(plan) if self.compare_weights else
+    reference = (self.references.of(plan) if self.compare_weights else
                  Reference(None, 150.0, None, ''))
     record = JobRecord(plan, outcome='missed',
                        weights_compared=self.compare_weights,
@@ -210,89 +218,6 @@ class Soak:
     shutil.rmtree(self.work_dir, ignore_errors=True)
 
 
-# --- reporting -------------------------------------------------------------
-
-ROW = ('{job:>3} {placement:<9} {backend:<21} {fault:<17} {moment:<10} '
-       '{outcome:<9} {landed:>6} {named:>6} {first_step:>6} {recovery:>6} '
-       '{redone:>6} {goodput:>7} {drift:>5}  {broken}')
-
-
-def _fmt(value, spec='.1f') -> str:
-  return '-' if value is None else format(value, spec)
-
-
-def _landed(records: Sequence[JobRecord]) -> str:
-  """'landed/planned' faults over `records`."""
-  landed = sum(f.landed is True for r in records for f in r.faults)
-  return f'{landed}/{sum(len(r.plan.faults) for r in records)}'
-
-
-def _recoveries(records: Sequence[JobRecord]) -> List[float]:
-  return [f.recovery for r in records for f in r.faults
-          if f.landed and f.recovery is not None]
-
-
-def row(record: JobRecord) -> str:
-  plan = record.plan
-  redone = sum(r - s for r, s in record.resumes) if record.resumes else None
-  return ROW.format(
-      job=plan.index, placement=plan.placement, backend=plan.backend,
-      fault=plan.fault + ('*' if len(plan.faults) > 1 else ''),
-      moment=plan.moment, outcome=record.outcome, landed=_landed([record]),
-      named=_fmt(record.seconds_to_named),
-      first_step=_fmt(record.restart_to_step),
-      recovery=_fmt(max(_recoveries([record]), default=None)),
-      redone=_fmt(redone, 'd'),
-      goodput=_fmt(record.goodput, '.2f'), drift=_fmt(record.drift, '.2f'),
-      broken='; '.join(broken_invariants(record)) or 'ok')
-
-
-HEADER = ROW.format(job='#', placement='placement', backend='backend',
-                    fault='fault', moment='moment', outcome='outcome',
-                    landed='landed', named='named', first_step='1st',
-                    recovery='recov', redone='redone', goodput='goodput',
-                    drift='drift', broken='invariants')
-
-
-def summary_table(records: Sequence[JobRecord]) -> List[str]:
-  """placement x backend x fault: jobs, ended well, named, hangs, left
-  processes, lost data, medians."""
-  groups = collections.defaultdict(list)
-  for record in records:
-    plan = record.plan
-    groups[(plan.placement, plan.backend, plan.fault)].append(record)
-  lines = ['placement  backend                fault             jobs well '
-           'named hang left lost  med_named med_1st med_redone goodput '
-           'landed max_recov']
-  median = lambda values: (statistics.median(values) if values else None)
-  for (placement, backend, fault), group in sorted(groups.items()):
-    lines.append(
-        f'{placement:<10} {backend:<22} {fault:<17} {len(group):>4} '
-        f'{sum(r.outcome in ENDED_WELL and not broken_invariants(r) for r in group):>4} '
-        f'{sum(r.outcome == "named" for r in group):>5} '
-        f'{sum(r.outcome == "HANG" for r in group):>4} '
-        f'{sum(bool(r.left_processes) for r in group):>4} '
-        f'{sum(bool(check_data(r)) for r in group):>4}  '
-        f'{_fmt(median([r.seconds_to_named for r in group if r.seconds_to_named is not None])):>9} '
-        f'{_fmt(median([r.restart_to_step for r in group if r.restart_to_step is not None])):>7} '
-        f'{_fmt(median([sum(a - b for a, b in r.resumes) for r in group if r.resumes])):>10} '
-        f'{_fmt(median([r.goodput for r in group if r.goodput is not None]), ".2f"):>7} '
-        f'{_landed(group):>6} '
-        f'{_fmt(max(_recoveries(group), default=None)):>9}')
-  return lines
-
-
-def verdict(records: Sequence[JobRecord], compare_weights: bool
-            ) -> Tuple[str, int]:
-  """The soak's last line and exit code: 1 if any invariant broke."""
-  broken = [r for r in records if broken_invariants(r)]
-  line = (f'{len(records)} jobs, {len(broken)} with a broken invariant; '
-          f'faults landed {_landed(records)}')
-  if not compare_weights:
-    line += '; weights not compared (--no_reference)'
-  return line, 1 if broken else 0
-
-
 def _say(line: str) -> None:
   print(line, flush=True)
 
@@ -370,7 +295,7 @@ def run_plans(plans: Sequence[JobPlan], use_slurm: bool,
     if use_slurm and slurm is None:
       slurm = slurm_lib.SlurmCluster(cluster).start()
     soak = Soak(cluster, slurm, compare_weights=compare_weights)
-    _say(HEADER)
+    _say(report.HEADER)
     for plan in plans:
       try:
         record = soak.run_job(plan)
@@ -379,7 +304,7 @@ def run_plans(plans: Sequence[JobPlan], use_slurm: bool,
         record = JobRecord(plan, outcome='soak error',
                            last_line=f'{type(e).__name__}: {e}')
       records.append(record)
-      _say(row(record))
+      _say(report.row(record))
       if record.outcome == 'HANG':
         _say('    log tail:\n    ' + record.log_tail.replace('\n', '\n    '))
       if out:
@@ -392,8 +317,8 @@ def run_plans(plans: Sequence[JobPlan], use_slurm: bool,
       if slurm is not None:
         slurm.stop()
       cluster.stop()
-  for line in summary_table(records):
+  for line in report.summary_table(records):
     _say(line)
-  line, code = verdict(records, compare_weights)
+  line, code = report.verdict(records, compare_weights)
   _say(line)
   return code

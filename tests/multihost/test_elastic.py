@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from testbed import cluster as cluster_lib
+from testbed.soak import report
 from testbed.soak import runner as soak
 from testbed.soak import invariants as soak_invariants
 from testbed.soak import plan as soak_plan
@@ -358,7 +359,7 @@ SOAK_SEED = 2
 def test_a_soak_job_keeps_every_invariant(healthy, tmp_path, plan):
   started = time.monotonic()
   record = soak.Soak(healthy, work_dir=str(tmp_path)).run_job(plan)
-  print(soak.HEADER, soak.row(record), sep='\n')
+  print(report.HEADER, report.row(record), sep='\n')
   print(f'{time.monotonic() - started:.0f} s')
   assert record.reference_weights, record.reference_error  # Compared.
   assert record.outcome in soak_invariants.ENDED_WELL, record.last_line

@@ -17,6 +17,7 @@ import pytest
 
 from testbed import cluster as cluster_lib
 from testbed import slurm as slurm_lib
+from testbed.soak import report
 from testbed.soak import runner as soak
 from testbed.soak import invariants as soak_invariants
 from testbed.soak import plan as soak_plan
@@ -287,7 +288,7 @@ def test_a_soak_job_keeps_every_invariant(slurm, tmp_path, plan):
   started = time.monotonic()
   record = soak.Soak(slurm.cluster, slurm,
                      work_dir=str(tmp_path)).run_job(plan)
-  print(soak.HEADER, soak.row(record), sep='\n')
+  print(report.HEADER, report.row(record), sep='\n')
   print(f'{time.monotonic() - started:.0f} s')
   assert record.reference_weights, record.reference_error  # Compared.
   assert record.outcome in soak_invariants.ENDED_WELL, record.last_line

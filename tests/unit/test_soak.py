@@ -1,11 +1,12 @@
-"""testbed/soak/runner.py: its rows and table, its command line, and the
-catalogue as docs/testing.md lists it."""
+"""The soak's report (testbed/soak/report.py: its rows and table), its
+command line (runner.py), and the catalogue as docs/testing.md lists it."""
 
 import os
 import re
 
 import pytest
 
+from testbed.soak import report
 from testbed.soak import runner as soak
 from testbed.soak import jobs as soak_jobs
 from testbed.soak import plan as soak_plan
@@ -15,9 +16,9 @@ from tests.support import soak_records
 
 def test_a_row_names_the_broken_invariant_and_the_table_counts_it():
   hang = soak_records.record(outcome='HANG', seconds_to_named=None)
-  assert soak.row(hang).rstrip().endswith('ends: no end within 300 s of the '
+  assert report.row(hang).rstrip().endswith('ends: no end within 300 s of the '
                                           'last fault')
-  table = soak.summary_table([soak_records.record(), hang])
+  table = report.summary_table([soak_records.record(), hang])
   assert len(table) == 2
   assert table[1].split()[:8] == ['ssh', 'horovod', 'kill_rank', '2', '1',
                                   '0', '1', '0']
@@ -27,14 +28,14 @@ def test_the_row_and_the_table_give_the_faults_landed_and_the_recoveries():
   recovered = soak_records.record(faults=[soak_records.fault(recovery=31.0)])
   unlanded = soak_records.record(faults=[soak_records.fault(
       landed=False, evidence='no rank running', recovery=500.0)])
-  header = soak.HEADER.split()
+  header = report.HEADER.split()
   assert header[6:9] == ['landed', 'named', '1st']
   assert header[9] == 'recov'
-  assert soak.row(recovered).split()[6] == '1/1'
-  assert soak.row(recovered).split()[9] == '31.0'
-  assert soak.row(unlanded).split()[6] == '0/1'
-  assert soak.row(unlanded).split()[9] == '-'  # Nothing landed to recover.
-  table = soak.summary_table([recovered, unlanded])
+  assert report.row(recovered).split()[6] == '1/1'
+  assert report.row(recovered).split()[9] == '31.0'
+  assert report.row(unlanded).split()[6] == '0/1'
+  assert report.row(unlanded).split()[9] == '-'  # Nothing landed to recover.
+  table = report.summary_table([recovered, unlanded])
   assert table[0].split()[-2:] == ['landed', 'max_recov']
   assert table[1].split()[-2:] == ['1/2', '31.0']
 
@@ -47,14 +48,14 @@ def test_the_row_and_the_table_give_the_faults_landed_and_the_recoveries():
     dict(reference_weights=None, reference_error='exit 1')])
 def test_the_soak_fails_on_any_broken_invariant(changes):
   clean = soak_records.record()
-  assert soak.verdict([clean], True) == (
+  assert report.verdict([clean], True) == (
       '1 jobs, 0 with a broken invariant; faults landed 1/1', 0)
-  line, code = soak.verdict([clean, soak_records.record(**changes)], True)
+  line, code = report.verdict([clean, soak_records.record(**changes)], True)
   assert code == 1 and line.startswith('2 jobs, 1 with a broken invariant')
 
 
 def test_the_verdict_says_when_weights_were_not_compared():
-  line, code = soak.verdict([soak_records.record(
+  line, code = report.verdict([soak_records.record(
       weights_compared=False, reference_weights=None)], False)
   assert code == 0
   assert line.endswith('weights not compared (--no_reference)')
