@@ -70,8 +70,107 @@ def _sh(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
   return subprocess.run(argv, check=check, capture_output=True, text=True)
 
 
-class Cluster:
-  """`num_hosts` hosts h1..hN at 10.77.S.1..N (S from `subnet_index`)."""
+def _sshd_pid(state_dir: str, host: Host) -> int:
+  with open(os.path.join(state_dir, f'sshd_{host.name}.pid')) as f:
+    return int(f.read())
+
+
+def _kill_namespace_processes(name: str, keep: Sequence[int] = ()) -> None:
+  for pid in _sh('ip', 'netns', 'pids', name, check=False).stdout.split():
+    if int(pid) in keep:
+      continue
+    try:
+      os.kill(int(pid), signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+
+
+class HostAccess:
+  """Commands on a cluster's hosts: entered as a user logged in there
+  would be, over ssh from one host to another, started and found. Mixed
+  into Cluster, whose `hosts`, `state_dir` and `ssh_config` it reads."""
+
+  def enter(self, host: Host) -> List[str]:
+    """argv prefix that runs a command on `host` (network, hostname)."""
+    return ['nsenter', '-t', str(_sshd_pid(self.state_dir, host)), '--net',
+            '--uts']
+
+  def ssh_argv(self, target: Host) -> List[str]:
+    return ['ssh', '-F', self.ssh_config, target.address]
+
+  def ssh(self, source: Host, target: Host, command: str,
+          check: bool = True, timeout: float = 30
+          ) -> subprocess.CompletedProcess:
+    return subprocess.run(self.enter(source) + self.ssh_argv(target) +
+                          [command], check=check, capture_output=True,
+                          text=True, timeout=timeout)
+
+  def launcher_env(self, environ: Dict[str, str]) -> Dict[str, str]:
+    """What a user sets to launch on these hosts (README), plus this
+    cluster's ssh options for OpenMPI."""
+    return {**environ,
+            'MULTI_HLS_IPS': ','.join(h.address for h in self.hosts),
+            'MPI_TCP_INCLUDE': 'eth0', 'DOCKER_SSHD_PORT': str(SSH_PORT),
+            'OMPI_MCA_plm_rsh_agent': f'ssh -F {self.ssh_config}'}
+
+  def popen(self, host: Host, argv: Sequence[str], env: Dict[str, str],
+            **kwargs) -> subprocess.Popen:
+    """Starts `argv` on `host` (as a user logged in there would)."""
+    return subprocess.Popen(self.enter(host) + list(argv), env=env, **kwargs)
+
+  def processes(self, host: Host, pattern: str) -> List[int]:
+    """PIDs of processes on `host` whose command line contains `pattern`."""
+    found = []
+    for pid in _sh('ip', 'netns', 'pids', host.name,
+                   check=False).stdout.split():
+      try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+          if pattern.encode() in f.read():
+            found.append(int(pid))
+      except OSError:
+        pass
+    return found
+
+
+class FaultInjection:
+  """Failures made as they happen on real networks (the module docstring
+  lists them), and their repair. Mixed into Cluster, whose `switch` and
+  `state_dir` it reads."""
+
+  def cut_link(self, host: Host) -> None:
+    _sh('ip', '-n', self.switch, 'link', 'set', host.bridge_port, 'down')
+
+  def restore_link(self, host: Host) -> None:
+    _sh('ip', '-n', self.switch, 'link', 'set', host.bridge_port, 'up')
+
+  def link_up(self, host: Host) -> bool:
+    """Whether `host`'s link is up, as the switch's end of it says (what
+    cut_link sets down)."""
+    return link_flags_up(_sh('ip', '-o', '-n', self.switch, 'link', 'show',
+                             host.bridge_port).stdout)
+
+  def black_hole(self, host: Host) -> None:
+    for chain in ('INPUT', 'OUTPUT'):
+      _sh('ip', 'netns', 'exec', host.name, 'iptables', '-A', chain,
+          '-o' if chain == 'OUTPUT' else '-i', 'eth0', '-j', 'DROP')
+
+  def clear_firewall(self, host: Host) -> None:
+    """No rule and no chain of anyone's left, IPv4 and IPv6: a job's port
+    guard cannot remove its chain from a host it lost."""
+    for tool in ('iptables', 'ip6tables'):
+      _sh('ip', 'netns', 'exec', host.name, tool, '-F')
+      _sh('ip', 'netns', 'exec', host.name, tool, '-X')
+
+  def kill_host_processes(self, host: Host) -> None:
+    """Every process on `host` killed (sshd kept, to let a restart in)."""
+    _kill_namespace_processes(
+        host.name, keep=(_sshd_pid(self.state_dir, host), host.sshd.pid))
+
+
+class Cluster(HostAccess, FaultInjection):
+  """`num_hosts` hosts h1..hN at 10.77.S.1..N (S from `subnet_index`): built
+  (`start`) and torn down (`stop`) here; used through HostAccess and broken
+  through FaultInjection."""
 
   def __init__(self, num_hosts: int, state_dir: str, subnet_index: int):
     self.prefix = f'rk{subnet_index}'
@@ -85,8 +184,6 @@ class Cluster:
                   for i in range(1, num_hosts + 1)]
     self.ssh_config = os.path.join(state_dir, 'ssh_config')
     self._route_added = False
-
-  # --- building and tearing down -------------------------------------------
 
   def start(self) -> 'Cluster':
     try:
@@ -183,7 +280,7 @@ class Cluster:
 
   def stop(self) -> None:
     for name in [h.name for h in self.hosts] + [self.switch]:
-      self._kill_namespace_processes(name)
+      _kill_namespace_processes(name)
       _sh('ip', 'netns', 'del', name, check=False)
     for host in self.hosts:
       if host.sshd is not None:
@@ -195,90 +292,3 @@ class Cluster:
       _sh('ip', 'route', 'del', 'unreachable', self.subnet, check=False)
       self._route_added = False
     shutil.rmtree(self.state_dir, ignore_errors=True)
-
-  @staticmethod
-  def _kill_namespace_processes(name: str, keep: Sequence[int] = ()) -> None:
-    for pid in _sh('ip', 'netns', 'pids', name, check=False).stdout.split():
-      if int(pid) in keep:
-        continue
-      try:
-        os.kill(int(pid), signal.SIGKILL)
-      except ProcessLookupError:
-        pass
-
-  # --- using the hosts -----------------------------------------------------
-
-  def enter(self, host: Host) -> List[str]:
-    """argv prefix that runs a command on `host` (network, hostname)."""
-    return ['nsenter', '-t', str(self._sshd_pid(host)), '--net', '--uts']
-
-  def _sshd_pid(self, host: Host) -> int:
-    with open(os.path.join(self.state_dir, f'sshd_{host.name}.pid')) as f:
-      return int(f.read())
-
-  def ssh_argv(self, target: Host) -> List[str]:
-    return ['ssh', '-F', self.ssh_config, target.address]
-
-  def ssh(self, source: Host, target: Host, command: str,
-          check: bool = True, timeout: float = 30
-          ) -> subprocess.CompletedProcess:
-    return subprocess.run(self.enter(source) + self.ssh_argv(target) +
-                          [command], check=check, capture_output=True,
-                          text=True, timeout=timeout)
-
-  def launcher_env(self, environ: Dict[str, str]) -> Dict[str, str]:
-    """What a user sets to launch on these hosts (README), plus this
-    cluster's ssh options for OpenMPI."""
-    return {**environ,
-            'MULTI_HLS_IPS': ','.join(h.address for h in self.hosts),
-            'MPI_TCP_INCLUDE': 'eth0', 'DOCKER_SSHD_PORT': str(SSH_PORT),
-            'OMPI_MCA_plm_rsh_agent': f'ssh -F {self.ssh_config}'}
-
-  def popen(self, host: Host, argv: Sequence[str], env: Dict[str, str],
-            **kwargs) -> subprocess.Popen:
-    """Starts `argv` on `host` (as a user logged in there would)."""
-    return subprocess.Popen(self.enter(host) + list(argv), env=env, **kwargs)
-
-  def processes(self, host: Host, pattern: str) -> List[int]:
-    """PIDs of processes on `host` whose command line contains `pattern`."""
-    found = []
-    for pid in _sh('ip', 'netns', 'pids', host.name,
-                   check=False).stdout.split():
-      try:
-        with open(f'/proc/{pid}/cmdline', 'rb') as f:
-          if pattern.encode() in f.read():
-            found.append(int(pid))
-      except OSError:
-        pass
-    return found
-
-  # --- failures ------------------------------------------------------------
-
-  def cut_link(self, host: Host) -> None:
-    _sh('ip', '-n', self.switch, 'link', 'set', host.bridge_port, 'down')
-
-  def restore_link(self, host: Host) -> None:
-    _sh('ip', '-n', self.switch, 'link', 'set', host.bridge_port, 'up')
-
-  def link_up(self, host: Host) -> bool:
-    """Whether `host`'s link is up, as the switch's end of it says (what
-    cut_link sets down)."""
-    return link_flags_up(_sh('ip', '-o', '-n', self.switch, 'link', 'show',
-                             host.bridge_port).stdout)
-
-  def black_hole(self, host: Host) -> None:
-    for chain in ('INPUT', 'OUTPUT'):
-      _sh('ip', 'netns', 'exec', host.name, 'iptables', '-A', chain,
-          '-o' if chain == 'OUTPUT' else '-i', 'eth0', '-j', 'DROP')
-
-  def clear_firewall(self, host: Host) -> None:
-    """No rule and no chain of anyone's left, IPv4 and IPv6: a job's port
-    guard cannot remove its chain from a host it lost."""
-    for tool in ('iptables', 'ip6tables'):
-      _sh('ip', 'netns', 'exec', host.name, tool, '-F')
-      _sh('ip', 'netns', 'exec', host.name, tool, '-X')
-
-  def kill_host_processes(self, host: Host) -> None:
-    """Every process on `host` killed (sshd kept, to let a restart in)."""
-    self._kill_namespace_processes(host.name,
-                                   keep=(self._sshd_pid(host), host.sshd.pid))
