@@ -147,65 +147,12 @@ class Progress:
       return total
 
 
-@dataclasses.dataclass
-class Backend:
-  """The strategy a process builds its model under, and its place in the job.
-
-  Attributes:
-    strategy: replicas driven by this program (Horovod: the default strategy).
-    worker_index: this process among `num_workers` (tf.distribute: task id).
-    num_workers: processes training together.
-    hvd: the horovod.tensorflow module under --use_horovod, else None.
-  """
-  strategy: tf.distribute.Strategy
-  worker_index: int = 0
-  num_workers: int = 1
-  hvd: Any = None
-  progress: Progress = dataclasses.field(default_factory=Progress)
-
-  @property
-  def is_chief(self) -> bool:
-    return self.worker_index == 0
-
-  @property
-  def name(self) -> str:
-    return 'horovod' if self.hvd else 'tf.distribute'
-
-  @property
-  def collective_saves(self) -> bool:
-    """tf.distribute multi-worker: every worker must take part in saving
-    (reading some variables is a collective); non-chiefs save to their own
-    folder of model_dir. Horovod workers hold plain variables: only the chief saves."""
-    return not self.hvd and self.num_workers > 1
-
-  @property
-  def num_programs(self) -> int:
-    """Processes that each drive their own replicas: every Horovod worker;
-    a tf.distribute job is one program (its strategy spans the workers)."""
-    return BatchRule(self.num_workers, bool(self.hvd)).programs
-
-  def input_context(self, ctx: tf.distribute.InputContext
-                   ) -> tf.distribute.InputContext:
-    """The strategy's input context widened to every Horovod worker."""
-    if not self.hvd:
-      return ctx
-    return tf.distribute.InputContext(
-        num_input_pipelines=ctx.num_input_pipelines * self.num_workers,
-        input_pipeline_id=(self.worker_index * ctx.num_input_pipelines +
-                           ctx.input_pipeline_id),
-        num_replicas_in_sync=ctx.num_replicas_in_sync)
-
-  def gradient_tape(self, tape: tf.GradientTape):
-    """A tape whose gradients are averaged over Horovod workers."""
-    return self.hvd.DistributedGradientTape(tape) if self.hvd else tape
-
-  def allreduce_gradients(self, grads):
-    """Gradients averaged over Horovod workers, as `gradient_tape` would;
-    for gradients summed before the all-reduce (accumulation). tf.distribute
-    all-reduces inside `apply_gradients` instead."""
-    if not self.hvd:
-      return grads
-    return self.hvd.grouped_allreduce(grads, op=self.hvd.Average)
+class WorkerCollectives:
+  """What the workers compute together outside the training step: sums,
+  counts and flags over every worker, the chief's values to all, each
+  collective waited on in `progress`. Mixed into Backend, whose `strategy`,
+  `hvd`, `worker_index`, `num_workers` and `progress` it reads; every
+  worker must call each of these, in the same order."""
 
   def sum_over_workers(self, value, name: str):
     """A tensor summed over Horovod workers, as numpy (tf.distribute
@@ -293,6 +240,67 @@ class Backend:
     if self.hvd:
       with self.progress.waiting():
         self.hvd.broadcast_variables(variables, root_rank=0)
+
+
+@dataclasses.dataclass
+class Backend(WorkerCollectives):
+  """The strategy a process builds its model under, and its place in the job.
+
+  Attributes:
+    strategy: replicas driven by this program (Horovod: the default strategy).
+    worker_index: this process among `num_workers` (tf.distribute: task id).
+    num_workers: processes training together.
+    hvd: the horovod.tensorflow module under --use_horovod, else None.
+  """
+  strategy: tf.distribute.Strategy
+  worker_index: int = 0
+  num_workers: int = 1
+  hvd: Any = None
+  progress: Progress = dataclasses.field(default_factory=Progress)
+
+  @property
+  def is_chief(self) -> bool:
+    return self.worker_index == 0
+
+  @property
+  def name(self) -> str:
+    return 'horovod' if self.hvd else 'tf.distribute'
+
+  @property
+  def collective_saves(self) -> bool:
+    """tf.distribute multi-worker: every worker must take part in saving
+    (reading some variables is a collective); non-chiefs save to their own
+    folder of model_dir. Horovod workers hold plain variables: only the chief saves."""
+    return not self.hvd and self.num_workers > 1
+
+  @property
+  def num_programs(self) -> int:
+    """Processes that each drive their own replicas: every Horovod worker;
+    a tf.distribute job is one program (its strategy spans the workers)."""
+    return BatchRule(self.num_workers, bool(self.hvd)).programs
+
+  def input_context(self, ctx: tf.distribute.InputContext
+                   ) -> tf.distribute.InputContext:
+    """The strategy's input context widened to every Horovod worker."""
+    if not self.hvd:
+      return ctx
+    return tf.distribute.InputContext(
+        num_input_pipelines=ctx.num_input_pipelines * self.num_workers,
+        input_pipeline_id=(self.worker_index * ctx.num_input_pipelines +
+                           ctx.input_pipeline_id),
+        num_replicas_in_sync=ctx.num_replicas_in_sync)
+
+  def gradient_tape(self, tape: tf.GradientTape):
+    """A tape whose gradients are averaged over Horovod workers."""
+    return self.hvd.DistributedGradientTape(tape) if self.hvd else tape
+
+  def allreduce_gradients(self, grads):
+    """Gradients averaged over Horovod workers, as `gradient_tape` would;
+    for gradients summed before the all-reduce (accumulation). tf.distribute
+    all-reduces inside `apply_gradients` instead."""
+    if not self.hvd:
+      return grads
+    return self.hvd.grouped_allreduce(grads, op=self.hvd.Average)
 
   def leave(self) -> None:
     """The end of a successful run, after its last write.
