@@ -94,6 +94,25 @@ def _micro_batches(tensor, k: int):
   return tf.reshape(tensor, [k, -1] + tensor.shape[1:].as_list())
 
 
+def pass_draws(run_seed: Optional[int], step, passes_per_step: int,
+               micro_batch, backend: distribution.Backend):
+  """A forward and backward pass's random draws (layers.drop_path_seed):
+  from (run seed, step, micro-batch, replica), so that a resumed run draws
+  what the uninterrupted one did; unseeded where `run_seed` is None."""
+  if run_seed is None:
+    return layers.drop_path_seed(None)
+  pass_index = (tf.cast(step, tf.int64) * passes_per_step +
+                tf.cast(micro_batch, tf.int64))
+  seed = tf.stack([tf.constant(run_seed, tf.int64), pass_index])
+  # Horovod workers each drive one replica 0; tf.distribute numbers its
+  # replicas across workers.
+  worker = backend.worker_index if backend.hvd else 0
+  replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+  fold_in = tf.random.experimental.stateless_fold_in
+  return layers.drop_path_seed(
+      fold_in(fold_in(seed, worker), tf.cast(replica, tf.int64)))
+
+
 class Objective:
   """The loss of a classifier's training step, and its gradients."""
 
@@ -177,20 +196,8 @@ class Objective:
     return loss, count_correct(labels, outputs)
 
   def _draws(self, micro_batch=0):
-    """The forward and backward pass's random draws (layers.drop_path_seed):
-    from (run seed, step, micro-batch, replica), or unseeded."""
-    if self.drop_path_seed is None:
-      return layers.drop_path_seed(None)
-    pass_index = (tf.cast(self.optimizer.iterations, tf.int64) *
-                  self.num_accumulation_steps + tf.cast(micro_batch, tf.int64))
-    seed = tf.stack([tf.constant(self.drop_path_seed, tf.int64), pass_index])
-    # Horovod workers each drive one replica 0; tf.distribute numbers its
-    # replicas across workers.
-    worker = self.backend.worker_index if self.backend.hvd else 0
-    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-    fold_in = tf.random.experimental.stateless_fold_in
-    return layers.drop_path_seed(
-        fold_in(fold_in(seed, worker), tf.cast(replica, tf.int64)))
+    return pass_draws(self.drop_path_seed, self.optimizer.iterations,
+                      self.num_accumulation_steps, micro_batch, self.backend)
 
   def _scaled(self, loss):
     return self.optimizer.get_scaled_loss(loss) if self.uses_loss_scale \
