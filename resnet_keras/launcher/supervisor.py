@@ -150,19 +150,8 @@ class Supervisor:
                                    stderr=subprocess.STDOUT,
                                    start_new_session=True,
                                    preexec_fn=_ends_with(os.getpid()))
-      timers = {}
-      for raw in self._job.stdout:
-        sys.stdout.buffer.write(raw)
-        sys.stdout.flush()
-        tail.append(raw.decode(errors='replace').rstrip('\n'))
-        if ('abort' not in timers and self._abort_grace and
-            _ABORTING.search(tail[-1])):
-          timers['abort'] = _start_timer(self._abort_grace, self._end_job)
-        if 'finish' not in timers and _FINISHED.search(tail[-1]):
-          timers['finish'] = _start_timer(
-              max(self._abort_grace, _LEAVE_GRACE), self._end_finished_job)
-      for timer in timers.values():
-        timer.cancel()
+      _pass_through(self._job, tail, self._abort_grace, self._end_job,
+                    self._end_finished_job)
     exit_code = self._job.wait()
     # A job killed by a signal exits as a shell reports it: 128 + signal.
     return (128 - exit_code if exit_code < 0 else exit_code), list(tail)
@@ -198,6 +187,27 @@ class Supervisor:
       self._stopped_by = signum
     if self._job is not None and self._job.poll() is None:
       self._job.send_signal(signum)
+
+
+def _pass_through(job: subprocess.Popen, tail: Deque[str],
+                  abort_grace: float, end_job: Callable[[], None],
+                  end_finished_job: Callable[[], None]) -> None:
+  """The job's output copied to ours as it comes, its last lines kept in
+  `tail`; `end_job` called `abort_grace` s after mpirun says it aborts the
+  job (0: never), `end_finished_job` the workers' grace to leave after the
+  chief's summary line, each unless the output ends first."""
+  timers = {}
+  for raw in job.stdout:
+    sys.stdout.buffer.write(raw)
+    sys.stdout.flush()
+    tail.append(raw.decode(errors='replace').rstrip('\n'))
+    if 'abort' not in timers and abort_grace and _ABORTING.search(tail[-1]):
+      timers['abort'] = _start_timer(abort_grace, end_job)
+    if 'finish' not in timers and _FINISHED.search(tail[-1]):
+      timers['finish'] = _start_timer(max(abort_grace, _LEAVE_GRACE),
+                                      end_finished_job)
+  for timer in timers.values():
+    timer.cancel()
 
 
 def _session_ended(job: subprocess.Popen) -> bool:
