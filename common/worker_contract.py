@@ -52,7 +52,7 @@ RESTARTS_VAR = 'RESNET_KERAS_RESTARTS'
 RESUME_STEP_VAR = 'RESNET_KERAS_RESUME_STEP'
 # And which job the attempt is of: the same for each attempt of one job (a
 # Slurm job's requeues too), so that an attempt takes the run directory
-# over from its job's earlier attempt (resnet_keras/ownership.py).
+# over from its job's earlier attempt (resnet_keras/run_lock.py).
 JOB_VAR = 'RESNET_KERAS_JOB'
 ATTEMPT_VARS = (RESTARTS_VAR, RESUME_STEP_VAR, JOB_VAR)
 # multi_worker_mirrored: seconds a worker waits on the others' collectives

@@ -1,20 +1,8 @@
 """Who may write a run directory, and what in it is the run's.
 
-One writer. A trainer's chief, and each tool writing into a run, holds
-model_dir/run.lock while it writes: an exclusive flock on it (the kernel
-drops it when the holder ends, however it ends; Linux's NFS client passes
-it to the server, so it holds across hosts) and, in the file, who holds it:
-program, host, PID, since when, and the job. A second writer refuses in
-one line naming the holder. A lock file nobody holds is a holder that died
-(killed, its host lost): the next writer takes the directory over and says
-so. Two guards against mistaking a live holder for a dead one where the
-filesystem's locks do not reach across hosts (NFS mounted `nolock`, some
-FUSE filesystems): the holder renews the file's time every
-`HEARTBEAT_SECONDS`, and a lock of another host renewed within
-`STALE_SECONDS` is live. A job's own attempts are one writer: the launcher
-gives every attempt of a job one identity (worker_contract.job_identity),
-and an attempt takes over a lock its job's earlier attempt still holds (a
-process on a host the job lost, which the launcher cannot reach to end).
+One writer: the holder takes model_dir/run.lock (run_lock.py: who holds
+it, and the rules that tell a live holder from a dead one) and keeps it
+fresh while it writes (Owner's heartbeat).
 
 What a run owns. model_dir/run_files.txt records every path a run (or a
 tool in it) created, one JSON string a line: what appeared while it held the
@@ -36,9 +24,6 @@ This module never imports TensorFlow: the launcher and the tools take the
 directory before it loads.
 """
 
-import dataclasses
-import errno
-import fcntl
 import json
 import os
 import socket
@@ -52,14 +37,10 @@ from resnet_keras import files
 from common import worker_contract
 from common.errors import UsageError
 from resnet_keras import run_directory
+from resnet_keras import run_lock
 
 LOCK_FILE = run_directory.LOCK_FILE
 RECORD_FILE = run_directory.RECORD_FILE
-# The holder renews the lock file's time this often, and a lock of another
-# host renewed within STALE_SECONDS is taken as live even if the filesystem
-# does not show its flock.
-HEARTBEAT_SECONDS = 10.0
-STALE_SECONDS = 6 * HEARTBEAT_SECONDS
 # What appeared within this many seconds before a dead holder's `since` is
 # still its: file times are set by the file server's clock, which may run a
 # little behind the holder's.
@@ -73,177 +54,6 @@ _NAMED = 3
 def _describe_entries(names: List[str]) -> str:
   more = f' and {len(names) - _NAMED} more' if len(names) > _NAMED else ''
   return ', '.join(names[:_NAMED]) + more
-
-
-@dataclasses.dataclass(frozen=True)
-class Holder:
-  """Who holds (or held) a run directory."""
-  program: str
-  host: str
-  pid: int
-  since: float  # time.time() when it took the directory
-  job: Optional[str] = None  # worker_contract.job_identity
-
-  def describe(self) -> str:
-    when = time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(self.since))
-    return f'{self.program} (pid {self.pid} on {self.host}, since {when})'
-
-  @classmethod
-  def read(cls, fd: int) -> Optional['Holder']:
-    """The holder a lock file names; None where it names none readable (a
-    write cut short, or a file that is not ours)."""
-    try:
-      text = os.pread(fd, 4096, 0).decode()
-      record = json.loads(text)
-      return cls(program=str(record['program']), host=str(record['host']),
-                 pid=int(record['pid']), since=float(record['since']),
-                 job=record.get('job') and str(record['job']))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-      return None
-
-
-def _same_file(fd: int, path: str) -> bool:
-  """Whether `path` still names the file open as `fd` (a takeover replaces
-  it, a release removes it)."""
-  try:
-    here, there = os.fstat(fd), os.lstat(path)
-  except OSError:
-    return False
-  return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
-
-
-def _open_lock(path: str, flag: str) -> int:
-  try:
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW |
-                   os.O_CLOEXEC, 0o644)
-  except OSError as e:
-    if e.errno == errno.ELOOP:
-      raise UsageError(f'{path} is a symbolic link; a run writes none and '
-                       'follows none: remove it') from None
-    raise UsageError(f'{flag}={os.path.dirname(path)} is not a writable '
-                     f'directory ({e.strerror}); choose another {flag}'
-                     ) from None
-
-
-def _try_flock(fd: int) -> bool:
-  """Takes the exclusive flock on `fd`: False where another holds it. A
-  filesystem without flocks counts as free: the heartbeat then guards."""
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return True
-  except BlockingIOError:
-    return False
-  except OSError as e:
-    if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-      return True
-    raise
-
-
-def _write_holder(fd: int, holder: Holder) -> None:
-  data = json.dumps(dataclasses.asdict(holder), sort_keys=True).encode()
-  os.ftruncate(fd, 0)
-  os.pwrite(fd, data + b'\n', 0)
-  os.fsync(fd)
-
-
-def _in_use(flag: str, model_dir: str, holder: Optional[Holder],
-            renewed: Optional[float] = None) -> UsageError:
-  who = holder.describe() if holder else 'another process'
-  since = (f'; its lock was renewed {renewed:.0f} s ago (a holder gone '
-           f'with its host frees it {STALE_SECONDS:.0f} s after that)'
-           if renewed is not None else '')
-  return UsageError(
-      f'{flag}={model_dir} is in use by {who}{since}: one writer at a time; '
-      'wait for it to end (or stop it), or choose another ' + flag)
-
-
-def _take_lock(model_dir: str, holder: Holder,
-               flag: str) -> Tuple[int, Optional[Holder]]:
-  """The lock file's descriptor, flocked and naming `holder`, and the
-  holder it replaces (one that died, or this job's earlier attempt), if
-  any."""
-  path = os.path.join(model_dir, LOCK_FILE)
-  for _ in range(10):
-    fd = _open_lock(path, flag)
-    try:
-      if not _try_flock(fd):
-        previous = Holder.read(fd)
-        if holder.job and previous and previous.job == holder.job:
-          os.close(fd)
-          return _replace_lock(path, holder, flag), previous
-        raise _in_use(flag, model_dir, previous)
-      if not _same_file(fd, path):
-        os.close(fd)  # Let go or replaced while we waited: look again.
-        continue
-      previous = Holder.read(fd)
-      if previous and not (holder.job and previous.job == holder.job):
-        renewed = time.time() - os.fstat(fd).st_mtime
-        if _looks_alive(previous, holder, renewed, fd):
-          raise _in_use(flag, model_dir, previous, renewed)
-      _write_holder(fd, holder)
-      return fd, previous
-    except BaseException:
-      try:
-        os.close(fd)
-      except OSError:
-        pass
-      raise
-  raise UsageError(f'{flag}={model_dir}: its lock file changed hands ten '
-                   'times while this run tried to take it; try again')
-
-
-def _looks_alive(previous: Holder, holder: Holder, renewed: float,
-                 fd: int) -> bool:
-  """Whether the holder a free lock file names may yet be alive: where
-  flocks do not reach it. Another host's lock renewed within STALE_SECONDS;
-  on this host, a live PID where this filesystem ignores flocks."""
-  if previous.host != holder.host:
-    return renewed < STALE_SECONDS
-  return (previous.pid != holder.pid and _is_alive(previous.pid) and
-          _flocks_ignored(fd))
-
-
-def _flocks_ignored(fd: int) -> bool:
-  """Whether this filesystem ignores flocks: a second open of our own
-  flocked file takes one too."""
-  probe = os.open(f'/proc/self/fd/{fd}', os.O_RDONLY | os.O_CLOEXEC)
-  try:
-    fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    return True
-  except BlockingIOError:
-    return False
-  except OSError:
-    return True
-  finally:
-    os.close(probe)
-
-
-def _is_alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-    return True
-  except ProcessLookupError:
-    return False
-  except PermissionError:
-    return True
-
-
-def _replace_lock(path: str, holder: Holder, flag: str) -> int:
-  """Takes the lock over from this job's earlier attempt, still alive
-  somewhere: a new lock file renamed over its (its flock stays on a file
-  no path names)."""
-  staging = f'{path}.{holder.pid}.tmp'
-  fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW |
-               os.O_CLOEXEC, 0o644)
-  try:
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    _write_holder(fd, holder)
-    os.replace(staging, path)
-  except OSError as e:
-    os.close(fd)
-    raise UsageError(f'{flag}={os.path.dirname(path)}: its lock could not '
-                     f'be taken over ({e.strerror})') from None
-  return fd
 
 
 def _walk(model_dir: str) -> Tuple[Dict[str, float], List[str]]:
@@ -333,51 +143,6 @@ def _check_paths_inside(model_dir: str, links: List[str]) -> None:
         'and would prune it: remove that line (or the file)')
 
 
-def holder_of(model_dir: str) -> Optional[Holder]:
-  """Who holds model_dir now, as far as this host can see without taking
-  anything (None: nobody): a flock on its lock file (/proc/locks), or
-  another host's lock renewed within STALE_SECONDS."""
-  try:
-    fd = os.open(os.path.join(model_dir, LOCK_FILE),
-                 os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-  except OSError:
-    return None
-  try:
-    holder, info = Holder.read(fd), os.fstat(fd)
-  finally:
-    os.close(fd)
-  if _flocked(info):
-    return holder or Holder('another process', 'this host', 0, info.st_mtime)
-  if (holder and holder.host != socket.gethostname() and
-      time.time() - info.st_mtime < STALE_SECONDS):
-    return holder
-  return None
-
-
-def _flocked(info: os.stat_result) -> bool:
-  """Whether a flock is held on the file `info` describes (the kernel's
-  table: reading it takes none, so it races with no writer)."""
-  device = (f'{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:'
-            f'{info.st_ino}')
-  try:
-    with open('/proc/locks') as f:
-      rows = [line.split() for line in f]
-  except OSError:
-    return False
-  return any(len(row) > 5 and row[1] == 'FLOCK' and row[5] == device
-             for row in rows)
-
-
-def check_free(model_dir: str, environ: Mapping[str, str]) -> None:
-  """Refuses, in one line, a launch into a run directory another job
-  holds (the launcher asks before it contacts any host; its trainer's
-  chief takes the directory)."""
-  holder = holder_of(model_dir)
-  job = worker_contract.job_identity(environ)
-  if holder and not (job and holder.job == job):
-    raise _in_use('--model_dir', model_dir, holder)
-
-
 def _top(rel: str) -> str:
   """The top-level entry a path lies in ('train/' for 'train/events')."""
   top, slash, _ = rel.partition('/')
@@ -430,7 +195,7 @@ class Owner:
       self._record(new)
 
   def _beat(self) -> None:
-    while not self._stop.wait(HEARTBEAT_SECONDS):
+    while not self._stop.wait(run_lock.HEARTBEAT_SECONDS):
       try:
         os.utime(self._fd)
         self.note_written()
@@ -487,7 +252,7 @@ class Owner:
       pass  # A full disk: the next holder records it from our `since`.
     with self._lock:
       path = os.path.join(self.model_dir, LOCK_FILE)
-      if _same_file(self._fd, path):
+      if run_lock.same_file(self._fd, path):
         try:
           os.remove(path)
         except OSError:
@@ -518,15 +283,16 @@ def take(model_dir: str, program: str, environ: Mapping[str, str] = None,
   if not os.path.isdir(model_dir):
     raise UsageError(f'{flag}={model_dir} is not a directory; choose '
                      f'another {flag}')
-  holder = Holder(program=program, host=socket.gethostname(), pid=os.getpid(),
-                  since=time.time(), job=worker_contract.job_identity(environ))
-  fd, previous = _take_lock(model_dir, holder, flag)
+  holder = run_lock.Holder(program=program, host=socket.gethostname(),
+                           pid=os.getpid(), since=time.time(),
+                           job=worker_contract.job_identity(environ))
+  fd, previous = run_lock.take_lock(model_dir, holder, flag)
   try:
     owner = _own(model_dir, fd, previous, '--clean' if clean else flag,
                  new_run)
   except BaseException:
     path = os.path.join(model_dir, LOCK_FILE)
-    if _same_file(fd, path) and previous is None:
+    if run_lock.same_file(fd, path) and previous is None:
       os.remove(path)
     os.close(fd)
     if created:
@@ -594,8 +360,8 @@ def _refuse_foreign(model_dir: str, foreign: List[str]) -> None:
         'empty or new --model_dir, or move those away yourself')
 
 
-def _own(model_dir: str, fd: int, previous: Optional[Holder], flag: str,
-         new_run: bool) -> Owner:
+def _own(model_dir: str, fd: int, previous: Optional[run_lock.Holder],
+         flag: str, new_run: bool) -> Owner:
   found, links = _walk(model_dir)
   _check_paths_inside(model_dir, links)
   record_path = os.path.join(model_dir, RECORD_FILE)

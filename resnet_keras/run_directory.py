@@ -18,7 +18,7 @@ through it, as the exports go through serving/contract.py.
                          in worker_N/
   checkpoint, ckpt-N.*   TensorFlow's state file and the checkpoints,
                          named by step (checkpoints.py)
-  run.lock               who writes the directory now (ownership.py)
+  run.lock               who writes the directory now (run_lock.py)
   run_files.txt          every path a run wrote here (ownership.py)
   saved_model/           the run's export at its end
   plots/                 PNGs of metrics.jsonl (curves.py; the tool:

@@ -20,6 +20,7 @@ from common.errors import UsageError
 from resnet_keras import ownership
 from resnet_keras import recipes
 from resnet_keras import run_directory
+from resnet_keras import run_lock
 from resnet_keras.config import RunConfig
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import elastic
@@ -158,7 +159,7 @@ class Job:
     requeues = worker_contract.requeues(self.placement.environ)
     cleans = self._cfg.clean and not requeues
     if self._cfg.model_dir:  # One writer: another job's stops this one here.
-      ownership.check_free(self._cfg.model_dir, self.placement.environ)
+      run_lock.check_free(self._cfg.model_dir, self.placement.environ)
     if cleans:
       # The trainer's chief cleans; a model_dir it would refuse to clean
       # stops the job here, before any host is contacted.

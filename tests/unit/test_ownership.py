@@ -16,6 +16,7 @@ import pytest
 from common import worker_contract
 from common.errors import UsageError
 from resnet_keras import ownership
+from resnet_keras import run_lock
 from tests.support import runner
 
 
@@ -104,7 +105,7 @@ def test_another_hosts_lock_is_live_while_it_is_renewed(tmp_path):
   with pytest.raises(UsageError) as raised:
     ownership.take(run, 'second')
   _one_line(raised, 'pid 1 on elsewhere', 'renewed 0 s ago')
-  stale = time.time() - ownership.STALE_SECONDS - 1
+  stale = time.time() - run_lock.STALE_SECONDS - 1
   os.utime(os.path.join(run, 'run.lock'), (stale, stale))
   ownership.take(run, 'second').release()
 
@@ -270,21 +271,21 @@ def test_a_link_anywhere_is_refused(tmp_path, link):
 
 def test_who_holds_a_directory_is_seen_without_taking_it(tmp_path):
   run = str(tmp_path / 'run')
-  assert ownership.holder_of(run) is None
+  assert run_lock.holder_of(run) is None
   with ownership.take(run, 'trainer',
                       environ={worker_contract.JOB_VAR: 'job-1'}):
-    seen = ownership.holder_of(run)
+    seen = run_lock.holder_of(run)
     assert (seen.program, seen.pid, seen.job) == ('trainer', os.getpid(),
                                                   'job-1')
-    ownership.check_free(run, {worker_contract.JOB_VAR: 'job-1'})
+    run_lock.check_free(run, {worker_contract.JOB_VAR: 'job-1'})
     with pytest.raises(UsageError) as raised:
-      ownership.check_free(run, {})
+      run_lock.check_free(run, {})
     _one_line(raised, 'is in use by trainer')
     # Looking took nothing: the holder still holds it alone.
     with pytest.raises(UsageError):
       ownership.take(run, 'second')
   _write(os.path.join(run, 'config.json'))
   _lock_record(run, pid=2**22 + 1)  # a dead holder's file: free
-  assert ownership.holder_of(run) is None
+  assert run_lock.holder_of(run) is None
   _lock_record(run, host='elsewhere')
-  assert ownership.holder_of(run).host == 'elsewhere'
+  assert run_lock.holder_of(run).host == 'elsewhere'
