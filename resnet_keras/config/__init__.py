@@ -129,7 +129,6 @@ class RunConfig(*reversed(GROUPS)):
                        'one of them')
 
 
-
 _Record = TypeVar('_Record')
 
 
