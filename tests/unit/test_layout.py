@@ -1,10 +1,12 @@
 """The repository's sizes (issue 81): no definition over 150 lines and no
 module over 600, anywhere it keeps Python (testbed/ and benchmarks/ too).
 Past those a function, class or module holds more than one concern: cut it
-by concern, not at a line count."""
+by concern, not at a line count. And a package whose docstring lists its
+modules lists them all, and only modules that exist."""
 
 import ast
 import pathlib
+import re
 import subprocess
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -55,3 +57,22 @@ def test_an_oversized_definition_and_module_are_found():
   module = 'x = 1\n' * (MAX_MODULE_LINES + 1)
   assert oversized(module, 'm.py') == [f'm.py ({MAX_MODULE_LINES + 1} lines)']
   assert oversized(long_function.replace(body, '  pass'), 'm.py') == []
+
+
+# The packages whose docstring lists their modules.
+_LISTING_PACKAGES = ('common', 'resnet_keras/config', 'resnet_keras/launcher',
+                     'resnet_keras/serving', 'testbed', 'testbed/soak')
+
+
+def test_each_package_that_lists_its_modules_lists_them_all():
+  for package in _LISTING_PACKAGES:
+    folder = REPO / package
+    said = ast.get_docstring(ast.parse((folder / '__init__.py').read_text()))
+    modules = {path.name for path in folder.glob('*.py')} - {
+        '__init__.py', '__main__.py'}
+    named = set(re.findall(r'\b(\w+\.py)\b', said))
+    assert modules - named == set(), package
+    # What it names beside its own: its parent's modules, the entry points.
+    assert [name for name in named if not any(
+        (where / name).exists() for where in (folder, folder.parent, REPO))
+            ] == [], package
