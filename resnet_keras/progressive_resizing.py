@@ -45,7 +45,7 @@ class TrainingInput:
 
   def __init__(self, cfg: RunConfig, steps_per_epoch: int,
                make: Callable[[int, int], Any], step: int):
-    self._cfg, self._steps_per_epoch, self.make = cfg, steps_per_epoch, make
+    self._cfg, self._steps_per_epoch, self._make = cfg, steps_per_epoch, make
     self.size = image_size_for_run(cfg, step // steps_per_epoch)
 
   def follow(self, trainer: Any, step: int, data_start: int,
@@ -58,7 +58,7 @@ class TrainingInput:
     epoch = step // self._steps_per_epoch
     size = image_size_for_run(self._cfg, epoch)
     if size != self.size:
-      trainer.train_dataset = self.make(size, data_start)
+      trainer.train_dataset = self._make(size, data_start)
       self.size = size
     elif not announce:
       return
