@@ -7,7 +7,7 @@ training loop's tf.function). And the job's collectives, waiting on a
 worker frozen or stuck: Horovod's own stall check runs in the same
 background loop as its negotiation, which waits for that worker too, so it
 never fires; multi_worker_mirrored's collective timeout holds a thread per
-collective until it passes (resnet_keras/distribution.py). What the collective
+collective until it passes (distribution.py). What the collective
 watchdog polls is the backend's `Progress`, told by each step that the
 collectives still move; how long a wait may last follows from how long the
 same phase's steps took so far (`Deadlines`), so that a frozen worker is

@@ -1,4 +1,5 @@
-"""resnet_keras/distribution.py: device choice and input options, on fake devices."""
+"""resnet_keras/distribution.py: device choice and input options, on fake
+devices."""
 
 import pytest
 
