@@ -36,13 +36,13 @@ ELASTIC = ['--min_hosts=2', '--max_restarts=2', '--clean',
            '--train_epochs=1', '--num_workers_per_hls=1']
 
 _missing = cluster_lib.missing_requirements()
-pytestmark = [pytest.mark.skipif(_missing is not None,
-                                 reason=f'no test cluster: {_missing}'),
-              pytest.mark.xdist_group('cluster_elastic')]
 # One job of this module at a time, on its cluster, in one worker: its
 # jobs (this_host's too) run in the cluster's namespaces, whose ports never
 # meet those of the jobs the other modules start, so the modules' chains run
 # side by side (test_multi_host.py says why).
+pytestmark = [pytest.mark.skipif(_missing is not None,
+                                 reason=f'no test cluster: {_missing}'),
+              pytest.mark.xdist_group('cluster_elastic')]
 # The cluster of this module (conftest.py): its hosts, and the subnets
 # 10.77.N.0/24 it may take (the other module's are apart).
 CLUSTER_HOSTS = 3
