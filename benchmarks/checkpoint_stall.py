@@ -68,9 +68,11 @@ def worker(args) -> None:
   parts.trainer.train(steps)  # Tracing: not timed.
 
   def save(way: str, step: int) -> None:
+    if not parts.saver.saves:  # A Horovod worker but the chief.
+      return
     if way == 'async':
       parts.saver.save(step, attempt)
-    elif parts.manager:  # What run.py did before.
+    else:  # What run.py did before.
       with backend.saving():
         parts.manager.save(checkpoint_number=step)
 
