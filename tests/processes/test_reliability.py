@@ -5,6 +5,7 @@ other stops, in this process: e2e/; the guard alone: unit/.)"""
 
 import glob
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -100,7 +101,7 @@ def _start_and_kill(model_dir, after_step, delay):
   job.kill()
   job.wait(timeout=60)
   seen.append(job.stderr.read())  # What it logged until the kill.
-  return int(''.join(seen).rsplit('step ', 1)[1].split('/')[0])
+  return int(re.findall(r' step (\d+)/', ''.join(seen))[-1])
 
 
 def test_kill_9_never_leaves_an_unloadable_checkpoint(tmp_path):
