@@ -99,12 +99,18 @@ def log_formatter() -> py_logging.Formatter:
 
 
 # TensorFlow's and orbit's INFO lines that tell a user of these programs
-# nothing: one per checkpoint (its sharding callback's duration), three per
-# export (captures renamed inside the SavedModel, its fingerprint file) and
+# nothing: three per checkpoint (its sharding callback's duration, the
+# background write's start, the wait for it; our line says both), three
+# per export (captures renamed inside the SavedModel, its fingerprint file),
 # one per evaluation (the data's end, which the evaluation line gives as its
-# example count). Warnings with the same text still show.
+# example count) and the background writer's set-up and end, the last
+# after a run's last line. Warnings with the same text still show.
 _NOISE = ('Sharding callback duration', 'contains input name(s) resource',
-          'Writing fingerprint to', 'The dataset iterator is exhausted')
+          'Writing fingerprint to', 'The dataset iterator is exhausted',
+          'Starting async checkpoint save', 'Sync on ongoing save/restore',
+          "Initializing async checkpoint's save_counter",
+          'Joining the async save thread',
+          'Async save thread reached the end')
 
 
 class _DropNoise(py_logging.Filter):

@@ -72,6 +72,7 @@ class Parts:
   # What this process saves to and restores from; None: it never saves.
   manager: Optional[tf.train.CheckpointManager]
   evaluator: Optional[Evaluator]  # None: --skip_eval
+  saver: Optional[checkpoints.Saver] = None  # training only, its saves
   trainer: Optional[Trainer] = None  # training only
   step_record: Optional[StepRecord] = None  # the trainer's, training only
   # --ema_decay's average of the model's weights; None: not averaging.
@@ -229,8 +230,9 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
       use_tf_while_loop=cfg.use_tf_while_loop)
   return Parts(plan=plan, schedule=schedule, network=network, model=model,
                optimizer=optimizer, manager=manager, evaluator=evaluator,
-               trainer=trainer, step_record=step_record, ema=ema,
-               skipped=skipped, guard=guard, training_input=training_input)
+               saver=checkpoints.Saver(manager, backend), trainer=trainer,
+               step_record=step_record, ema=ema, skipped=skipped,
+               guard=guard, training_input=training_input)
 
 
 def assemble_evaluation(basis: Basis, plan: TrainingPlan) -> Parts:

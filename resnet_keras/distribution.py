@@ -273,6 +273,14 @@ class Backend(WorkerCollectives):
     folder of model_dir. Horovod workers hold plain variables: only the chief saves."""
     return not self.hvd and self.num_workers > 1
 
+  def saving(self) -> ContextManager[None]:
+    """Around the part of a save every worker takes part in where saves
+    are collective (`collective_saves`: it waits on the others); a Horovod
+    chief saves alone, however long it takes."""
+    if self.collective_saves:
+      return self.progress.waiting('checkpoints')
+    return contextlib.nullcontext()
+
   @property
   def num_programs(self) -> int:
     """Processes that each drive their own replicas: every Horovod worker;

@@ -22,8 +22,9 @@ def export(basis: assembly.Basis, parts: assembly.Parts,
   """--enable_checkpoint_and_export: the chief exports the trained model
   (timed in `attempt`). A stop signal ends it at once (the guard's
   `at_once`: a scheduler's grace period may be shorter than an export),
-  and says so; the run's checkpoint at `step` is written by then, and the
-  rerun exports it (run.py: nothing to train)."""
+  and says so; the run's checkpoint at `step` is written before the
+  process ends (checkpoints.Saver.waited_at_end), and the rerun exports it
+  (run.py: nothing to train)."""
   cfg, backend = basis.effective_cfg, basis.backend
   if not cfg.enable_checkpoint_and_export:
     return

@@ -27,7 +27,10 @@ last attempt's last record, split into:
                loop's time beyond what its steps take in later loops
                (tracing, the input pipeline's start), as ml-goodput-
                measurement counts a first step's compilation
-  checkpoints, evaluation, export   their own calls
+  checkpoints  the time the loop waited for its saves: the values'
+               copy, a wait for the write before, the wait at the end for
+               the last one
+  evaluation, export   their own calls
   waiting      from an attempt's last record to the next one's process
                start: restart gaps, a scheduler's requeue hold, a killed
                attempt's time after its last record
@@ -35,6 +38,10 @@ last attempt's last record, split into:
                attempt's end (TensorBoard and metrics files closed, plots
                drawn), progressive resizing's new input, the host's work
                between calls
+
+Beside the parts, not one of them (training went on meanwhile): the time
+the checkpoints' writes took in the background (`checkpoint_written`), the
+block's `checkpoint_writes_seconds`.
 
 This module never imports TensorFlow.
 """
@@ -89,13 +96,14 @@ def read(model_dir: str) -> List[Dict]:
 
 def _readable(attempt) -> bool:
   """Whether `attempt` has what `split` reads, of the types it reads (an
-  attempt of code before `stalled` has none: 0)."""
+  attempt of code before `stalled` or `checkpoint_writes` has none: 0)."""
   number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)
   pair = lambda v: isinstance(v, list) and len(v) == 2 and all(map(number, v))
   return (isinstance(attempt, dict) and
           all(number(attempt.get(k)) for k in (
               'process_start', 'ready', 'end', 'start_step', 'last_step',
               *PHASES)) and number(attempt.get('stalled', 0.0)) and
+          number(attempt.get('checkpoint_writes', 0.0)) and
           pair(attempt.get('first_loop')) and pair(attempt.get('loops')))
 
 
@@ -184,7 +192,9 @@ def split(attempts: List[Dict]) -> Dict:
           'attempts': len(attempts),
           'redone_steps': redone_total,
           'seconds': {k: round(v, 3) for k, v in seconds.items()},
-          'per_attempt': per_attempt}
+          'per_attempt': per_attempt,
+          'checkpoint_writes_seconds': round(sum(
+              a.get('checkpoint_writes', 0.0) for a in attempts), 3)}
 
 
 def _seconds(value: float) -> str:
@@ -225,7 +235,7 @@ class Attempt:
                    'end': process_start, 'start_step': start_step,
                    'last_step': start_step, 'first_loop': [0, 0.0],
                    'loops': [0, 0.0], **dict.fromkeys(PHASES, 0.0),
-                   'stalled': 0.0}
+                   'stalled': 0.0, 'checkpoint_writes': 0.0}
     self._open = {}  # phase -> time.monotonic() it began, while it runs
     self._written = time.monotonic()
 
@@ -243,6 +253,10 @@ class Attempt:
     finally:
       del self._open[phase]
       self.record[phase] += time.monotonic() - begun
+
+  def checkpoint_written(self, seconds: float) -> None:
+    """A checkpoint's write took `seconds` in the background (any thread)."""
+    self.record['checkpoint_writes'] += seconds
 
   def __call__(self, output: Dict) -> None:
     loop = output[LOOP_RECORD]

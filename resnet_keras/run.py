@@ -18,7 +18,6 @@ resolved), which config.json records; only the TensorBoard hparams record
 the config as asked, as they always have (reporting.py).
 """
 
-import contextlib
 import gc
 import os
 import time
@@ -108,10 +107,11 @@ def _run_on(basis: assembly.Basis, started: float, run_started: float,
   attempt = goodput.Attempt(
       cfg.model_dir if backend.is_chief else None, started, start.step,
       stalled=lambda: backend.progress.stalled('training'))
-  # A chief ended stuck writes its account first: the stall that ended it
-  # is the job's stall, not a wait after its last record.
-  last_words.append(attempt.write)
-  with parts.guard.installed():
+  # A worker ended stuck lets the write in flight end first (the restart
+  # resumes from its checkpoint), and a chief writes its account: the stall
+  # that ended it is the job's stall, not a wait after its last record.
+  last_words.extend((lambda: parts.saver.wait(attempt), attempt.write))
+  with parts.guard.installed(), parts.saver.waited_at_end(attempt):
     outcome, reports = _train(basis, parts, start, run_started, attempt)
     final_export.export(basis, parts, attempt, outcome.step)
   # The job's account is the chief's: only it records every attempt.
@@ -193,8 +193,7 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
   evaluations at their steps, a checkpoint before a signal stops the run,
   and a last evaluation if none ran at the end; each timed in `attempt`,
   which is written after each checkpoint and evaluation."""
-  plan, optimizer, manager = parts.plan, parts.optimizer, parts.manager
-  saves = manager is not None
+  plan, optimizer, saver = parts.plan, parts.optimizer, parts.saver
   outcome = reporting.Outcome(step=start.step, eval_results={})
   while outcome.step < plan.total_train_steps and not outcome.target_reached:
     if cfg.progressive_resize_start_size:
@@ -207,11 +206,10 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                          checkpoint_at_completion=False)
     except guards.SignalReceived as stop:
       step = int(optimizer.iterations.numpy())
-      if saves:
-        with attempt.timing('checkpoints'), _collective_save(backend):
-          path = manager.save(checkpoint_number=step)
-        logging.info('saved checkpoint at step %d after signal (%s)', step,
-                     path)
+      if saver.saves:
+        # Nothing goes on while this write runs: the process stops.
+        saver.save(step, attempt, ' after signal')
+        saver.wait(attempt)
       attempt.write()
       if backend.is_chief:
         job_starts.record_stop(cfg.model_dir, os.environ, str(stop), step)
@@ -223,11 +221,9 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                        f'command to resume{stop.hint}',
                        stop.exit_code) from None
     step = outcome.step = int(optimizer.iterations.numpy())
-    if (cfg.enable_checkpoint_and_export and saves and
+    if (cfg.enable_checkpoint_and_export and saver.saves and
         plan.is_checkpoint_step(step)):
-      with attempt.timing('checkpoints'), _collective_save(backend):
-        path = manager.save(checkpoint_number=step)
-      logging.info('saved checkpoint %s', path)
+      saver.save(step, attempt)
       attempt.write()
     if not cfg.skip_eval and plan.is_eval_step(step):
       outcome.eval_results = _evaluate(controller, reports, plan, step,
@@ -243,14 +239,6 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
     outcome.eval_results = _evaluate(controller, reports, plan, outcome.step,
                                      attempt, backend)
   return outcome
-
-
-def _collective_save(backend: distribution.Backend):
-  """A save every worker takes part in (multi_worker_mirrored) waits on
-  the others; a Horovod chief saves alone, however long it takes."""
-  if backend.collective_saves:
-    return backend.progress.waiting('checkpoints')
-  return contextlib.nullcontext()
 
 
 def _evaluate(controller: orbit.Controller, reports: reporting.Reporting,

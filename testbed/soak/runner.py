@@ -41,7 +41,7 @@ def _moment_pattern(moment: str, steps: int, rng: random.Random) -> str:
   if moment == 'checkpoint':
     return rf' I step {rng.randrange(1, steps // 4) * 4}/'
   if moment == 'evaluation':
-    return rf'saved checkpoint \S*ckpt-{steps}$'
+    return rf'saved checkpoint at step {steps}\b'
   if moment == 'export':
     return r'eval at step'
   return r'restart \d+ of|requeued \d+ time'

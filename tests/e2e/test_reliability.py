@@ -5,15 +5,20 @@ kill -9, to a process of its own: processes/; the guard alone: unit/.)"""
 
 import glob
 import json
+import logging as py_logging
 import os
+import re
 import shutil
 import subprocess
+import time
 
+from absl import logging
 import pytest
 
 from common import worker_contract
 from resnet_keras import goodput
 from resnet_keras import guards
+from resnet_keras import run_directory
 from tests.support import runner
 from tests.support.records import write_dataset
 
@@ -40,16 +45,48 @@ def test_non_finite_loss_stops_and_keeps_the_last_checkpoint(synthetic_run,
   assert runner.checkpoint_steps(model_dir) == [4, 8]
 
 
+class _LastWriteOutlastsTheExport(py_logging.Filter):
+  """Holds the writer's thread at the line of the last checkpoint's write
+  (its files complete, before the manager names it in the state file)
+  until 2 s after the run's export is in place."""
+
+  def __init__(self, model_dir):
+    super().__init__()
+    self._export = os.path.join(model_dir, run_directory.SAVED_MODEL_DIR)
+
+  def filter(self, record):
+    if record.getMessage().startswith('saved checkpoint at step 8 '):
+      deadline = time.time() + 120
+      while not os.path.exists(self._export) and time.time() < deadline:
+        time.sleep(0.05)  # Polls for the export's folder.
+      time.sleep(2)
+    return True
+
+
 def test_checkpoint_interval_and_max_checkpoints(tmp_path):
+  """The run's end waits for the last write (as checkpoint time): its
+  checkpoint is the state file's latest when the run returns."""
   model_dir = str(tmp_path / 'model')
-  result = runner.run_main([f'--model_dir={model_dir}', '-te', '2',
-                            '--enable_checkpoint_and_export', '--skip_eval',
-                            '--checkpoint_interval_steps=1',
-                            '--steps_per_loop=1', '--max_checkpoints=3'] +
-                           runner.TINY[:-3])
+  slow = _LastWriteOutlastsTheExport(model_dir)
+  logging.get_absl_logger().addFilter(slow)
+  try:
+    result = runner.run_main([f'--model_dir={model_dir}', '-te', '2',
+                              '--enable_checkpoint_and_export', '--skip_eval',
+                              '--checkpoint_interval_steps=1',
+                              '--steps_per_loop=1', '--max_checkpoints=3'] +
+                             runner.TINY[:-3])
+  finally:
+    logging.get_absl_logger().removeFilter(slow)
   assert result.returncode == 0, result.stderr[-3000:]
-  assert result.stderr.count('saved checkpoint') == 8  # every step of 2x4
+  saved = re.findall(r'saved checkpoint at step (\d+) \(\S+\): training '
+                     r'blocked [\d.]+ s, written in [\d.]+ s in the '
+                     'background', result.stderr)
+  assert saved == [str(step) for step in range(1, 9)]  # every step of 2x4
+  assert run_directory.latest_checkpoint(model_dir).step == 8
   assert runner.checkpoint_steps(model_dir) == [6, 7, 8]
+  job = runner.read_summary(model_dir)['goodput']
+  assert job['seconds']['checkpoints'] > 1.5  # The end's wait, 2 s held.
+  assert job['checkpoint_writes_seconds'] > 0
 
 
 def test_checkpoint_of_another_model_is_refused_and_kept(synthetic_run,

@@ -7,6 +7,7 @@ dies must end, non-zero, without leaving processes behind.
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -102,8 +103,20 @@ def test_two_workers_train_in_lockstep(service_records, in_process_service,
   assert (chief['worker_index'], worker['worker_index']) == (0, 1)
   assert chief['global_batch_size'] == global_batch
   assert chief['train_steps'] == (8 if techniques else 4)
+  assert re.search(rf'saved checkpoint at step {chief["train_steps"]} .*: '
+                   'training blocked .* in the background', output), output
   if techniques:  # Both workers trained at both sizes, in step.
     assert 'training at 32 px from epoch 1' in output
+    # Each worker wrote its own copy of the collective saves in the
+    # background: the last ones alike (batch-norm statistics and their
+    # averages read as their mean over the workers), whole.
+    final = [runner.checkpoint_values(os.path.join(d, 'ckpt-8')) for d in (
+        model_dir, os.path.join(model_dir, 'worker_1', 'checkpoints'))]
+    assert final[0].keys() == final[1].keys()
+    assert any(n.startswith('weight_average/') for n in final[0])
+    for name in final[0]:
+      np.testing.assert_array_equal(final[0][name], final[1][name],
+                                    err_msg=name)
   # Every validation example once, over both (evaluation reads the records
   # itself).
   assert chief['eval_examples'] == 9

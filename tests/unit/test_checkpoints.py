@@ -3,14 +3,21 @@ checkpoints they refuse."""
 
 import dataclasses
 import os
+import threading
+import time
 
+import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
 
+from resnet_keras import distribution
 from common.errors import UsageError
 from resnet_keras import checkpoints
+from resnet_keras import ema
+from resnet_keras import goodput
 from resnet_keras import run_directory
+from tests.support import runner
 from resnet_keras.config import RunConfig
 from resnet_keras.plan import make_training_plan
 
@@ -117,3 +124,117 @@ def test_a_manager_keeps_the_configured_number(tmp_path):
   assert [os.path.basename(p) for p in manager.checkpoints] == [
       'ckpt-2', 'ckpt-3']
   assert checkpoints.MAX_TO_KEEP == RunConfig().max_checkpoints
+
+
+BACKEND = distribution.Backend(tf.distribute.get_strategy())
+
+
+class _HeldAttempt(goodput.Attempt):
+  """An attempt's account whose record of a background write (in the
+  writer's thread, once the checkpoint's files are complete, before the
+  manager names it in the state file) waits until `released`."""
+
+  def __init__(self):
+    super().__init__(None, time.time(), 0)
+    self.released, self.holding = threading.Event(), threading.Event()
+    self.released.set()
+
+  def checkpoint_written(self, seconds):
+    self.holding.set()
+    assert self.released.wait(60)
+    super().checkpoint_written(seconds)
+
+
+def test_a_save_returns_before_its_write_and_the_state_file_names_it_after(
+    tmp_path):
+  model, optimizer = _model_and_optimizer()
+  saver = checkpoints.Saver(
+      checkpoints.make_manager(model, optimizer, str(tmp_path)), BACKEND)
+  attempt = _HeldAttempt()
+  saver.save(4, attempt)
+  assert saver.wait(attempt) and not saver.wait(attempt)
+  attempt.released.clear()
+  attempt.holding.clear()
+  saver.save(8, attempt)
+  assert attempt.holding.wait(60)  # The save returned; its write goes on.
+  assert checkpoints.unreadable(str(tmp_path / 'ckpt-8')) is None
+  assert checkpoints.latest(str(tmp_path)) == (str(tmp_path / 'ckpt-4'), 4)
+  attempt.released.set()
+  assert saver.wait(attempt)
+  assert checkpoints.latest(str(tmp_path)) == (str(tmp_path / 'ckpt-8'), 8)
+  assert attempt.record['checkpoints'] > 0
+  assert attempt.record['checkpoint_writes'] > 0
+
+
+def test_a_failed_write_is_raised_by_the_wait_and_named_nowhere(tmp_path):
+  model, optimizer = _model_and_optimizer()
+  saver = checkpoints.Saver(
+      checkpoints.make_manager(model, optimizer, str(tmp_path)), BACKEND)
+  attempt = goodput.Attempt(None, time.time(), 0)
+  saver.save(4, attempt)
+  saver.wait(attempt)
+  # A file where the write's temporary folder goes: its write fails.
+  (tmp_path / 'ckpt-8_temp').write_text('')
+  saver.save(8, attempt)
+  with pytest.raises(tf.errors.OpError):
+    saver.wait(attempt)
+  assert not saver.wait(attempt)  # Raised once, not again at the exit.
+  assert checkpoints.latest(str(tmp_path)) == (str(tmp_path / 'ckpt-4'), 4)
+
+
+def _trained_with_average_and_loss_scale():
+  """A model with batch norm, its optimizer (momentum slots, a dynamic loss
+  scale) after a step, and the weight average after it."""
+  model = tf_keras.Sequential([tf_keras.Input([4]), tf_keras.layers.Dense(3),
+                               tf_keras.layers.BatchNormalization()])
+  optimizer = tf_keras.mixed_precision.LossScaleOptimizer(
+      tf_keras.optimizers.legacy.SGD(0.1, momentum=0.9))
+  average = ema.EMA(model.variables, 0.5)
+
+  def step():
+    with tf.GradientTape() as tape:
+      loss = optimizer.get_scaled_loss(tf.reduce_sum(
+          model(tf.random.normal([8, 4]), training=True) ** 2))
+    grads = optimizer.get_unscaled_gradients(
+        tape.gradient(loss, model.trainable_variables))
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    average.update(optimizer.iterations)
+
+  return model, optimizer, average, step
+
+
+def test_an_async_checkpoint_holds_and_restores_what_a_sync_one_does(
+    tmp_path):
+  """Twice: a process's first async save copies the values eagerly as it
+  sets up its copies, the later ones in a traced function."""
+  model, optimizer, average, step = _trained_with_average_and_loss_scale()
+  sync = checkpoints.make_manager(model, optimizer, str(tmp_path / 'sync'),
+                                  ema=average)
+  saver = checkpoints.Saver(checkpoints.make_manager(
+      model, optimizer, str(tmp_path / 'async'), ema=average), BACKEND)
+  attempt = goodput.Attempt(None, time.time(), 0)
+  for number in (1, 2):
+    step()
+    sync.save(checkpoint_number=number)
+    saver.save(number, attempt)
+    saver.wait(attempt)
+    # TensorFlow's own count of saves, which nothing here reads (a run's
+    # checkpoints are named by their step): the async writer keeps its own.
+    values = [runner.checkpoint_values(
+        str(tmp_path / kind / f'ckpt-{number}'),
+        lambda name: not name.startswith('save_counter'))
+              for kind in ('sync', 'async')]
+    assert values[0].keys() == values[1].keys()
+    assert any(n.startswith('weight_average/') for n in values[0])
+    assert any('loss_scale' in n for n in values[0])
+    for name, value in values[0].items():
+      np.testing.assert_array_equal(value, values[1][name], err_msg=name)
+  restored, restored_optimizer, restored_average, _ = (
+      _trained_with_average_and_loss_scale())
+  checkpoints.checkpoint_of(restored, restored_optimizer,
+                            restored_average).restore(
+                                str(tmp_path / 'async' / 'ckpt-2')
+                            ).assert_existing_objects_matched()
+  for mine, theirs in zip(model.variables + average.averages,
+                          restored.variables + restored_average.averages):
+    np.testing.assert_array_equal(mine.numpy(), theirs.numpy())

@@ -73,8 +73,15 @@ def test_tensorflows_routine_info_lines_are_dropped_not_its_warnings():
                 'Function `serve` contains input name(s) resource with '
                 'unsupported characters which will be renamed to x',
                 'Writing fingerprint to /m/saved_model.partial/fingerprint.pb',
-                'The dataset iterator is exhausted after 2 steps.'):
+                'The dataset iterator is exhausted after 2 steps.',
+                'Starting async checkpoint save on the device: /job:localhost'
+                '/replica:0/task:0/device:CPU:0',
+                'Sync on ongoing save/restore.',
+                "Initializing async checkpoint's save_counter: 0",
+                'Joining the async save thread.',
+                'Async save thread reached the end of the execution.'):
     assert not shown(py_logging.INFO, noise), noise
     assert shown(py_logging.WARNING, noise), noise
-  assert shown(py_logging.INFO, 'saved checkpoint /m/ckpt-4')
+  assert shown(py_logging.INFO, 'saved checkpoint at step 4 (/m/ckpt-4): '
+               'training blocked 0.01 s, written in 0.02 s in the background')
   assert shown(py_logging.INFO, 'exported SavedModel to /m/saved_model')
