@@ -189,10 +189,13 @@ def check_restarts_resume(record: JobRecord) -> List[str]:
 
 def check_resumes(record: JobRecord) -> List[str]:
   """Each restart resumes at a checkpoint no older than the newest that
-  read when the fault struck, and redoes at most one interval (two where
-  the fault truncated the newest)."""
+  read when the fault struck, and redoes at most two intervals (three where
+  the fault truncated the newest): checkpoints are written beside training
+  (checkpoints.Saver), so a fault during a write finds the one before it
+  the newest, and the next save waits for the write, so no more than one
+  interval is trained while it runs."""
   broken = []
-  allowed = record.interval * (2 if record.plan.truncates else 1)
+  allowed = record.interval * (3 if record.plan.truncates else 2)
   newest = max(record.readable_before, default=0)
   for reached, resumed in record.resumes:
     if reached - resumed > allowed:

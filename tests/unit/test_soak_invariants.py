@@ -26,8 +26,8 @@ def test_a_clean_record_breaks_no_invariant():
      'struck'),
     (dict(outcome='crashed'), "ends: outcome 'crashed'"),
     (dict(left_processes={'h2': ['orted']}), 'no processes: left on h2: orted'),
-    (dict(resumes=[(15, 8)]), 'resume: redid 7 steps (8 after 15), more '
-     'than 4'),
+    (dict(resumes=[(17, 8)]), 'resume: redid 9 steps (8 after 17), more '
+     'than 8'),
     (dict(resumes=[(8, 4)]), 'resume: resumed at step 4, older than the '
      'newest readable checkpoint ckpt-8'),
     (dict(readable_after=[4, 12]), 'data: readable checkpoints lost: ckpt-8'),
@@ -65,11 +65,11 @@ def test_each_invariant_fails_on_a_record_that_breaks_it(changes, broken):
 
 
 def test_what_the_invariants_allow():
-  # A truncated newest checkpoint: two intervals redone, from the one
+  # A truncated newest checkpoint: three intervals redone, from the one
   # before it; the truncated files changed by the soak itself.
   truncated = soak_records.record(
       plan=soak_records.plan(faults=(('truncate_newest', 'mid_step'),)),
-      resumes=[(11, 4)], truncated=['ckpt-8.index'],
+      resumes=[(16, 4)], truncated=['ckpt-8.index'],
       faults=[soak_records.fault('truncate_newest')],
       files_after={'ckpt-4.index': 'a', 'ckpt-8.index': 'rewritten'})
   assert soak_invariants.broken_invariants(truncated) == []
