@@ -31,6 +31,7 @@ def _files(directory):
   return out
 
 
+@pytest.mark.slow
 def test_mean_of_the_last_two_is_a_separate_scored_exportable_run(
     synthetic_run, tmp_path):
   before = _files(synthetic_run)

@@ -1,9 +1,12 @@
 """A run on CIFAR binary files (--dataset cifar10), through the trainer's
 main in this process."""
 
+import pytest
+
 from tests.support import runner
 
 
+@pytest.mark.slow
 def test_train_end_to_end(cifar10_dir, tmp_path):
   root, _ = cifar10_dir
   model_dir = str(tmp_path / 'run')

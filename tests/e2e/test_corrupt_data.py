@@ -4,6 +4,8 @@
 import json
 import os
 
+import pytest
+
 from resnet_keras.data import imagenet
 from tests.support import runner
 from tests.support.records import append_undecodable, copy_dataset, truncate
@@ -29,6 +31,7 @@ def test_corrupt_shard_stops_with_one_line_naming_it(clean_dir, tmp_path):
                                '--skip_corrupt_records')
 
 
+@pytest.mark.slow
 def test_skip_corrupt_records_trains_and_reports(clean_dir, tmp_path):
   root = copy_dataset(clean_dir, tmp_path)
   # The converter's metadata: the counts before the damage.

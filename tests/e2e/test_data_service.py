@@ -12,6 +12,7 @@ from testbed.ports import free_ports
 from tests.support.data_service import service_config
 
 
+@pytest.mark.slow
 def test_a_run_trains_from_the_service_and_resumes_without_it(
     service_records, tmp_path, in_process_service):
   dispatcher, workers = in_process_service

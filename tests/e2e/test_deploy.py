@@ -23,7 +23,9 @@ from tests.support.images import parse_predictions, write_images
 from tests.support.records import CLASS_NAMES
 
 # The module's exports are written once, in one worker.
-pytestmark = pytest.mark.xdist_group('deploy')
+# Slow (not in ./scripts/test.sh --quick): every test reads the
+# module's exports, which took 80 s to write in the suite under load.
+pytestmark = [pytest.mark.xdist_group('deploy'), pytest.mark.slow]
 
 FLOAT32_FILES = ('model.onnx', 'model.tflite')
 QUANTIZED_FILES = ('model_float16.tflite', 'model_dynamic.tflite',

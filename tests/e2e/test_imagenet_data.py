@@ -1,9 +1,12 @@
 """Runs on tiny ImageNet-format records, through the trainer's main in this
 process: trained and evaluated end to end, a missing --data_dir."""
 
+import pytest
+
 from tests.support import runner
 
 
+@pytest.mark.slow
 def test_train_and_eval_end_to_end_on_records(data_dir, tmp_path):
   root, labels = data_dir
   model_dir = str(tmp_path / 'run')

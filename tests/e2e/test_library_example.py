@@ -12,6 +12,7 @@ from examples import train_as_a_library
 pytestmark = pytest.mark.usefixtures('fresh_tensorflow_state')
 
 
+@pytest.mark.slow
 def test_the_library_example_trains_and_reads_its_summary_back(tmp_path,
                                                                 capsys):
   model_dir = str(tmp_path / 'run')

@@ -83,6 +83,7 @@ def test_fp32_sgd_train_eval_checkpoint_export_and_resume(tmp_path):
                    (8, True), (10, False), (12, False), (12, True)]
 
 
+@pytest.mark.slow
 def test_bf16_lars_reference_preset(tmp_path):
   model_dir = str(tmp_path / 'lars')
   result = runner.run_main(runner.TINY + [
@@ -194,6 +195,7 @@ def test_uint8_loader_bf16_with_python_loop_and_clean(tmp_path):
   assert summary['eval_examples'] == 13 and summary['train_steps'] == 4
 
 
+@pytest.mark.slow
 def test_keras_applications_backbone(tmp_path):
   model_dir = str(tmp_path / 'app')
   ours = [a for a in runner.TINY if not a.startswith('--width_multiplier')]

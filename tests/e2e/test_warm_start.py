@@ -155,6 +155,7 @@ def test_restore_with_optimizer_continues_then_resumes(synthetic_run,
   assert runner.read_summary(model_dir)['resumed_from_step'] == 12
 
 
+@pytest.mark.slow
 def test_frozen_fine_tune_end_to_end(synthetic_run, tmp_path):
   model_dir = tmp_path / 'frozen'
   source = os.path.join(synthetic_run, 'ckpt-8')

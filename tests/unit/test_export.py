@@ -20,7 +20,10 @@ from resnet_keras.serving import saved_model
 from tests.support.images import uniform_pixels
 
 # The module's export is built once, in one worker.
-pytestmark = pytest.mark.xdist_group('export')
+# Slow (not in ./scripts/test.sh --quick): its tests export (the module's
+# network, a ResNet-50, a portable copy) or read the module's export, 8-43 s
+# each in the suite under load.
+pytestmark = [pytest.mark.xdist_group('export'), pytest.mark.slow]
 
 IMAGE_SIZE = 32
 # Small enough to build, save and load in seconds; every kind of layer.
@@ -96,7 +99,6 @@ def test_feature_vector_is_what_the_head_reads(exported):
   np.testing.assert_allclose(got, served['features'], rtol=1e-6)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize('trainable', [True, False])
 def test_feature_vector_fine_tunes_in_a_new_keras_model(exported, trainable):
   import tensorflow_hub as hub  # pylint: disable=g-import-not-at-top
