@@ -178,8 +178,16 @@ def _node_down(slurm, host) -> Landing:
                                 'state=down', 'reason=soak']))
   if refused:
     return Landing(host.name, False, refused)
-  state = slurm_field(slurm.run(['scontrol', 'show', 'node', host.name]
-                                ).stdout, 'State') or ''
+  # slurmctld may show the update a moment later on a busy machine (once
+  # the suite read IDLE at once): the state is read until it says DOWN,
+  # for a few seconds; a node never seen DOWN is a fault that did not land.
+  deadline = time.monotonic() + 5
+  while True:
+    state = slurm_field(slurm.run(['scontrol', 'show', 'node', host.name]
+                                  ).stdout, 'State') or ''
+    if 'DOWN' in state or time.monotonic() > deadline:
+      break
+    time.sleep(0.5)
   return Landing(host.name, 'DOWN' in state,
                  f'Slurm has {host.name} in state {state or "unknown"}')
 
