@@ -5,7 +5,8 @@
       --data_dir /tmp/fmnist/tfrecords              # a recipe, resnet_keras/configs/
   python resnet_ctl_imagenet_main.py --helpfull      # every flag
 
-Flags -> RunConfig (resnet_keras/flags.py) -> run (resnet_keras/run.py).
+Flags -> RunConfig (resnet_keras/config/flags.py) -> run
+(resnet_keras/training/run.py).
 """
 
 import os
@@ -23,9 +24,9 @@ from absl import flags  # pylint: disable=g-import-not-at-top
 
 from common import cli  # pylint: disable=g-import-not-at-top
 from common import worker_contract  # pylint: disable=g-import-not-at-top
-from resnet_keras import flags as flags_lib  # pylint: disable=g-import-not-at-top
-from resnet_keras import recipes  # pylint: disable=g-import-not-at-top
-from resnet_keras.flags import define_flags  # pylint: disable=g-import-not-at-top
+from resnet_keras.config import flags as flags_lib  # pylint: disable=g-import-not-at-top
+from resnet_keras.config import recipes  # pylint: disable=g-import-not-at-top
+from resnet_keras.config.flags import define_flags  # pylint: disable=g-import-not-at-top
 from resnet_keras.launcher import launch_config  # pylint: disable=g-import-not-at-top
 
 
@@ -42,7 +43,7 @@ def main(argv):
     print(recipes.dump(cfg), end='')
     return
   worker_contract.check_environment(os.environ)
-  from resnet_keras import run  # pylint: disable=g-import-not-at-top
+  from resnet_keras.training import run  # pylint: disable=g-import-not-at-top
   run.run(cfg, started)
 
 

@@ -42,9 +42,9 @@ def worker(args) -> None:
   from common import env  # pylint: disable=g-import-not-at-top
   env.prepare_tensorflow_environment()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from resnet_keras import assembly  # pylint: disable=g-import-not-at-top
-  from resnet_keras import goodput  # pylint: disable=g-import-not-at-top
-  from resnet_keras import start as start_lib  # pylint: disable=g-import-not-at-top
+  from resnet_keras.engine import assembly  # pylint: disable=g-import-not-at-top
+  from resnet_keras.training import goodput  # pylint: disable=g-import-not-at-top
+  from resnet_keras.engine import start as start_lib  # pylint: disable=g-import-not-at-top
   from resnet_keras.config import RunConfig  # pylint: disable=g-import-not-at-top
 
   cfg = RunConfig(

@@ -91,7 +91,7 @@ def main(argv):
       best[workers] = max(runs)
   num_images = FLAGS.num_classes * (FLAGS.images_per_class +
                                     max(1, FLAGS.images_per_class // 6))
-  from resnet_keras import hardware  # pylint: disable=import-outside-toplevel
+  from resnet_keras.config import hardware  # pylint: disable=import-outside-toplevel
   print(f'CPU: {hardware.this_cpu().describe()}')
   print(f'{num_images} JPEGs of {IMAGE_SIZE}x{IMAGE_SIZE}, '
         f'{os.cpu_count()} CPUs, best of {FLAGS.repeats}')

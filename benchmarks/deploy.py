@@ -70,7 +70,7 @@ def resnet50_exports(work_dir: str) -> str:
   """ResNet-50 (random weights, 1000 classes, 224 px) in every format."""
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tf_keras  # pylint: disable=g-import-not-at-top
-  from resnet_keras import network as network_lib  # pylint: disable=g-import-not-at-top
+  from resnet_keras.model import network as network_lib  # pylint: disable=g-import-not-at-top
   from resnet_keras.config import RunConfig  # pylint: disable=g-import-not-at-top
   tf_keras.utils.set_random_seed(0)
   cfg = RunConfig(resnet_depth=50, image_size=224, dtype='fp32')

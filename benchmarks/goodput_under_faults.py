@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from resnet_keras import goodput as goodput_lib
+from resnet_keras.training import goodput as goodput_lib
 from testbed import cluster as cluster_lib
 from testbed.soak import runner as soak_lib
 from testbed.soak import jobs as soak_jobs
@@ -124,7 +124,7 @@ def main(argv):
     print('error: run as root (the cluster is network namespaces)',
           file=sys.stderr)
     return 2
-  from resnet_keras import hardware  # pylint: disable=g-import-not-at-top
+  from resnet_keras.config import hardware  # pylint: disable=g-import-not-at-top
   print(f'machine: {hardware.this_cpu().describe()}')
   work_dir = tempfile.mkdtemp(prefix='resnet_keras_goodput_')
   cluster = cluster_lib.Cluster(

@@ -27,7 +27,7 @@ SET_BY_US = {k: v for k, v in os.environ.items() if _BEFORE.get(k) != v}
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top
 
-from resnet_keras import hardware as machine_lib  # pylint: disable=g-import-not-at-top
+from resnet_keras.config import hardware as machine_lib  # pylint: disable=g-import-not-at-top
 
 
 def machine_line() -> str:

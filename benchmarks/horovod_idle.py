@@ -7,8 +7,8 @@ For each cycle time, 2 workers under mpirun (one core each) initialise
 Horovod, reduce one tensor, then sleep; each prints the CPU seconds its
 process used during the sleep. At Horovod's default of 1 ms, one worker
 waits in MPI_Allreduce (its cache coordination) for the other's next cycle
-and OpenMPI polls all the while: about a core. resnet_keras/distribution.py sets
-10 ms on hosts without a GPU.
+and OpenMPI polls all the while: about a core.
+resnet_keras/engine/distribution.py sets 10 ms on hosts without a GPU.
 """
 
 import argparse

@@ -19,7 +19,7 @@ from benchmarks import hardware
 
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-order
 
-from resnet_keras import layers  # pylint: disable=g-import-not-at-top
+from resnet_keras.model import layers  # pylint: disable=g-import-not-at-top
 
 _DTYPES = {'bf16': tf.bfloat16, 'fp32': tf.float32}
 

@@ -29,8 +29,8 @@ import time
 
 # All three are free of TensorFlow.
 from common import cli
-from resnet_keras.channels import STAGE_FILTERS, scaled_filters
-from resnet_keras.hardware import this_cpu
+from resnet_keras.config.channels import STAGE_FILTERS, scaled_filters
+from resnet_keras.config.hardware import this_cpu
 
 BLOCKS = {10: (1, 1, 1, 1), 18: (2, 2, 2, 2), 34: (3, 4, 6, 3),
           50: (3, 4, 6, 3), 101: (3, 4, 23, 3)}

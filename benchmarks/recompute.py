@@ -38,9 +38,9 @@ def child(args) -> dict:
   env.prepare_tensorflow_environment()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
   import tf_keras  # pylint: disable=g-import-not-at-top
-  from resnet_keras import hardware  # pylint: disable=g-import-not-at-top
-  from resnet_keras import network as network_lib  # pylint: disable=g-import-not-at-top
-  from resnet_keras import optimizers  # pylint: disable=g-import-not-at-top
+  from resnet_keras.config import hardware  # pylint: disable=g-import-not-at-top
+  from resnet_keras.model import network as network_lib  # pylint: disable=g-import-not-at-top
+  from resnet_keras.optimization import optimizers  # pylint: disable=g-import-not-at-top
   from resnet_keras.config import RunConfig  # pylint: disable=g-import-not-at-top
 
   cfg = RunConfig(resnet_depth=args.resnet_depth, image_size=args.image_size,
@@ -102,7 +102,7 @@ def main():
     return
   passed = [a for a in sys.argv[1:] if a not in ('--recompute', '--child')]
   env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL='3')
-  from resnet_keras import hardware  # pylint: disable=g-import-not-at-top
+  from resnet_keras.config import hardware  # pylint: disable=g-import-not-at-top
   print(f'CPU: {hardware.this_cpu().describe()}')
   print(f'ResNet-{args.resnet_depth} {args.dtype} batch {args.batch} at '
         f'{args.image_size} px, {args.steps} timed steps after '

@@ -1,7 +1,7 @@
 """The fastest a ResNet-50 training step can run on this machine, vs ours.
 
 A roofline model of one training step, built from the real model's layer
-shapes (`resnet_keras.network.resnet`) and two limits measured in the same
+shapes (`resnet_keras.model.network.resnet`) and two limits measured in the same
 run (hardware.py): the matmul peak in the step's dtype and the memory
 bandwidth TensorFlow's elementwise kernels reach (adds on 1 GiB tensors).
 Every op of the step (forward, both gradients of each convolution, batch
@@ -37,8 +37,8 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top
 import tf_keras  # pylint: disable=g-import-not-at-top
 
 from benchmarks import hardware  # pylint: disable=g-import-not-at-top
-from resnet_keras import layers  # pylint: disable=g-import-not-at-top
-from resnet_keras import network as network_lib  # pylint: disable=g-import-not-at-top
+from resnet_keras.model import layers  # pylint: disable=g-import-not-at-top
+from resnet_keras.model import network as network_lib  # pylint: disable=g-import-not-at-top
 
 VARIABLE_BYTES = 4  # float32 variables, gradients and momentum.
 # Bytes per parameter per step outside the layers: SGD momentum reads the

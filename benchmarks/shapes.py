@@ -19,7 +19,7 @@ from benchmarks import hardware
 import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-order
 import tf_keras  # pylint: disable=g-import-not-at-top,wrong-import-order
 
-from resnet_keras import network as network_lib  # pylint: disable=g-import-not-at-top
+from resnet_keras.model import network as network_lib  # pylint: disable=g-import-not-at-top
 
 # Name -> (depth, stage widths).
 SHAPES = {

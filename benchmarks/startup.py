@@ -3,8 +3,8 @@ building the training augmentation.
 
   python -m benchmarks.startup [--runs 5] [--randaugment SPEC]
 
-1. Importing `resnet_keras.run` (the trainer, and TensorFlow, tf_keras and
-   orbit under it) in a fresh Python, as every worker of a job does at
+1. Importing `resnet_keras.training.run` (the trainer, and TensorFlow,
+   tf_keras and orbit under it) in a fresh Python, as every worker of a job does at
    each start and restart: median wall and CPU seconds of --runs processes.
 2. The training augmentation (RandAugment per --randaugment, then random
    erasing) as a tf.data map over 28x28 images, the way the input pipeline
@@ -30,12 +30,12 @@ import tensorflow as tf  # pylint: disable=g-import-not-at-top,wrong-import-orde
 
 from resnet_keras.data import augment  # pylint: disable=g-import-not-at-top
 from resnet_keras.data.preprocessing import augmentation_seed  # pylint: disable=g-import-not-at-top
-from resnet_keras.randaugment_spec import parse_randaugment  # pylint: disable=g-import-not-at-top
+from resnet_keras.config.randaugment_spec import parse_randaugment  # pylint: disable=g-import-not-at-top
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 IMPORT_TRAINER = ('from common import env; '
                   'env.prepare_tensorflow_environment(); '
-                  'from resnet_keras import run')
+                  'from resnet_keras.training import run')
 IMAGES = 64
 
 
@@ -95,8 +95,8 @@ def main() -> None:
   args = parser.parse_args()
   print(hardware.machine_line())
   wall, cpu = import_seconds(args.runs)
-  print(f'import resnet_keras.run in a fresh process: {wall:.2f} s wall, '
-        f'{cpu:.2f} s CPU (median of {args.runs})')
+  print(f'import resnet_keras.training.run in a fresh process: '
+        f'{wall:.2f} s wall, {cpu:.2f} s CPU (median of {args.runs})')
   augmentation = augment.ImageAugmentation(
       randaugment=parse_randaugment(args.randaugment), erasing_prob=0.25)
   first = build_seconds(augmentation, args.image_size)

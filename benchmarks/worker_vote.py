@@ -27,7 +27,7 @@ def worker(index: int, calls: int, rounds: int) -> None:
   from common import env  # pylint: disable=g-import-not-at-top
   env.prepare_tensorflow_environment()
   import tensorflow as tf  # pylint: disable=g-import-not-at-top
-  from resnet_keras import distribution  # pylint: disable=g-import-not-at-top
+  from resnet_keras.engine import distribution  # pylint: disable=g-import-not-at-top
   backend = distribution.Backend(
       strategy=tf.distribute.MultiWorkerMirroredStrategy(),
       worker_index=index, num_workers=2)

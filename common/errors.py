@@ -18,8 +18,8 @@ class UsageError(Exception):
 NON_FINITE_EXIT_CODE = 3
 
 # A worker that ended itself after the job's collectives waited too long for
-# a frozen or stuck worker (resnet_keras/watchdog.py); the launcher restarts
-# the job.
+# a frozen or stuck worker (resnet_keras/training/watchdog.py); the launcher
+# restarts the job.
 STUCK_EXIT_CODE = 4
 
 # A scheduler's warning before it takes the nodes (Slurm's --signal, sent

@@ -52,7 +52,7 @@ RESTARTS_VAR = 'RESNET_KERAS_RESTARTS'
 RESUME_STEP_VAR = 'RESNET_KERAS_RESUME_STEP'
 # And which job the attempt is of: the same for each attempt of one job (a
 # Slurm job's requeues too), so that an attempt takes the run directory
-# over from its job's earlier attempt (resnet_keras/run_lock.py).
+# over from its job's earlier attempt (resnet_keras/rundir/run_lock.py).
 JOB_VAR = 'RESNET_KERAS_JOB'
 ATTEMPT_VARS = (RESTARTS_VAR, RESUME_STEP_VAR, JOB_VAR)
 # multi_worker_mirrored: seconds a worker waits on the others' collectives
@@ -60,7 +60,7 @@ ATTEMPT_VARS = (RESTARTS_VAR, RESUME_STEP_VAR, JOB_VAR)
 COLLECTIVE_TIMEOUT_VAR = 'RESNET_KERAS_COLLECTIVE_TIMEOUT'
 # Horovod's stall check: seconds before it names a rank missing from a
 # collective, and before it shuts the job down (and ours: the trainer's
-# collective watchdog, resnet_keras/watchdog.py, ends a worker then).
+# collective watchdog, resnet_keras/training/watchdog.py, ends a worker then).
 HOROVOD_STALL_CHECK_VAR = 'HOROVOD_STALL_CHECK_TIME_SECONDS'
 HOROVOD_STALL_SHUTDOWN_VAR = 'HOROVOD_STALL_SHUTDOWN_TIME_SECONDS'
 # Marks a TF_ENABLE_ONEDNN_OPTS this package set (common/env.py), as opposed
@@ -87,7 +87,7 @@ DEFAULT_FAILURE_TIMEOUT = 60
 # failure timeouts at the most: long enough for the chief's pauses
 # (checkpoint, export) that the other workers wait through. In training the
 # workers' watchdogs end it sooner, from the step times they measure
-# (resnet_keras/watchdog.py Deadlines).
+# (resnet_keras/training/watchdog.py Deadlines).
 _STALL_SHUTDOWN_FACTOR = 10
 
 
@@ -232,8 +232,8 @@ def failure_env(failure_timeout: int, use_horovod: bool) -> Dict[str, str]:
   Horovod: its stall check names the ranks that have not joined a collective
   after `failure_timeout` seconds, and shuts the job down after
   _STALL_SHUTDOWN_FACTOR times that, as each worker's watchdog does
-  (resnet_keras/watchdog.py). multi_worker_mirrored: the same time for its
-  watchdog.
+  (resnet_keras/training/watchdog.py). multi_worker_mirrored: the same time
+  for its watchdog.
   """
   shutdown = str(stuck_rank_timeout(failure_timeout))
   if use_horovod:

@@ -28,7 +28,7 @@ env.prepare_tensorflow_environment()
 from absl import logging  # pylint: disable=g-import-not-at-top
 
 from common import cli  # pylint: disable=g-import-not-at-top
-from resnet_keras import run  # pylint: disable=g-import-not-at-top
+from resnet_keras.training import run  # pylint: disable=g-import-not-at-top
 from resnet_keras.config import RunConfig  # pylint: disable=g-import-not-at-top
 
 

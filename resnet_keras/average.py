@@ -27,8 +27,8 @@ env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 from absl import flags
 
 from common import cli
-from resnet_keras import checkpoint_average
-from resnet_keras import tool_flags
+from resnet_keras.tools import checkpoint_average
+from resnet_keras.tools import tool_flags
 # pylint: enable=g-import-not-at-top
 
 

@@ -28,9 +28,9 @@ import re
 from absl import flags
 
 from common import cli
-from resnet_keras import ownership
-from resnet_keras import run_directory
-from resnet_keras import tool_flags
+from resnet_keras.rundir import ownership
+from resnet_keras.rundir import run_directory
+from resnet_keras.tools import tool_flags
 from resnet_keras.serving import contract
 from resnet_keras.serving import deployment
 # pylint: enable=g-import-not-at-top

@@ -8,8 +8,8 @@ from typing import List
 
 from common import cli
 from common.errors import UsageError
-from resnet_keras import curves
-from resnet_keras import ownership
+from resnet_keras.training import curves
+from resnet_keras.rundir import ownership
 
 
 def main(argv: List[str]) -> None:

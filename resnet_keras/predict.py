@@ -31,7 +31,7 @@ from absl import logging
 from common import cli
 from common.errors import UsageError
 from resnet_keras.files import kind_of
-from resnet_keras import tool_flags
+from resnet_keras.tools import tool_flags
 from resnet_keras.serving import readers
 # pylint: enable=g-import-not-at-top
 

@@ -24,9 +24,9 @@ env.prepare_tensorflow_environment()  # Before anything imports TensorFlow.
 from absl import flags
 
 from common import cli
-from resnet_keras import ownership
-from resnet_keras import scoring
-from resnet_keras import tool_flags
+from resnet_keras.rundir import ownership
+from resnet_keras.tools import scoring
+from resnet_keras.tools import tool_flags
 # pylint: enable=g-import-not-at-top
 
 

@@ -22,8 +22,8 @@ from tests.support import built_once
 from tests.support import datasets
 from tests.support import records
 from tests.support import runner
-from resnet_keras import hardware
-from resnet_keras import run  # pylint: disable=unused-import
+from resnet_keras.config import hardware
+from resnet_keras.training import run  # pylint: disable=unused-import
 # pylint: enable=g-import-not-at-top,wrong-import-position
 
 # What the imports made lives as long as the process: frozen out of the

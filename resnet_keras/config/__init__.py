@@ -21,9 +21,9 @@ rules that relate several groups. (This package declares options; the
 recipes that fill them in, `--config NAME`, are the YAML files of
 resnet_keras/configs/, read by recipes.py.)
 
-Entry points parse flags once (`resnet_keras.flags.config_from_flags`); the
-library only sees a frozen RunConfig, so tests build configs directly and no
-module reads absl's FLAGS. The batch and step arithmetic is in plan.py; what
+Entry points parse flags once (`resnet_keras.config.flags.config_from_flags`);
+the library only sees a frozen RunConfig, so tests build configs directly and
+no module reads absl's FLAGS. The batch and step arithmetic is in plan.py; what
 'auto' values become on a machine is decided in hardware.py.
 """
 

@@ -6,8 +6,8 @@ import dataclasses
 from typing import Optional, Tuple
 
 from common.errors import UsageError
-from resnet_keras.options import check_fields, option
-from resnet_keras.randaugment_spec import parse_randaugment
+from resnet_keras.config.options import check_fields, option
+from resnet_keras.config.randaugment_spec import parse_randaugment
 
 DATASETS = ('imagenet', 'cifar10', 'cifar100')
 LOADER_IMAGE_TYPES = ('fp32', 'bf16', 'uint8')

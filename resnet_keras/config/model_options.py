@@ -7,8 +7,8 @@ import math
 from typing import Optional, Tuple
 
 from common.errors import UsageError
-from resnet_keras.channels import STAGE_FILTERS, scaled_filters
-from resnet_keras.options import check_fields, one_of, option
+from resnet_keras.config.channels import STAGE_FILTERS, scaled_filters
+from resnet_keras.config.options import check_fields, one_of, option
 
 RESNET_DEPTHS = (10, 18, 34, 50, 101, 152)
 NORMS = ('batch', 'group')

@@ -6,7 +6,7 @@ from typing import Optional, Tuple
 
 from resnet_keras import files
 from common.errors import UsageError
-from resnet_keras.options import check_fields, option
+from resnet_keras.config.options import check_fields, option
 
 
 def _format_pair(steps: Optional[Tuple[int, int]]) -> Optional[str]:

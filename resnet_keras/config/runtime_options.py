@@ -6,7 +6,7 @@ checks."""
 import dataclasses
 
 from common.errors import UsageError
-from resnet_keras.options import check_fields, option
+from resnet_keras.config.options import check_fields, option
 
 DTYPES = ('fp32', 'bf16', 'fp16', 'auto')
 CONV_IMPLS = ('auto', 'native', 'matmul')

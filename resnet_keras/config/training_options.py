@@ -7,7 +7,7 @@ import dataclasses
 from typing import Optional, Tuple
 
 from common.errors import UsageError
-from resnet_keras.options import check_fields, one_of, option
+from resnet_keras.config.options import check_fields, one_of, option
 
 
 @dataclasses.dataclass(frozen=True)

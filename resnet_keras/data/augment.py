@@ -35,8 +35,8 @@ import tensorflow as tf
 
 from resnet_keras.data.preprocessing import MEAN_RGB
 from resnet_keras.data.preprocessing import augmentation_seed
-from resnet_keras.randaugment_spec import MAX_MAGNITUDE
-from resnet_keras.randaugment_spec import RandAugmentSpec
+from resnet_keras.config.randaugment_spec import MAX_MAGNITUDE
+from resnet_keras.config.randaugment_spec import RandAugmentSpec
 
 # ImageNet's per-channel standard deviation in 0-255 pixels: random erasing's
 # noise is N(0, 1) after timm's normalisation, i.e. this in pixels.

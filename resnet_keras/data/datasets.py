@@ -16,7 +16,7 @@ from absl import logging
 import tensorflow as tf
 
 from resnet_keras.config import RunConfig
-from resnet_keras.randaugment_spec import parse_randaugment
+from resnet_keras.config.randaugment_spec import parse_randaugment
 from resnet_keras.data import augment
 from resnet_keras.data import cifar
 from resnet_keras.data import imagenet

@@ -30,7 +30,7 @@ _SSH_CLOSED = re.compile(r'Connection to (\S+) closed by remote host')
 # An MPI rank whose peer vanished (OpenMPI's TCP transport).
 _PEER_GONE = re.compile(r'Peer host:\s+(\S+)')
 # A worker's line as it ends itself, waiting on a frozen or stuck one
-# (resnet_keras/watchdog.py).
+# (resnet_keras/training/watchdog.py).
 _STUCK = re.compile(r"worker (\d+): the job's collectives have not moved "
                     r'for (\d+) s')
 

@@ -17,10 +17,10 @@ from absl import logging
 from common import worker_contract
 from common.batch_rule import BatchRule
 from common.errors import UsageError
-from resnet_keras import ownership
-from resnet_keras import recipes
-from resnet_keras import run_directory
-from resnet_keras import run_lock
+from resnet_keras.rundir import ownership
+from resnet_keras.config import recipes
+from resnet_keras.rundir import run_directory
+from resnet_keras.rundir import run_lock
 from resnet_keras.config import RunConfig
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import elastic

@@ -14,11 +14,11 @@ from absl import flags
 
 from common import hosts as hosts_lib
 from common import worker_contract
-from resnet_keras import flags as flags_lib
-from resnet_keras import options
+from resnet_keras.config import flags as flags_lib
+from resnet_keras.config import options
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import elastic
-from resnet_keras.options import option
+from resnet_keras.config.options import option
 
 # The trainer's flags the launcher consumes (the recipe it fills in, the
 # config it prints) rather than forwards.

@@ -24,8 +24,8 @@ from absl import logging
 from common import cli
 from common import worker_contract
 from common.errors import STOPPED_AT_WARNING_EXIT_CODE, UsageError
-from resnet_keras import flags as flags_lib
-from resnet_keras import recipes
+from resnet_keras.config import flags as flags_lib
+from resnet_keras.config import recipes
 from resnet_keras.config import RunConfig
 from resnet_keras.launcher import commands as launch_lib
 from resnet_keras.launcher import input_servers

@@ -10,7 +10,7 @@ flags as given.
 
 from typing import Any, Dict, Tuple
 
-from resnet_keras import recipes
+from resnet_keras.config import recipes
 
 # optimizer -> (the settings it presets, the recipe of one worker, the
 # recipe of several).

@@ -40,7 +40,7 @@ from common import slurm as node_lists
 from common import worker_contract as contract
 from common.errors import (STOPPED_AT_WARNING_EXIT_CODE, WARNING_SIGNAL,
                            UsageError)
-from resnet_keras import flags as flags_lib
+from resnet_keras.config import flags as flags_lib
 from resnet_keras.launcher import commands as launch
 from resnet_keras.launcher import placement
 from resnet_keras.launcher import preflight

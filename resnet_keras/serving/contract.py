@@ -28,7 +28,7 @@ import importlib
 from typing import Dict, List
 
 from common.errors import UsageError
-from resnet_keras import run_directory
+from resnet_keras.rundir import run_directory
 
 FORMATS = ('saved_model', 'onnx', 'tflite')
 QUANTIZATIONS = ('none', 'float16', 'dynamic', 'int8')

@@ -20,10 +20,10 @@ import tf_keras
 from absl import logging
 
 from common.errors import UsageError
-from resnet_keras import assembly
-from resnet_keras import checkpoints
-from resnet_keras import runtime
-from resnet_keras import ema as ema_lib
+from resnet_keras.engine import assembly
+from resnet_keras.rundir import checkpoints
+from resnet_keras.engine import runtime
+from resnet_keras.optimization import ema as ema_lib
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data import imagenet

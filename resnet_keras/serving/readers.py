@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from common.errors import UsageError
 from resnet_keras.files import kind_of
-from resnet_keras import evaluator
+from resnet_keras.engine import evaluator
 from resnet_keras.data import imagenet
 from resnet_keras.serving import contract
 

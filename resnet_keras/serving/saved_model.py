@@ -25,8 +25,8 @@ from typing import List, Optional
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import network as network_lib
-from resnet_keras import optimizers
+from resnet_keras.model import network as network_lib
+from resnet_keras.optimization import optimizers
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data import imagenet

@@ -193,7 +193,7 @@ def read_results(record: JobRecord, log, model_dir: str,
 
 def checkpoint_files(model_dir: str) -> Dict[str, str]:
   """name -> sha256 of the files of the checkpoints the state file keeps."""
-  from resnet_keras import run_directory  # pylint: disable=g-import-not-at-top
+  from resnet_keras.rundir import run_directory  # pylint: disable=g-import-not-at-top
   found = {}
   for checkpoint in run_directory.kept_checkpoints(model_dir):
     prefix = os.path.basename(checkpoint.prefix)
@@ -227,7 +227,7 @@ def copy_checkpoints(model_dir: str, into: str) -> None:
 
 
 def readable(model_dir: str) -> List[int]:
-  from resnet_keras import checkpoints, run_directory  # pylint: disable=g-import-not-at-top
+  from resnet_keras.rundir import checkpoints, run_directory  # pylint: disable=g-import-not-at-top
   if not os.path.isdir(model_dir):
     return []
   return sorted(c.step for c in run_directory.kept_checkpoints(model_dir)
@@ -245,7 +245,7 @@ def _model_weights(prefix: str) -> Dict[str, np.ndarray]:
 def weights_drift(model_dir: str, reference_dir: str) -> Optional[float]:
   """|w - w_ref| / |w_ref - w_ref(oldest checkpoint)| over the model's
   variables at each run's latest checkpoint (None: one does not read)."""
-  from resnet_keras import run_directory  # pylint: disable=g-import-not-at-top
+  from resnet_keras.rundir import run_directory  # pylint: disable=g-import-not-at-top
   kept = run_directory.kept_checkpoints(reference_dir)
   newest = run_directory.latest_checkpoint(model_dir)
   if len(kept) < 2 or newest is None:

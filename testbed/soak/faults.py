@@ -109,7 +109,7 @@ def _fill(model_dir: str, timers: List) -> Landing:
 
 def _truncate_newest(model_dir: str) -> Tuple[Optional[str], List[str]]:
   """(the newest checkpoint's prefix, its files cut to half)."""
-  from resnet_keras import run_directory  # pylint: disable=g-import-not-at-top
+  from resnet_keras.rundir import run_directory  # pylint: disable=g-import-not-at-top
   latest = run_directory.latest_checkpoint(model_dir)
   if latest is None:
     return None, []
@@ -123,7 +123,7 @@ def _truncate_newest(model_dir: str) -> Tuple[Optional[str], List[str]]:
 
 def _kill_and_truncate(processes: Processes, plan: JobPlan, model_dir: str,
                        record: JobRecord) -> Landing:
-  from resnet_keras import checkpoints  # pylint: disable=g-import-not-at-top
+  from resnet_keras.rundir import checkpoints  # pylint: disable=g-import-not-at-top
   killed = _signal_rank(processes, plan, signal.SIGKILL, GONE)
   prefix, record.truncated = _truncate_newest(model_dir)
   did = (f'{killed.did}; truncated '

@@ -261,7 +261,7 @@ def check_weights(record: JobRecord) -> List[str]:
 
 def expected_world_sizes(change_steps: Sequence[int]) -> int:
   """How many shapes world_sizes.json keeps after changes at these steps:
-  a change drops the shapes at or after its step (resnet_keras/world.py),
+  a change drops the shapes at or after its step (resnet_keras/engine/world.py),
   as a shrink before the first checkpoint replaces the first shape."""
   kept = [0]
   for step in change_steps:

@@ -106,7 +106,7 @@ class Soak:
     self.references = References(self.jobs, self.work_dir, self.heal)
     # TensorFlow, which reads checkpoints, imported before the first job's
     # moment rather than at it.
-    from resnet_keras import checkpoints  # pylint: disable=g-import-not-at-top,unused-import
+    from resnet_keras.rundir import checkpoints  # pylint: disable=g-import-not-at-top,unused-import
     self._mounts: List[str] = []
 
   def run_job(self, plan: JobPlan) -> JobRecord:

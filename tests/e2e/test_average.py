@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from resnet_keras import checkpoint_average
-from resnet_keras import checkpoints
+from resnet_keras.tools import checkpoint_average
+from resnet_keras.rundir import checkpoints
 from tests.support import runner
 
 

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from common.errors import UsageError
-from resnet_keras import run as run_lib
+from resnet_keras.training import run as run_lib
 from testbed.ports import free_ports
 from tests.support.data_service import service_config
 

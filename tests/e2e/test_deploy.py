@@ -12,8 +12,8 @@ import numpy as np
 import onnx
 import pytest
 
-from resnet_keras import checkpoints
-from resnet_keras import scoring
+from resnet_keras.rundir import checkpoints
+from resnet_keras.tools import scoring
 from resnet_keras.data import datasets
 from resnet_keras.serving import contract
 from resnet_keras.serving import deployment

@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import run as run_lib
+from resnet_keras.training import run as run_lib
 from resnet_keras.config import RunConfig
 from resnet_keras.serving import readers
 from tests.support import runner

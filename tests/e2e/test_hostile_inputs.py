@@ -15,7 +15,7 @@ import shutil
 
 import pytest
 
-from resnet_keras import ownership
+from resnet_keras.rundir import ownership
 from tests.support import images
 from tests.support import records
 from tests.support import runner

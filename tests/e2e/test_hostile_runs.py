@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from resnet_keras import checkpoints
+from resnet_keras.rundir import checkpoints
 # `place` is a fixture: imported, it is this module's too.
 from tests.e2e.test_hostile_inputs import (  # pylint: disable=unused-import
     RUN_ARGS, TRAINER, place, run, tree_hash)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from resnet_keras import metrics
+from resnet_keras.engine import metrics
 from resnet_keras.config import RunConfig
 from tests.support import runner
 

@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from resnet_keras import run as run_lib
+from resnet_keras.training import run as run_lib
 from resnet_keras.config import RunConfig
 from tests.support import runner
 

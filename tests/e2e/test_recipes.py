@@ -11,8 +11,8 @@ import os
 import pytest
 import yaml
 
-from resnet_keras import hardware
-from resnet_keras import recipes
+from resnet_keras.config import hardware
+from resnet_keras.config import recipes
 from tests.support import runner
 from tests.support.records import write_dataset
 

@@ -16,9 +16,9 @@ from absl import logging
 import pytest
 
 from common import worker_contract
-from resnet_keras import goodput
-from resnet_keras import guards
-from resnet_keras import run_directory
+from resnet_keras.training import goodput
+from resnet_keras.engine import guards
+from resnet_keras.rundir import run_directory
 from tests.support import runner
 from tests.support.records import write_dataset
 

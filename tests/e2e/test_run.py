@@ -15,8 +15,8 @@ from tensorflow.python.data.ops import iterator_ops
 import tf_keras
 
 from common.errors import UsageError
-from resnet_keras import run as run_lib
-from resnet_keras import run_directory
+from resnet_keras.training import run as run_lib
+from resnet_keras.rundir import run_directory
 from tests.support import runner
 
 

@@ -8,7 +8,7 @@ import os
 import re
 import shutil
 
-from resnet_keras import run_directory
+from resnet_keras.rundir import run_directory
 from tests.support import runner
 
 DOC = os.path.join(runner.REPO_ROOT, 'docs', 'run_directory.md')

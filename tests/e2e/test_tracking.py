@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from resnet_keras import metrics
+from resnet_keras.engine import metrics
 from tests.support import runner
 
 

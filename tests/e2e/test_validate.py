@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 
-from resnet_keras import checkpoints
-from resnet_keras import metrics
+from resnet_keras.rundir import checkpoints
+from resnet_keras.engine import metrics
 from tests.support import runner
 
 

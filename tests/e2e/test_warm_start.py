@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from resnet_keras import checkpoints
-from resnet_keras import lr_schedules
-from resnet_keras import network as network_lib
-from resnet_keras import optimizers
-from resnet_keras import start as start_lib
+from resnet_keras.rundir import checkpoints
+from resnet_keras.optimization import lr_schedules
+from resnet_keras.model import network as network_lib
+from resnet_keras.optimization import optimizers
+from resnet_keras.engine import start as start_lib
 from resnet_keras.data import datasets
-from resnet_keras.plan import make_training_plan
+from resnet_keras.config.plan import make_training_plan
 from common.errors import UsageError
 from tests.support import runner
 from tests.support.records import write_dataset

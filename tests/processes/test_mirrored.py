@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from resnet_keras import metrics
+from resnet_keras.engine import metrics
 from tests.support import runner
 from tests.support.records import write_dataset
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from resnet_keras import network as network_lib
+from resnet_keras.model import network as network_lib
 from tests.support import runner
 
 
@@ -19,7 +19,7 @@ from common import env
 env.prepare_tensorflow_environment()
 import numpy as np
 import tensorflow as tf
-from resnet_keras import network as network_lib
+from resnet_keras.model import network as network_lib
 from resnet_keras.config import RunConfig
 
 cpu = tf.config.list_physical_devices('CPU')[0]

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import pytest
 
-from resnet_keras import checkpoints
+from resnet_keras.rundir import checkpoints
 from tests.support import runner
 
 LONG = [a for a in runner.TINY if not a.startswith('--train_steps')] + [
@@ -140,8 +140,9 @@ def test_kill_9_never_leaves_an_unloadable_checkpoint(tmp_path):
 _TWO_SAVES = r"""
 import sys, time
 import tensorflow as tf, tf_keras
-from resnet_keras import distribution
-from resnet_keras import checkpoints, goodput
+from resnet_keras.engine import distribution
+from resnet_keras.rundir import checkpoints
+from resnet_keras.training import goodput
 model = tf_keras.Sequential([tf_keras.Input([8192]),
                              tf_keras.layers.Dense(8192, use_bias=False)])
 saver = checkpoints.Saver(

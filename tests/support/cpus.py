@@ -1,7 +1,7 @@
 """Fake CPUs, as /proc/cpuinfo describes them: --dtype auto and the kernel
 choices without the hardware (unit/test_hardware.py, unit/test_network.py)."""
 
-from resnet_keras import hardware
+from resnet_keras.config import hardware
 
 CPUINFO = """processor\t: 0
 vendor_id\t: {vendor}

@@ -6,12 +6,12 @@ from typing import Callable, Optional
 
 import tensorflow as tf
 
-from resnet_keras import distribution
-from resnet_keras import guards
-from resnet_keras.evaluator import Evaluator
-from resnet_keras.objective import Objective
-from resnet_keras.step_record import StepRecord
-from resnet_keras.trainer import Trainer
+from resnet_keras.engine import distribution
+from resnet_keras.engine import guards
+from resnet_keras.engine.evaluator import Evaluator
+from resnet_keras.engine.objective import Objective
+from resnet_keras.engine.step_record import StepRecord
+from resnet_keras.engine.trainer import Trainer
 
 
 def trainer(model, optimizer, train_dataset, batch_size: int,

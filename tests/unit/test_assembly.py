@@ -6,7 +6,7 @@ import dataclasses
 import pytest
 import tensorflow as tf
 
-from resnet_keras import assembly
+from resnet_keras.engine import assembly
 from resnet_keras.config import RunConfig
 
 CFG = RunConfig(use_synthetic_data=True, resnet_depth=10,

@@ -10,9 +10,9 @@ import tensorflow as tf
 from resnet_keras.data import augment
 from resnet_keras.data.preprocessing import MEAN_RGB
 from resnet_keras.data.preprocessing import training_order
-from resnet_keras.randaugment_spec import RandAugmentSpec
-from resnet_keras.randaugment_spec import format_randaugment
-from resnet_keras.randaugment_spec import parse_randaugment
+from resnet_keras.config.randaugment_spec import RandAugmentSpec
+from resnet_keras.config.randaugment_spec import format_randaugment
+from resnet_keras.config.randaugment_spec import parse_randaugment
 
 
 def seed(a, b=0):

@@ -1,10 +1,10 @@
-"""resnet_keras/checkpoint_average.py: the mean and EMA of weight lists,
+"""resnet_keras/tools/checkpoint_average.py: the mean and EMA of weight lists,
 which checkpoints and decays python -m resnet_keras.average accepts."""
 
 import numpy as np
 import pytest
 
-from resnet_keras import checkpoint_average
+from resnet_keras.tools import checkpoint_average
 from common.errors import UsageError
 
 

@@ -11,15 +11,15 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import distribution
+from resnet_keras.engine import distribution
 from common.errors import UsageError
-from resnet_keras import checkpoints
-from resnet_keras import ema
-from resnet_keras import goodput
-from resnet_keras import run_directory
+from resnet_keras.rundir import checkpoints
+from resnet_keras.optimization import ema
+from resnet_keras.training import goodput
+from resnet_keras.rundir import run_directory
 from tests.support import runner
 from resnet_keras.config import RunConfig
-from resnet_keras.plan import make_training_plan
+from resnet_keras.config.plan import make_training_plan
 
 CFG = RunConfig(resnet_depth=18, num_classes=10, batch_size=8)
 PLAN = make_training_plan(CFG, 64, 16)

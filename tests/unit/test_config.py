@@ -7,11 +7,11 @@ import json
 import pytest
 
 from resnet_keras import config as config_lib
-from resnet_keras import options
-from resnet_keras import plan as plan_lib
+from resnet_keras.config import options
+from resnet_keras.config import plan as plan_lib
 from resnet_keras.config import RunConfig
 from resnet_keras.launcher.launch_config import LaunchConfig
-from resnet_keras.plan import make_training_plan
+from resnet_keras.config.plan import make_training_plan
 from common.errors import UsageError
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tf_keras
 
-from resnet_keras import network as network_lib
+from resnet_keras.model import network as network_lib
 from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.serving import converters
 from resnet_keras.serving import deployment

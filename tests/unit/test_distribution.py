@@ -1,9 +1,9 @@
-"""resnet_keras/distribution.py: device choice and input options, on fake
+"""resnet_keras/engine/distribution.py: device choice and input options, on fake
 devices."""
 
 import pytest
 
-from resnet_keras import distribution
+from resnet_keras.engine import distribution
 from common.errors import UsageError
 
 GPUS = ['/physical_device:GPU:0', '/physical_device:GPU:1',

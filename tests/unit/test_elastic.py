@@ -1,6 +1,7 @@
 """Elastic jobs' arithmetic: the batch split on fewer hosts, the checks made
 before anything runs, the one line of a change; and the record of the job's
-shapes (resnet_keras/world.py) that says where a resumed run's data goes on."""
+shapes (resnet_keras/engine/world.py) that says where a resumed run's data
+goes on."""
 
 import json
 
@@ -8,8 +9,8 @@ import pytest
 
 from resnet_keras.launcher import elastic
 from common.errors import UsageError
-from resnet_keras import run_directory
-from resnet_keras import world
+from resnet_keras.rundir import run_directory
+from resnet_keras.engine import world
 
 HOSTS = ('h1', 'h2', 'h3')
 

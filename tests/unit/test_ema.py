@@ -7,9 +7,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import checkpoints
-from resnet_keras import network as network_lib
-from resnet_keras import ema as ema_lib
+from resnet_keras.rundir import checkpoints
+from resnet_keras.model import network as network_lib
+from resnet_keras.optimization import ema as ema_lib
 from resnet_keras.data import synthetic
 from tests.support import loops
 

@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import layers
-from resnet_keras import network as network_lib
-from resnet_keras import optimizers
+from resnet_keras.model import layers
+from resnet_keras.model import network as network_lib
+from resnet_keras.optimization import optimizers
 from resnet_keras.config import RunConfig
 from resnet_keras.data.preprocessing import normalize_images
 from resnet_keras.serving import contract

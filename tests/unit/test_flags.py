@@ -9,7 +9,7 @@ import pytest
 from absl import flags
 
 from common.errors import UsageError
-from resnet_keras import flags as flags_lib
+from resnet_keras.config import flags as flags_lib
 from resnet_keras.config import GROUPS, RunConfig
 from tests.support.runner import REPO_ROOT
 
@@ -42,7 +42,7 @@ def test_the_docs_flag_table_is_the_declarations():
   generated = flags_lib.markdown_table()
   assert table.group(1) == generated, (
       'docs/training.md\'s flags table is stale: replace it with the output '
-      'of python -c "from resnet_keras import flags; '
+      'of python -c "from resnet_keras.config import flags; '
       'print(flags.markdown_table())"')
   # One row per group, every option named once, its alias beside it.
   names = re.findall(r'`--(\w+)`', generated)

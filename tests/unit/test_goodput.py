@@ -1,5 +1,5 @@
-"""The goodput arithmetic (resnet_keras/goodput.py) against hand-computed
-values, and an attempt's record as the chief writes it."""
+"""The goodput arithmetic (resnet_keras/training/goodput.py) against
+hand-computed values, and an attempt's record as the chief writes it."""
 
 import json
 import time
@@ -9,10 +9,10 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import distribution
-from resnet_keras import goodput
-from resnet_keras import run_directory
-from resnet_keras.metrics import LOOP_RECORD, LoopRecord
+from resnet_keras.engine import distribution
+from resnet_keras.training import goodput
+from resnet_keras.rundir import run_directory
+from resnet_keras.engine.metrics import LOOP_RECORD, LoopRecord
 from tests.support import loops
 
 

@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 from common.errors import RunStopped
-from resnet_keras import guards
-from resnet_keras.metrics import LOOP_RECORD, LoopRecord
-from resnet_keras.step_record import StepRecord
+from resnet_keras.engine import guards
+from resnet_keras.engine.metrics import LOOP_RECORD, LoopRecord
+from resnet_keras.engine.step_record import StepRecord
 
 
 def test_non_finite_step_finds_the_first_bad_loss():

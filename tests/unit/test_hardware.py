@@ -3,7 +3,7 @@ CPUs: support/cpus.py)."""
 
 import pytest
 
-from resnet_keras import hardware
+from resnet_keras.config import hardware
 from tests.support.cpus import (CPUINFO, COOPER_LAKE, EPYC_AVX2,
                                 SAPPHIRE_RAPIDS, SKYLAKE)
 

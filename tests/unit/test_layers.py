@@ -1,4 +1,4 @@
-"""The network's own layers and the ops they run (resnet_keras/layers.py)
+"""The network's own layers and the ops they run (resnet_keras/model/layers.py)
 against what each stands for: the matmul convolutions and their kernel
 gradients, the bitwise and XLA ReLUs, the blur, group norm and drop path."""
 
@@ -7,8 +7,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import layers
-from resnet_keras import network as network_lib
+from resnet_keras.model import layers
+from resnet_keras.model import network as network_lib
 from tests.support import gradients
 from tests.support.gradients import loss_and_grads
 

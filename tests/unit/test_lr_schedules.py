@@ -2,7 +2,7 @@
 
 import pytest
 
-from resnet_keras import lr_schedules
+from resnet_keras.optimization import lr_schedules
 from resnet_keras.config import RunConfig
 
 

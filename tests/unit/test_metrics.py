@@ -7,9 +7,9 @@ import pytest
 from absl import logging
 
 from resnet_keras import files
-from resnet_keras import metrics
+from resnet_keras.engine import metrics
 from common.errors import UsageError
-from resnet_keras.metrics import LOOP_RECORD, LoopRecord
+from resnet_keras.engine.metrics import LOOP_RECORD, LoopRecord
 
 
 def test_log_lines_every_log_steps_within_and_across_loops(monkeypatch,

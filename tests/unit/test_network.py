@@ -1,4 +1,4 @@
-"""The network (resnet_keras/network.py): parameter counts, precision of
+"""The network (resnet_keras/model/network.py): parameter counts, precision of
 the output, uint8 input, the logits twin, the auto kernels, normalisation
 options, BlurPool, recomputation and drop path's rates and checkpoints.
 (Synchronised batch norm over two replicas, a process of its own:
@@ -11,9 +11,9 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import hardware
-from resnet_keras import layers
-from resnet_keras import network as network_lib
+from resnet_keras.config import hardware
+from resnet_keras.model import layers
+from resnet_keras.model import network as network_lib
 from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data.preprocessing import normalize_images

@@ -11,8 +11,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import distribution
-from resnet_keras import objective as objective_lib
+from resnet_keras.engine import distribution
+from resnet_keras.engine import objective as objective_lib
 
 # Two examples, three classes.
 PROBS = tf.constant([[0.7, 0.2, 0.1], [0.1, 0.3, 0.6]])

@@ -10,9 +10,9 @@ import tf_keras
 
 from common import cli
 from common.errors import UsageError
-from resnet_keras import lr_schedules
-from resnet_keras import network as network_lib
-from resnet_keras import optimizers
+from resnet_keras.optimization import lr_schedules
+from resnet_keras.model import network as network_lib
+from resnet_keras.optimization import optimizers
 from resnet_keras.config import RunConfig
 from resnet_keras.config import training_options
 

@@ -1,6 +1,6 @@
 """Who writes a run directory and what in it is the run's
-(resnet_keras/ownership.py), without TensorFlow: the lock against a second
-writer in this process and in another, a dead holder taken over, another
+(resnet_keras/rundir/ownership.py), without TensorFlow: the lock against a
+second writer in this process and in another, a dead holder taken over, another
 host's lock judged by its renewal, a job's own attempts, the record of what
 a run wrote, and --clean removing that and nothing else."""
 
@@ -15,8 +15,8 @@ import pytest
 
 from common import worker_contract
 from common.errors import UsageError
-from resnet_keras import ownership
-from resnet_keras import run_lock
+from resnet_keras.rundir import ownership
+from resnet_keras.rundir import run_lock
 from tests.support import runner
 
 
@@ -57,7 +57,7 @@ def test_a_writer_in_another_process_is_refused(tmp_path):
   run = str(tmp_path / 'run')
   holder = subprocess.Popen(
       [sys.executable, '-c', 'import sys, time\n'
-       'from resnet_keras import ownership\n'
+       'from resnet_keras.rundir import ownership\n'
        f'ownership.take({run!r}, "trainer")\n'
        'print("held", flush=True)\n'
        'time.sleep(60)'],

@@ -1,10 +1,10 @@
-"""The plots of a metrics log (resnet_keras/curves.py), written without a
-run. (A real run's metrics.jsonl and plots, and the plots tool: e2e/.)"""
+"""The plots of a metrics log (resnet_keras/training/curves.py), written
+without a run. (A real run's metrics.jsonl and plots, and the plots tool: e2e/.)"""
 
 import json
 import os
 
-from resnet_keras import curves
+from resnet_keras.training import curves
 from tests.support.images import FIGURES, is_png
 
 

@@ -8,7 +8,7 @@ import glob
 import pytest
 import tensorflow as tf
 
-from resnet_keras import reporting
+from resnet_keras.training import reporting
 
 
 def _profile(tmp_path, window, boundaries, steps_per_loop=117, stop_at=None):

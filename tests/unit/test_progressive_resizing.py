@@ -1,6 +1,6 @@
 """Progressive resizing's image-size schedule against hand-computed sizes."""
 
-from resnet_keras import progressive_resizing
+from resnet_keras.data import progressive_resizing
 from resnet_keras.config import RunConfig
 
 

@@ -1,11 +1,11 @@
-"""Recipes (resnet_keras/recipes.py) applied to flags: precedence, bad keys
-and types, flags spelled from a recipe. (--config through the entry points,
+"""Recipes (resnet_keras/config/recipes.py) applied to flags: precedence, bad
+keys and types, flags spelled from a recipe. (--config through the entry points,
 every shipped recipe, the launcher: e2e/.)"""
 
 import pytest
 from absl import flags
 
-from resnet_keras import recipes
+from resnet_keras.config import recipes
 from common.errors import UsageError
 
 

@@ -1,5 +1,5 @@
-"""The run directory's contract (resnet_keras/run_directory.py): its latest
-checkpoint read from hand-written state files as TensorFlow writes them,
+"""The run directory's contract (resnet_keras/rundir/run_directory.py): its
+latest checkpoint read from hand-written state files as TensorFlow writes them,
 without TensorFlow; the model_dir a run writes to when none is given."""
 
 import os
@@ -11,7 +11,7 @@ import tempfile
 import pytest
 
 from common.errors import UsageError
-from resnet_keras import run_directory
+from resnet_keras.rundir import run_directory
 from tests.support import runner
 
 STATE = ('model_checkpoint_path: "{latest}"\n'
@@ -87,7 +87,7 @@ def test_workers_other_than_the_chief_write_in_their_own_folder():
 
 def test_it_loads_without_tensorflow():
   # The launcher reads model_dir through it before TensorFlow loads.
-  code = ('import sys; from resnet_keras import run_directory; '
+  code = ('import sys; from resnet_keras.rundir import run_directory; '
           'print("tensorflow" in sys.modules)')
   out = subprocess.run([sys.executable, '-c', code], check=True,
                        capture_output=True, text=True,

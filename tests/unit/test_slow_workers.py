@@ -1,4 +1,4 @@
-"""A slow worker named (resnet_keras/slow_workers.py): the rule against
+"""A slow worker named (resnet_keras/training/slow_workers.py): the rule against
 hand-computed values, its log lines and summary, and the time it compares,
 each worker's own part of a step, measured in a real training loop."""
 
@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import slow_workers
-from resnet_keras.metrics import LOOP_RECORD, LoopRecord
+from resnet_keras.training import slow_workers
+from resnet_keras.engine.metrics import LOOP_RECORD, LoopRecord
 from tests.support import loops
 
 

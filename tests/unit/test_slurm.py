@@ -8,7 +8,7 @@ import pytest
 from common import slurm as node_lists
 from common import worker_contract as contract
 from common.errors import UsageError
-from resnet_keras import job_starts
+from resnet_keras.training import job_starts
 from resnet_keras.launcher import slurm
 
 

@@ -1,5 +1,5 @@
-"""Where a run starts (resnet_keras/start.py's decide and check_announced),
-from hand-made model_dirs: a config.json and a tiny checkpoint of a few
+"""Where a run starts (resnet_keras/engine/start.py's decide and
+check_announced), from hand-made model_dirs: a config.json and a tiny checkpoint of a few
 variables under the names a run's checkpoints use, no training run."""
 
 import dataclasses
@@ -9,11 +9,11 @@ import pytest
 import tensorflow as tf
 
 from common.errors import UsageError
-from resnet_keras import checkpoints
-from resnet_keras import run_directory
-from resnet_keras import start as start_lib
+from resnet_keras.rundir import checkpoints
+from resnet_keras.rundir import run_directory
+from resnet_keras.engine import start as start_lib
 from resnet_keras.config import RunConfig
-from resnet_keras.plan import make_training_plan
+from resnet_keras.config.plan import make_training_plan
 
 # 64 examples in batches of 8 for 2 epochs: 16 steps.
 CFG = RunConfig(resnet_depth=18, num_classes=10, batch_size=8,

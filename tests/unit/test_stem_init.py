@@ -1,13 +1,13 @@
-"""--stem_init=pca (resnet_keras/stem_init.py): the stem's filters from the
-principal directions of image patches, in +/- pairs."""
+"""--stem_init=pca (resnet_keras/model/stem_init.py): the stem's filters from
+the principal directions of image patches, in +/- pairs."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import network as network_lib
-from resnet_keras import stem_init
+from resnet_keras.model import network as network_lib
+from resnet_keras.model import stem_init
 from resnet_keras.data.preprocessing import normalize_images
 
 

@@ -1,4 +1,4 @@
-"""--wandb (resnet_keras/tracking.py): when it goes offline, a missing
+"""--wandb (resnet_keras/training/tracking.py): when it goes offline, a missing
 package, the metrics log mirrored as it is appended. (A run logged to W&B,
 offline: e2e/.)"""
 
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from resnet_keras import metrics
-from resnet_keras import tracking
+from resnet_keras.engine import metrics
+from resnet_keras.training import tracking
 from common.errors import UsageError
 
 

@@ -8,12 +8,12 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
-from resnet_keras import evaluator as evaluator_lib
-from resnet_keras import guards
-from resnet_keras import network as network_lib
-from resnet_keras import ema as ema_lib
+from resnet_keras.engine import evaluator as evaluator_lib
+from resnet_keras.engine import guards
+from resnet_keras.model import network as network_lib
+from resnet_keras.optimization import ema as ema_lib
 from resnet_keras.data import synthetic
-from resnet_keras.metrics import LOOP_RECORD
+from resnet_keras.engine.metrics import LOOP_RECORD
 from tests.support import loops
 
 

@@ -1,4 +1,4 @@
-"""resnet_keras/watchdog.py and the backend's Progress it polls: a wait
+"""resnet_keras/training/watchdog.py and the backend's Progress it polls: a wait
 watched from a thread, or from a process of its own where the thread
 cannot run, ended only when it lasts too long."""
 
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from resnet_keras import distribution
-from resnet_keras import watchdog
+from resnet_keras.engine import distribution
+from resnet_keras.training import watchdog
 from resnet_keras.launcher import failures
 from tests.support import runner
 
@@ -196,7 +196,7 @@ def test_a_worker_that_was_frozen_itself_does_not_blame_the_others():
 
 
 _WAITER = ('import sys, time\n'
-           'from resnet_keras import watchdog\n'
+           'from resnet_keras.training import watchdog\n'
            'with watchdog.watched_from_outside(float(sys.argv[1]), "stuck"):\n'
            '  print("waiting", flush=True)\n'
            '  time.sleep(float(sys.argv[2]))\n')

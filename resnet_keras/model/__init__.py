@@ -1,0 +1,1 @@
+"""The model: the ResNets, their layers and the PCA stem."""

@@ -1,0 +1,1 @@
+"""How the weights move: optimizers, learning-rate schedules, weight average."""

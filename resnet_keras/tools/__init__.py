@@ -1,0 +1,1 @@
+"""The tools' libraries: scoring, checkpoint averaging, their shared flags."""
