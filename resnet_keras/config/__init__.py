@@ -17,14 +17,23 @@ package's modules:
 
 RunConfig, here, inherits them all into one flat record (code reads
 `cfg.image_size`; config.json stays one flat object) and holds only the
-rules that relate several groups. (This package declares options; the
-recipes that fill them in, `--config NAME`, are the YAML files of
-resnet_keras/configs/, read by recipes.py.)
+rules that relate several groups. (The recipes that fill them in,
+`--config NAME`, are the YAML files of resnet_keras/configs/ beside this
+package, read by recipes.py.)
 
-Entry points parse flags once (`resnet_keras.config.flags.config_from_flags`);
-the library only sees a frozen RunConfig, so tests build configs directly and
-no module reads absl's FLAGS. The batch and step arithmetic is in plan.py; what
-'auto' values become on a machine is decided in hardware.py.
+Beside the groups, what declares, reads and resolves them:
+
+- options.py: the declaration, `option(...)`, and the checks it gives;
+- flags.py: every field a flag. Entry points parse flags once
+  (`config_from_flags`); the library only sees a frozen RunConfig, so tests
+  build configs directly and no module reads absl's FLAGS;
+- recipes.py: `--config`, a recipe read and applied;
+- plan.py: TrainingPlan, the batch and step arithmetic on a job's layout;
+- hardware.py: what the machine can do, and what each 'auto' becomes on it;
+- channels.py: the stages' channel counts (--stage_widths' default, the
+  network's);
+- randaugment_spec.py: --randaugment's grammar, checked here and applied by
+  data/.
 """
 
 import dataclasses
