@@ -76,6 +76,7 @@ class Saver:
     self._manager = manager
     self._backend = backend
     self._pending: Optional[_Write] = None  # the write in flight
+    self.saved_step: Optional[int] = None  # of this process's last save
     # Held while a save hands its write over: a write done before its save
     # returned waits here for the moment it began.
     self._handing_over = threading.Lock()
@@ -102,6 +103,7 @@ class Saver:
       write.handed_over = time.monotonic()
       write.blocked = write.handed_over - began
       self._pending = write
+      self.saved_step = step
 
   def _written(self, write: _Write, attempt, path: str) -> None:
     # The writer's thread, the files complete; the manager's update of the

@@ -206,7 +206,10 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                          checkpoint_at_completion=False)
     except guards.SignalReceived as stop:
       step = int(optimizer.iterations.numpy())
-      if saver.saves:
+      # A stop at a step saved already (this loop's checkpoint; before a
+      # resumed run's first step, the one it resumed from) writes nothing.
+      if saver.saves and step != saver.saved_step and not (
+          start.kind == start_lib.RESUMED and step == start.step):
         # Nothing goes on while this write runs: the process stops.
         saver.save(step, attempt, ' after signal')
         saver.wait(attempt)
