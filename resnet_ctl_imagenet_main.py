@@ -15,6 +15,7 @@ import time
 from common import interrupts
 
 interrupts.install()  # First: a Ctrl-C in the imports below is one line.
+interrupts.hold_warning()  # A warning during them is acted on, not fatal.
 
 from common import env  # pylint: disable=g-import-not-at-top
 

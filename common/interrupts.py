@@ -10,11 +10,19 @@ adds a note that it happened; an exception that reaches the top of the
 program (sys.excepthook) or cli.run_main after a Ctrl-C is reported as
 the interrupt, in one line, exit 130. A SIGINT that is ignored (a
 background job's) or handled by someone else is left alone.
+
+`hold_warning` (the trainer's): the warning signal (a scheduler's, or the
+launcher's when a dropped host rejoins the job) is held from the process's
+start until the trainer's guards take it over (resnet_keras/guards.py),
+which then save at the first step boundary and stop. Its default action
+would end a worker still importing or setting up, the job with it.
 """
 
 import os
 import signal
 import sys
+
+from common.errors import WARNING_SIGNAL
 
 # Every write of the package is atomic (resnet_keras/files.py, TensorFlow's
 # checkpoints): what was written before is whole, or was not written.
@@ -24,6 +32,7 @@ EXIT_CODE = 128 + signal.SIGINT
 
 _interrupted = False
 _installed = False
+_warned = False
 
 
 def happened() -> bool:
@@ -65,3 +74,24 @@ def install() -> None:
     return  # Not the main thread: signals are not this thread's.
   sys.excepthook = _excepthook
   _installed = True
+
+
+def _on_warning(signum, frame):
+  del signum, frame
+  global _warned
+  _warned = True
+
+
+def hold_warning() -> None:
+  """Holds the warning signal until `take_warning` takes it (main thread;
+  one ignored stays ignored)."""
+  if signal.getsignal(WARNING_SIGNAL) == signal.SIG_DFL:
+    signal.signal(WARNING_SIGNAL, _on_warning)
+
+
+def take_warning() -> bool:
+  """Whether the warning arrived while it was held (once: the guard that
+  asks takes it over)."""
+  global _warned
+  warned, _warned = _warned, False
+  return warned

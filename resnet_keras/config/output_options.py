@@ -59,6 +59,16 @@ class OutputConfig:
       'With --enable_checkpoint_and_export: also checkpoint every N '
       'steps; 0: at every epoch end only.',
       within='>= 0')
+  checkpoint_interval_seconds: float = option(
+      0.0,
+      'With --enable_checkpoint_and_export: also checkpoint at the first '
+      'loop boundary this many seconds after the last checkpoint. 0: '
+      'chosen by the run to lose least to failures, sqrt(2 x a save\'s '
+      'stall x the job\'s mean time between failures) within [10 s, 30 '
+      'min] (about 10 s for a job killed every 2 minutes, 40 s for one '
+      'that never failed; docs/training.md). A value above the run\'s '
+      'length saves by steps and epochs alone.',
+      within='>= 0')
   max_checkpoints: int = option(
       5,
       'Checkpoints kept in model_dir (oldest deleted first).',

@@ -30,6 +30,7 @@ import tensorflow as tf
 from absl import logging
 
 from resnet_keras.engine import distribution
+from common import interrupts
 from common.errors import NON_FINITE_EXIT_CODE, WARNING_SIGNAL, RunStopped
 from resnet_keras.engine.metrics import LOOP_RECORD
 
@@ -190,6 +191,10 @@ class LoopGuard:
     self._wakeup = (read_end, write_end, signal.set_wakeup_fd(
         write_end, warn_on_full_buffer=False))
     logging.get_absl_logger().addFilter(self._orbit_filter)
+    if interrupts.take_warning():
+      logging.warning('received %s during start-up: stopping before the '
+                      'first step', WARNING_SIGNAL.name)
+      self._received.add(WARNING_SIGNAL)
 
   def uninstall(self) -> None:
     for signum, handler in self._previous.items():

@@ -6,6 +6,8 @@ launch_config.py  the launcher's options, declared once
 presets.py      the reference's optimizer presets (from the recipes)
 job.py          a job across its attempts: hosts, batch split, restarts
 elastic.py      the batch split of a job on fewer (or more) hosts
+regrowth.py     a job that grows back while it runs, when a dropped host
+                answers again (membership.py: when one may rejoin)
 host_checks.py  the hosts checked before each attempt (preflight.py: the
                 checks over ssh)
 placement.py    the seam to the ways workers start: this_host.py,

@@ -91,9 +91,33 @@ def relayout(planned: Layout, hosts: Sequence[str], workers_per_host: int,
                 planned_global_batch=planned.planned_global_batch)
 
 
+def describe_layouts(planned: Layout, min_hosts: int, workers_per_host: int,
+                     mode: str, horovod: bool) -> List[str]:
+  """--dry_run's lines: the layout on each host count the job may shrink
+  to, with the trainer's batch flags there."""
+  lines = []
+  for count in range(len(planned.hosts) - 1, min_hosts - 1, -1):
+    layout = relayout(planned, planned.hosts[:count], workers_per_host, mode)
+    lr = (f', learning rate x{layout.lr_scale:.4g}'
+          if layout.lr_scale != 1 else '')
+    lines.append(f'elastic: on {layout.describe()}{lr}: '
+                 f'{" ".join(layout.trainer_flags(horovod))}')
+  return lines
+
+
 def keeps_batch(planned: Layout, workers: int) -> bool:
   """Whether `keep` splits `planned`'s global batch over `workers`."""
   return planned.planned_global_batch % workers == 0
+
+
+def min_hosts(flag: int, hosts: Sequence[str], source: str) -> int:
+  """--min_hosts (0: every host of `source`), checked against them."""
+  if flag and not hosts:
+    raise UsageError('--min_hosts needs several hosts in MULTI_HLS_IPS')
+  if flag > len(hosts):
+    raise UsageError(f'--min_hosts={flag} is more than the {len(hosts)} '
+                     f'hosts of {source}')
+  return flag or len(hosts)
 
 
 def check_host_counts(planned: Layout, min_hosts: int, workers_per_host: int,

@@ -1,9 +1,9 @@
 """A training job across its attempts: the hosts each attempt runs on (all
 of them, or with --min_hosts those that pass a new check: host_checks.py),
 the global batch split on them (elastic.py), the trainer's command
-line, and where each restart resumes. The supervisor (supervisor.py)
-runs the attempts; the placement (placement.py) checks hosts and starts
-workers.
+line, where each restart resumes, and whether a dropped host may rejoin
+(regrowth.py). The supervisor (supervisor.py) runs the attempts; the
+placement (placement.py) checks hosts and starts workers.
 """
 
 import shutil
@@ -27,6 +27,8 @@ from resnet_keras.launcher import elastic
 from resnet_keras.launcher import host_checks
 from resnet_keras.launcher import launch_config
 from resnet_keras.launcher import failures
+from resnet_keras.launcher import membership
+from resnet_keras.launcher import regrowth
 from resnet_keras.launcher.placement import FILES_DIR_PREFIX, TRAINER, Placement
 
 
@@ -91,12 +93,8 @@ class Job:
     self.placement, self._cfg, self._argv = placement, cfg, argv
     launch_cfg = placement.cfg
     hosts = placement.hosts
-    self.min_hosts = launch_cfg.min_hosts or len(hosts)
-    if launch_cfg.min_hosts and not hosts:
-      raise UsageError('--min_hosts needs several hosts in MULTI_HLS_IPS')
-    if self.min_hosts > len(hosts):
-      raise UsageError(f'--min_hosts={self.min_hosts} is more than the '
-                       f'{len(hosts)} hosts of {placement.hosts_source}')
+    self.min_hosts = elastic.min_hosts(launch_cfg.min_hosts, hosts,
+                                       placement.hosts_source)
     self.planned = elastic.planned_layout(
         hosts, launch_cfg.num_workers_per_hls, cfg.batch_size,
         cfg.num_accumulation_steps, cfg.use_horovod)
@@ -105,6 +103,8 @@ class Job:
                                 launch_cfg.num_workers_per_hls,
                                 launch_cfg.elastic_batch)
     self.layout = self.planned
+    self.membership = membership.Membership(
+        launch_cfg.max_membership_changes_per_hour)
     self._filled, self._servers = filled, servers
     self._started = time.time()
     self.data_servers = None  # DataServers, once started.
@@ -137,18 +137,6 @@ class Job:
     return self.placement.command(trainer_argv, hosts, extra_env,
                                   hosts_per_machine)
 
-  def describe(self):
-    """--dry_run's lines: the layout on each host count it may run on."""
-    launch_cfg, hosts = self.placement.cfg, self.placement.hosts
-    for count in range(len(hosts) - 1, self.min_hosts - 1, -1):
-      layout = elastic.relayout(self.planned, hosts[:count],
-                                launch_cfg.num_workers_per_hls,
-                                launch_cfg.elastic_batch)
-      lr = (f', learning rate x{layout.lr_scale:.4g}'
-            if layout.lr_scale != 1 else '')
-      yield (f'elastic: on {layout.describe()}{lr}: '
-             f'{" ".join(layout.trainer_flags(self._cfg.use_horovod))}')
-
   def first_attempt(self) -> failures.Attempt:
     if not self._cfg.model_dir and self.placement.total_workers > 1:
       # Each worker would otherwise make a private directory of its own.
@@ -176,10 +164,24 @@ class Job:
     latest = run_directory.latest_checkpoint(self._cfg.model_dir)
     return latest and latest.step
 
-  def replan(self, failure: failures.Failure) -> failures.Attempt:
+  @property
+  def grows_back(self) -> bool:
+    """Whether a dropped host may rejoin without a failure."""
+    return self.is_elastic and self.membership.cap > 0
+
+  def returning_hosts(self) -> Optional[str]:
+    """regrowth.returning, for the hosts of this attempt."""
+    _, want, ports = self.host_checks.checks()[0]
+    check = lambda hosts, limit: self.placement.check(hosts, want, ports, limit)
+    return regrowth.returning(self.planned.hosts, self.layout.hosts,
+                              self.membership, check, time.monotonic())
+
+  def replan(self, failure: Optional[failures.Failure]) -> failures.Attempt:
     """The next attempt: on the hosts that pass a new check (an elastic job,
     or one with a tf.data service; the same hosts otherwise), resuming at
-    model_dir's last checkpoint, which the trainer is told to expect."""
+    model_dir's last checkpoint, which the trainer is told to expect.
+    `failure`: what ended the attempt before (None: it stopped for the job
+    to grow back)."""
     del failure  # Every host is checked again, whatever failed.
     if self.is_elastic or self._servers or self.placement.checks_at_restart:
       self._check_again()
@@ -210,6 +212,7 @@ class Job:
               if self.is_elastic else self.planned)
     if layout.hosts != before.hosts:
       logging.error(elastic.describe_change(before, layout, step, lost))
+      self.membership.changed(before.hosts, layout.hosts, time.monotonic())
     elif restart:
       logging.error('the job restarts on the same host(s): %s; %.0f s lost',
                     elastic.resuming(step), lost)

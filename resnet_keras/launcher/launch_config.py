@@ -81,10 +81,22 @@ class LaunchConfig:
       'check is left out, named; after a failure a rerun can fix (up to '
       '--max_restarts times) every host is checked again and the job '
       'restarts from the last checkpoint on those that pass, so a lost host '
-      'is dropped and one that answers again rejoins. The global batch is '
-      'kept (see --elastic_batch). The chief is the first host left: '
+      'is dropped. While it runs on fewer hosts, the dropped ones are '
+      'checked every few seconds, and one that answers again rejoins: the '
+      'workers save at the next step and the job restarts with it (not a '
+      'failure: --max_restarts is not used); a host dropped again waits a '
+      'cool-down first, 10 s doubling to 100 s. The global batch is kept '
+      '(see --elastic_batch). The chief is the first host left: '
       '--model_dir must be on storage every host shares.',
       within='>= 0', checked_by_flag=True, in_recipe=False)
+  max_membership_changes_per_hour: int = option(
+      10,
+      'Elastic job: a host rejoins only while the job\'s hosts changed '
+      '(dropped or rejoined) fewer than this many times in the last hour; '
+      'each change restarts the workers, so hosts that come and go cannot '
+      'keep the job restarting (0: a dropped host rejoins only at a '
+      'restart after a failure).',
+      within='>= 0', in_recipe=False)
   elastic_batch: str = option(
       elastic.KEEP,
       'How an elastic job on fewer hosts splits its batch: keep: the '

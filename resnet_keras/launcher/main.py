@@ -28,6 +28,7 @@ from resnet_keras.config import flags as flags_lib
 from resnet_keras.config import recipes
 from resnet_keras.config import RunConfig
 from resnet_keras.launcher import commands as launch_lib
+from resnet_keras.launcher import elastic
 from resnet_keras.launcher import input_servers
 from resnet_keras.launcher import job as job_lib
 from resnet_keras.launcher import launch_config
@@ -128,7 +129,9 @@ def dry_run(job: job_lib.Job, cfg: RunConfig,
   for line in job.host_checks.lines():
     print(line)
   if job.is_elastic:
-    print('\n'.join(job.describe()))
+    print('\n'.join(elastic.describe_layouts(
+        job.planned, job.min_hosts, job.placement.cfg.num_workers_per_hls,
+        job.placement.cfg.elastic_batch, cfg.use_horovod)))
   for line in guard.lines() if guard else []:
     print(line)
 
@@ -229,7 +232,9 @@ def _supervise(job: job_lib.Job, cfg: LaunchConfig,
         parse_output=parse_output,
         log=logging.error, replan=job.replan,
         abort_grace=cfg.failure_timeout,
-        launcher_output=job.placement.launcher_output).run()
+        launcher_output=job.placement.launcher_output,
+        regrowth_check=job.returning_hosts if job.grows_back else None
+    ).run()
   finally:
     running.stop()
   if exit_code == STOPPED_AT_WARNING_EXIT_CODE:

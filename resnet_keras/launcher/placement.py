@@ -120,10 +120,11 @@ class Placement(abc.ABC):
     return self.cfg.num_workers_per_hls * max(1, len(hosts))
 
   def check(self, hosts: Sequence[str], want: preflight.Expected,
-            ports: Mapping[str, Sequence[int]]) -> preflight.Report:
-    """Which of `hosts` can run workers now (default: all of them, asking
-    nothing)."""
-    del want, ports
+            ports: Mapping[str, Sequence[int]],
+            timeout: int = preflight.SSH_TIMEOUT) -> preflight.Report:
+    """Which of `hosts` can run workers now, each asked within `timeout`
+    seconds (default: all of them, asking nothing)."""
+    del want, ports, timeout
     return preflight.Report([], 1, tuple(hosts))
 
   def check_lines(self, want: preflight.Expected,

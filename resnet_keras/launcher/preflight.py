@@ -21,7 +21,11 @@ from common import hosts as hosts_lib
 from common import worker_contract
 from resnet_keras.launcher import fanout
 
-_SSH_TIMEOUT = 20
+# Seconds a host's answer may take (ssh's connection half of it); the
+# polls of an elastic job's dropped hosts take less (QUICK_TIMEOUT): a
+# launcher ending waits for the poll in flight.
+SSH_TIMEOUT = 20
+QUICK_TIMEOUT = 8
 # Runs on each host with the launcher's Python: prints what the host has.
 _PROBE = '''
 import json, os, socket, sys
@@ -79,12 +83,13 @@ def _version(name: str) -> Optional[str]:
     return None
 
 
-def ssh_command(environ: Mapping[str, str], port: str) -> List[str]:
+def ssh_command(environ: Mapping[str, str], port: str,
+                timeout: int = SSH_TIMEOUT) -> List[str]:
   """ssh as mpirun runs it: OpenMPI's rsh agent when one is set."""
   agent = environ.get('OMPI_MCA_plm_rsh_agent', '')
   argv = shlex.split(agent.split(':')[0]) if agent else ['ssh']
   return argv + ['-p', port, '-o', 'BatchMode=yes', '-o',
-                 f'ConnectTimeout={_SSH_TIMEOUT // 2}']
+                 f'ConnectTimeout={timeout // 2}']
 
 
 def describe(hosts: Sequence[str], ssh: Sequence[str], want: Expected,
@@ -124,18 +129,19 @@ def problems_of(host: str, answer: Dict, want: Expected) -> List[str]:
 
 
 def _check_host(host: str, ssh: Sequence[str], want: Expected,
-                ports: Sequence[int], port: str) -> Tuple[List[str], Dict]:
+                ports: Sequence[int], port: str,
+                timeout: int) -> Tuple[List[str], Dict]:
   """(problems, what the host answered)."""
   remote = shlex.join([want.python, '-c', _PROBE, want.script,
                        json.dumps(list(ports))])
   try:
     result = subprocess.run(list(ssh) + ['--', host, remote],
                             capture_output=True,
-                            text=True, timeout=_SSH_TIMEOUT,
+                            text=True, timeout=timeout,
                             stdin=subprocess.DEVNULL)
   except subprocess.TimeoutExpired:
     return [f'host {host}: no answer over ssh on port {port} within '
-            f'{_SSH_TIMEOUT} s: check the host is up and reachable'], {}
+            f'{timeout} s: check the host is up and reachable'], {}
   if result.returncode == 255:  # ssh's own failure.
     reason = (result.stderr.strip().splitlines() or ['no reason given'])[-1]
     return [f'host {host}: ssh on port {port} failed ({reason}): '
@@ -167,11 +173,13 @@ class Report:
 
 
 def check(hosts: Sequence[str], ssh: Sequence[str], want: Expected,
-          ports: Mapping[str, Sequence[int]], port: str) -> Report:
-  """Asks every host, fanout.MAX_SESSIONS at a time."""
+          ports: Mapping[str, Sequence[int]], port: str,
+          timeout: int = SSH_TIMEOUT) -> Report:
+  """Asks every host, fanout.MAX_SESSIONS at a time, each within
+  `timeout` seconds (`ssh`'s ConnectTimeout: half of it)."""
   results = fanout.each_host(
       hosts, lambda host: _check_host(host, ssh, want, ports.get(host, ()),
-                                      port))
+                                      port, timeout))
   machines = collections.Counter(answer.get('machine') for lines, answer
                                  in results
                                  if not lines and answer.get('machine'))

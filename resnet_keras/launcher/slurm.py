@@ -323,10 +323,11 @@ class Slurm(placement.Placement):
     return True
 
   def check(self, hosts: Sequence[str], want: preflight.Expected,
-            ports: Mapping[str, Sequence[int]]) -> preflight.Report:
+            ports: Mapping[str, Sequence[int]],
+            timeout: int = preflight.SSH_TIMEOUT) -> preflight.Report:
     """The nodes of `hosts` the job still holds: a job submitted with
     --no-kill runs on without a node that failed."""
-    del want, ports
+    del want, ports, timeout  # One scontrol, here.
     held = job_nodes(self.job_id)
     if held is None:  # Slurm cannot tell: srun will.
       return preflight.Report([], 1, tuple(hosts))

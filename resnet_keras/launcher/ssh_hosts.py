@@ -12,10 +12,10 @@ from resnet_keras.launcher import placement
 from resnet_keras.launcher.launch_config import LaunchConfig
 
 
-def ssh(environ: Mapping[str, str]):
+def ssh(environ: Mapping[str, str], timeout: int = preflight.SSH_TIMEOUT):
   """(ssh argv, its port) as mpirun and the data service hosts use it."""
   port = launch.ssh_port(environ)
-  return preflight.ssh_command(environ, port), port
+  return preflight.ssh_command(environ, port, timeout), port
 
 
 class SshHosts(placement.Placement):
@@ -36,9 +36,10 @@ class SshHosts(placement.Placement):
     return super().create(cfg, environ, hosts, use_horovod)
 
   def check(self, hosts: Sequence[str], want: preflight.Expected,
-            ports: Mapping[str, Sequence[int]]) -> preflight.Report:
-    argv, port = ssh(self.environ)
-    return preflight.check(hosts, argv, want, ports, port)
+            ports: Mapping[str, Sequence[int]],
+            timeout: int = preflight.SSH_TIMEOUT) -> preflight.Report:
+    argv, port = ssh(self.environ, timeout)
+    return preflight.check(hosts, argv, want, ports, port, timeout)
 
   def check_lines(self, want: preflight.Expected,
                   ports: Mapping[str, Sequence[int]]) -> List[str]:

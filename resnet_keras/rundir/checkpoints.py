@@ -8,7 +8,8 @@ learning-rate position and average (start.py decides that it resumes).
 config.json says what they are checkpoints of: a run refuses another
 model's checkpoints, and the tools rebuild the model and its data from it.
 When a run saves is the plan's (plan.TrainingPlan.is_checkpoint_step: epoch
-ends, --checkpoint_interval_steps, the end) and a stop signal's (run.py);
+ends, --checkpoint_interval_steps, the end), the clock's
+(training/timed_saves.py) and a stop signal's (training/run.py);
 how, `Saver`'s: the values copied while the loop waits, written beside it.
 """
 
@@ -76,6 +77,9 @@ class Saver:
     self._manager = manager
     self._backend = backend
     self._pending: Optional[_Write] = None  # the write in flight
+    self.saved_step: Optional[int] = None  # of this process's last save
+    self.saved_at: Optional[float] = None  # its hand-over (monotonic)
+    self.last_write_seconds = 0.0  # the last write done, in the background
     # Held while a save hands its write over: a write done before its save
     # returned waits here for the moment it began.
     self._handing_over = threading.Lock()
@@ -84,10 +88,11 @@ class Saver:
   def saves(self) -> bool:
     return self._manager is not None
 
-  def save(self, step: int, attempt, why: str = '') -> None:
+  def save(self, step: int, attempt, why: str = '') -> float:
     """Saves the checkpoint of `step`, the loop's wait timed in `attempt`
     (goodput.Attempt) as checkpoint time, the write's own time beside it;
-    its log line once it is written. `why`: said after the step."""
+    its log line once it is written. `why`: said after the step. Returns
+    the seconds the loop was blocked."""
     began = time.monotonic()
     self.wait(attempt)
     write = _Write(step, why)
@@ -102,12 +107,15 @@ class Saver:
       write.handed_over = time.monotonic()
       write.blocked = write.handed_over - began
       self._pending = write
+      self.saved_step, self.saved_at = step, write.handed_over
+    return write.blocked
 
   def _written(self, write: _Write, attempt, path: str) -> None:
     # The writer's thread, the files complete; the manager's update of the
     # state file follows.
     with self._handing_over:
       seconds = time.monotonic() - write.handed_over
+    self.last_write_seconds = seconds
     attempt.checkpoint_written(seconds)
     logging.info('saved checkpoint at step %d%s (%s): training blocked '
                  '%.2f s, written in %.2f s in the background', write.step,

@@ -11,5 +11,6 @@
   watchdog.py       a thread that ends a wait on frozen workers too long
   stuck_workers.py  the watchdog wired into a run
   slow_workers.py   a worker slower than the others, named
+  timed_saves.py    checkpoints by time: the interval that loses least
   final_export.py   the export at the run's end (model_dir/saved_model)
 """

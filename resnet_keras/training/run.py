@@ -38,6 +38,7 @@ from resnet_keras.training import reporting
 from resnet_keras.rundir import run_directory
 from resnet_keras.engine import start as start_lib
 from resnet_keras.training import stuck_workers
+from resnet_keras.training import timed_saves
 from resnet_keras.training import tracking
 from resnet_keras.training import watchdog
 from resnet_keras.engine import world
@@ -138,6 +139,20 @@ def _set_up(cfg: RunConfig,
   return basis
 
 
+def _timed_saves(cfg: RunConfig, backend: distribution.Backend,
+                 parts: assembly.Parts, attempt: goodput.Attempt
+                 ) -> List[timed_saves.TimedSaves]:
+  """Checkpoints by time, where the run checkpoints (timed_saves.py)."""
+  if not (cfg.enable_checkpoint_and_export and parts.saver.saves):
+    return []
+  agree = ((lambda due: backend.any_worker(due)[0])
+           if backend.collective_saves else None)
+  return [timed_saves.for_run(
+      cfg.checkpoint_interval_seconds, cfg.model_dir, backend.is_chief,
+      parts.saver, lambda: int(parts.optimizer.iterations.numpy()),
+      attempt, agree)]
+
+
 def _train(basis: assembly.Basis, parts: assembly.Parts,
            start: start_lib.Start, started: float,
            attempt: goodput.Attempt
@@ -156,7 +171,8 @@ def _train(basis: assembly.Basis, parts: assembly.Parts,
       steps_per_loop=parts.plan.steps_per_loop,
       summary_manager=reports.summaries,
       eval_summary_dir=reports.eval_summary_dir,
-      train_actions=[attempt] + reports.actions)
+      train_actions=[attempt] + reports.actions + _timed_saves(
+          cfg, backend, parts, attempt))
   if backend.is_chief:
     # metrics.jsonl first: one that does not read stops the run before
     # config.json says it is this run's.
@@ -206,7 +222,10 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                          checkpoint_at_completion=False)
     except guards.SignalReceived as stop:
       step = int(optimizer.iterations.numpy())
-      if saver.saves:
+      # A stop at a step saved already (this loop's checkpoint; before a
+      # resumed run's first step, the one it resumed from) writes nothing.
+      if saver.saves and step != saver.saved_step and not (
+          start.kind == start_lib.RESUMED and step == start.step):
         # Nothing goes on while this write runs: the process stops.
         saver.save(step, attempt, ' after signal')
         saver.wait(attempt)
@@ -222,7 +241,7 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                        stop.exit_code) from None
     step = outcome.step = int(optimizer.iterations.numpy())
     if (cfg.enable_checkpoint_and_export and saver.saves and
-        plan.is_checkpoint_step(step)):
+        plan.is_checkpoint_step(step) and step != saver.saved_step):
       saver.save(step, attempt)
       attempt.write()
     if not cfg.skip_eval and plan.is_eval_step(step):

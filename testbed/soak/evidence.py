@@ -73,8 +73,10 @@ def resumes_in(lines: Sequence[str]) -> List[Tuple[int, int]]:
 
 _SAVED = re.compile(r'saved checkpoint (?:\S*ckpt-(\d+)$|at step (\d+))')
 _REQUEUED = re.compile(r'requeued \d+ time\(s\) by the scheduler')
-# Where a new attempt starts: the launcher's restart, or Slurm's requeue.
-_RESTART = re.compile(r'restart \d+ of|' + _REQUEUED.pattern)
+# Where a new attempt starts: the launcher's restart, its stop for a
+# dropped host's return (an elastic job grows back), or Slurm's requeue.
+_RESTART = re.compile(r'restart \d+ of|answer again: the workers save|' +
+                      _REQUEUED.pattern)
 _TRAINED = re.compile(_STEP.pattern + r'|eval at step')
 
 
@@ -159,9 +161,10 @@ def read_results(record: JobRecord, log, model_dir: str,
   record.restarts = restarts_in(lines)
   requeued = [i for i, l in enumerate(lines) if _REQUEUED.search(l)]
   record.requeues_logged = len(requeued)
-  # A requeued job's launcher starts counting its restarts again.
+  # A requeued job's launcher starts counting its restarts again; a
+  # regrowth restarts the workers too (run_summary.json counts both).
   record.restarts_logged = sum(
-      bool(re.search(r'restart \d+ of', l))
+      bool(re.search(r'restart \d+ of|answer again: the workers save', l))
       for l in lines[requeued[-1] if requeued else 0:])
   record.world_changes = world_changes(lines)
   record.shrank = bool(record.world_changes)

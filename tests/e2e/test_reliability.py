@@ -89,6 +89,24 @@ def test_checkpoint_interval_and_max_checkpoints(tmp_path):
   assert job['checkpoint_writes_seconds'] > 0
 
 
+def test_checkpoints_by_time_come_at_loop_ends_once_the_interval_passed(
+    tmp_path):
+  """An interval shorter than a loop: a save at every loop end after the
+  first (which traced), each said "(by time)"; the end's checkpoint, saved
+  by time, is not written again."""
+  model_dir = str(tmp_path / 'model')
+  result = runner.run_main(
+      [f'--model_dir={model_dir}', '--enable_checkpoint_and_export',
+       '--skip_eval', '--checkpoint_interval_seconds=0.001',
+       '--train_steps=6'] +
+      [a for a in runner.TINY if not a.startswith('--train_steps')])
+  assert result.returncode == 0, result.stderr[-3000:]
+  saved = re.findall(r'saved checkpoint at step (\d+)( \(by time\))?',
+                     result.stderr)
+  assert saved == [('4', ' (by time)'), ('6', ' (by time)')]
+  assert runner.checkpoint_steps(model_dir) == [4, 6]
+
+
 def test_checkpoint_of_another_model_is_refused_and_kept(synthetic_run,
                                                          tmp_path):
   model_dir = _copy_of(synthetic_run, tmp_path)

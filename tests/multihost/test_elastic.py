@@ -1,9 +1,11 @@
 """Elastic jobs across hosts (demo_resnet_keras.py --min_hosts) on a
 three-host cluster of network namespaces, one worker per host: a host lost
 for good is dropped and the job goes on with the global batch kept, a host
-that answers again rejoins at the next restart, and the shrunk run resumes
-exactly. They need root and skip without it, saying so."""
+that answers again rejoins by itself (or, past the cap of changes, at the
+next restart), and the shrunk run resumes exactly. They need root and skip
+without it, saying so."""
 
+import json
 import os
 import re
 import signal
@@ -69,18 +71,18 @@ def test_a_lost_host_is_dropped_then_rejoins_and_the_resume_is_exact(
     healthy, tmp_path, backend):
   """h3's link cut at a third of the run: the job goes on from the last
   checkpoint on h1 and h2, each worker taking half the global batch. The
-  link back, then h2's rank killed: the next restart finds h3 again and
-  the job ends on three hosts at the planned step. The steps trained on
-  two hosts equal those of an uninterrupted two-host run from the same
-  checkpoint."""
+  link back, but the job's cap of one change an hour keeps h3 out; h2's
+  rank killed: the next restart finds h3 again and the job ends on three
+  hosts at the planned step. The steps trained on two hosts equal those of
+  an uninterrupted two-host run from the same checkpoint."""
   cluster = healthy
   h1, h2, h3 = cluster.hosts
   backend_args, batch = BACKENDS[backend]
   model_dir, log = str(tmp_path / 'model'), tmp_path / 'log.txt'
   started = time.monotonic()
   job = launcher.start(cluster, backend_args + ELASTIC + [
-      f'--batch_size={batch}', f'--model_dir={model_dir}'] + launcher.TINY,
-                       log)
+      f'--batch_size={batch}', f'--model_dir={model_dir}',
+      '--max_membership_changes_per_hour=1'] + launcher.TINY, log)
   try:
     launcher.wait_for_line(job, log, f'ckpt-{STEPS // 3}')
     cluster.cut_link(h3)
@@ -100,6 +102,7 @@ def test_a_lost_host_is_dropped_then_rejoins_and_the_resume_is_exact(
           ' 2 host(s), 2 worker(s) x batch 6 in 2 micro-batch(es) = global '
           'batch 12 (kept); resuming at step') in shrink
   assert re.search(rf'host {h3.address}: .*: left out of the job', output)
+  assert 'answer again' not in output  # The cap: one change an hour.
   grow = _line(output, 'the job grows')
   assert (f'the job grows from 2 to 3 host(s) ({h1.address}, {h2.address}, '
           f'{h3.address}): 3 host(s), 3 worker(s) x batch 4 in 1 '
@@ -185,28 +188,58 @@ def test_a_count_that_cannot_keep_the_batch_is_refused_before_anything_runs(
   assert not (tmp_path / 'm').exists()
 
 
-def test_scale_leaves_out_a_lost_host_at_start_and_scales_the_lr(healthy,
-                                                                 tmp_path):
+def test_scale_leaves_out_a_lost_host_then_takes_it_back_by_itself(healthy,
+                                                                  tmp_path):
+  """h3 cut at the start: the job starts on h1 and h2, each worker keeping
+  its batch (the learning rate x2/3). h3's link back once the job has a
+  checkpoint: without a failure or a restart, the workers save at the next
+  step and the job grows back to three hosts, the planned batch and
+  learning rate. Stopped by SIGTERM once it trained on three."""
   cluster = healthy
   h1, h2, h3 = cluster.hosts
   cluster.cut_link(h3)
-  model_dir = str(tmp_path / 'm')
-  returncode, output = launcher.run(
+  model_dir, log = str(tmp_path / 'm'), tmp_path / 'log.txt'
+  job = launcher.start(
       cluster, ['--use_horovod', '--batch_size=3', '--min_hosts=2',
-                '--elastic_batch=scale', '--train_steps=4',
-                f'--model_dir={model_dir}'] + launcher.TINY,
-      tmp_path / 'log.txt')
-  assert returncode == 0, output[-4000:]
+                '--elastic_batch=scale', '--train_steps=100000',
+                '--train_epochs=1', '--checkpoint_interval_steps=4',
+                '--enable_checkpoint_and_export',
+                f'--model_dir={model_dir}'] + launcher.TINY, log)
+  try:
+    launcher.wait_for_line(job, log, 'ckpt-4')
+    cluster.restore_link(h3)
+    answered = time.monotonic()
+    launcher.wait_for_line(job, log, 'the job grows')
+    grown_at = _resumed_step(_line(open(log).read(), 'the job grows'))
+    launcher.wait_for_step(job, log, grown_at + 2)
+    print(f'h3 back to its first step in the job: '
+          f'{time.monotonic() - answered:.0f} s')
+  finally:
+    job.send_signal(signal.SIGTERM)
+    job.wait(timeout=120)
+  output = open(log).read()
   assert re.search(rf'host {h3.address}: .*: left out of the job', output)
   assert (f'the job shrinks from 3 to 2 host(s) ({h1.address}, '
           f'{h2.address}): 2 host(s), 2 worker(s) x batch 3 in 1 '
           'micro-batch(es) = global batch 6, learning rate x0.6667 '
           '(--elastic_batch=scale); from step 0') in output
-  summary = runner.read_summary(model_dir)
-  assert summary['global_batch_size'] == 6
-  assert summary['lr_scale'] == pytest.approx(6 / 9)
-  assert [(s['workers'], s['lr_scale']) for s in summary['world_sizes']] == [
-      (2, pytest.approx(6 / 9))]
+  assert (f'elastic: host(s) {h3.address} answer again: the workers save at '
+          'the next step and stop, and the job restarts with it') in output
+  assert (f'the job grows from 2 to 3 host(s) ({h1.address}, {h2.address}, '
+          f'{h3.address}): 3 host(s), 3 worker(s) x batch 3 in 1 '
+          'micro-batch(es) = global batch 9 (kept); resuming at step '
+          f'{grown_at};') in output
+  assert grown_at >= 4
+  # Saved once at the step it grew at: a stop at a step saved writes none.
+  assert len(re.findall(rf'saved checkpoint at step {grown_at}\b',
+                        output)) == 1, output[-4000:]
+  assert not re.search(r'job failed|restart \d', output), output[-4000:]
+  assert 'job stopped by SIGTERM' in output
+  with open(os.path.join(model_dir, 'world_sizes.json')) as f:
+    shapes = [(s['step'], s['workers'], s['global_batch_size'],
+               round(s['lr_scale'], 4)) for s in json.load(f)]
+  assert shapes == [(0, 2, 6, 0.6667), (grown_at, 3, 9, 1.0)]
+  assert not launcher.wait_until_no_job_processes(cluster)
 
 
 def test_a_restart_restarts_lost_data_servers_and_leaves_out_a_lost_host(

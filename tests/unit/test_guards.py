@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from common import interrupts
 from common.errors import RunStopped
 from resnet_keras.engine import guards
 from resnet_keras.engine.metrics import LOOP_RECORD, LoopRecord
@@ -123,6 +124,33 @@ def test_a_repeated_warning_does_not_end_the_save_it_asked_for():
     assert stop.value.exit_code == 138
   finally:
     guard.uninstall()
+
+
+def test_a_warning_held_through_start_up_stops_before_the_first_step():
+  """The trainer holds the warning from its first line (common/
+  interrupts.py): one that came while it imported or set up is the
+  guard's at install, once, and the loop stops before its first step."""
+  before = signal.getsignal(signal.SIGUSR1)
+  interrupts.hold_warning()
+  try:
+    signal.raise_signal(signal.SIGUSR1)  # Would end the process unheld.
+    guard = _guard()
+    guard.install()
+    try:
+      assert guard.stop_requested()
+      with pytest.raises(guards.SignalReceived) as stop:
+        guard(_loop([1.0], stopped_early=True))
+      assert stop.value.exit_code == 138
+    finally:
+      guard.uninstall()
+    again = _guard()  # Taken: a later run of the process starts clean.
+    again.install()
+    try:
+      assert not again.stop_requested()
+    finally:
+      again.uninstall()
+  finally:
+    signal.signal(signal.SIGUSR1, before)
 
 
 def test_in_the_export_a_signal_stops_at_once_and_one_before_it_too():

@@ -202,6 +202,50 @@ def test_an_elastic_restart_shrinks_on_the_hosts_that_pass(tmp_path, caplog,
   job.files.remove()
 
 
+class _Returning(SshHosts):
+  """ssh hosts whose answers the test sets: those in `down` fail."""
+  down = set()
+  asked = []
+
+  def check(self, hosts, want, ports, timeout=preflight.SSH_TIMEOUT):
+    _Returning.asked.append((tuple(hosts), timeout))
+    return preflight.Report(
+        [f'host {h}: down' for h in hosts if h in _Returning.down], 1,
+        tuple(h for h in hosts if h not in _Returning.down))
+
+
+def test_a_dropped_host_that_answers_again_may_rejoin_and_one_that_flaps_waits(
+    tmp_path, monkeypatch):
+  monkeypatch.setattr(registry, 'PLACEMENTS', tuple(
+      _Returning if kind is SshHosts else kind
+      for kind in registry.PLACEMENTS))
+  third = HOSTS.split(',')[2]
+  monkeypatch.setattr(_Returning, 'down', {third})
+  monkeypatch.setattr(_Returning, 'asked', [])
+  job = _job(tmp_path, LaunchConfig(min_hosts=2), {'MULTI_HLS_IPS': HOSTS})
+  assert job.grows_back
+  assert job.first_attempt().hosts == tuple(HOSTS.split(',')[:2])
+  # Only the dropped host is asked, quickly (the job's end waits for it).
+  assert job.returning_hosts() is None
+  assert _Returning.asked[-1] == ((third,), preflight.QUICK_TIMEOUT)
+  _Returning.down.clear()
+  assert job.returning_hosts() == f'elastic: host(s) {third} answer again'
+  assert job.replan(None).hosts == tuple(HOSTS.split(','))
+  asked = len(_Returning.asked)
+  assert job.returning_hosts() is None and len(_Returning.asked) == asked
+  # Dropped a second time: it answers, but waits out its cool-down unasked.
+  _Returning.down.add(third)
+  job.replan(failures.Failure(1, 'lost', retry=True))
+  _Returning.down.clear()
+  asked = len(_Returning.asked)
+  assert job.returning_hosts() is None and len(_Returning.asked) == asked
+  job.files.remove()
+  no_cap = _job(tmp_path, LaunchConfig(min_hosts=2,
+                                       max_membership_changes_per_hour=0),
+                {'MULTI_HLS_IPS': HOSTS})
+  assert not no_cap.grows_back
+
+
 def test_ssh_is_as_mpirun_runs_it():
   argv, port = ssh_hosts.ssh({'DOCKER_SSHD_PORT': '4022'})
   assert port == '4022' and argv[:3] == ['ssh', '-p', '4022']

@@ -12,6 +12,7 @@ import pytest
 
 from common.errors import UsageError
 from resnet_keras.launcher import failures
+from resnet_keras.launcher import regrowth
 from resnet_keras.launcher import supervisor
 from tests.support.launcher_output import (ABORT_NOTICES, SRUN,
                                            SRUN_NODE_FAILURE, SRUN_TASK_EXIT)
@@ -128,6 +129,47 @@ def test_replan_gives_each_restart_its_command_or_ends_the_job(tmp_path):
   assert lines[-1] == 'only 1 of 3 hosts left, --min_hosts=2'
 
 
+def test_a_host_that_answers_again_has_the_workers_save_and_the_job_grow(
+    tmp_path, monkeypatch):
+  """While an attempt runs, regrowth says a dropped host answers again: the
+  workers get the warning signal, save and stop (138), and the attempt
+  replan gives runs, an attempt later and without a restart: a job of
+  --max_restarts=0 grows too."""
+  monkeypatch.setattr(regrowth, 'POLL', 0.05)
+  ready = tmp_path / 'ready'
+  first = ('import os, signal, sys, time\n'
+           'signal.signal(signal.SIGUSR1, lambda *_: sys.exit(138))\n'
+           'open(sys.argv[1] + "/ready", "w").close()\n'
+           'time.sleep(60)\nsys.exit(1)')
+  asked, replanned = [], []
+
+  def returning():  # As a job's: none once the host is back.
+    answers = ready.exists() and not replanned
+    asked.append(answers)
+    return 'elastic: host(s) h3 answer again' if answers else None
+
+  def replan(failure):
+    replanned.append(failure)
+    grown = ('import os, sys; open(sys.argv[1] + "/grown", "w").write('
+             'os.environ["RESNET_KERAS_RESTARTS"] + "@" + '
+             'os.environ["RESNET_KERAS_RESUME_STEP"])')
+    return failures.Attempt([sys.executable, '-c', grown, str(tmp_path)], {},
+                            hosts=['a', 'b', 'h3'], resume_step=8)
+
+  lines = []
+  code = supervisor.Supervisor(
+      failures.Attempt([sys.executable, '-c', first, str(tmp_path)], {}),
+      max_restarts=0, workers_per_host=1, parse_output=True,
+      log=lines.append, replan=replan, regrowth_check=returning).run()
+  assert code == 0, lines
+  assert replanned == [None]
+  assert (tmp_path / 'grown').read_text() == '1@8'
+  assert lines == ['elastic: host(s) h3 answer again: the workers save at '
+                   'the next step and stop, and the job restarts with it']
+  # Asked until the host answered, then only by the grown attempt.
+  assert asked.count(True) == 1
+
+
 def _assert_session_ends(output):
   """The stand-in mpirun's session (the id it printed) has no process left
   within 10 s: a killed process closes its files (the pipe's end) before
@@ -216,6 +258,7 @@ def test_an_mpirun_that_exits_leaving_its_ssh_session_is_ended_after_the_grace(
 _LAUNCHER = '''
 import sys
 from resnet_keras.launcher import failures
+from resnet_keras.launcher import regrowth
 from resnet_keras.launcher import supervisor
 job = """
 import signal, sys, time
