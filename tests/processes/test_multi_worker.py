@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.support import deadlines
 from tests.support import records
 from tests.support import runner
 
@@ -158,7 +159,7 @@ def _start_long_job(tmp_path, backend_args):
   job = subprocess.Popen(['sh', '-c', 'RESNET_TEST_JOB=$$ exec "$@"', 'sh'] +
                          args, cwd=runner.REPO_ROOT, stdout=log,
                          stderr=subprocess.STDOUT, env=env)
-  deadline = time.time() + 240
+  deadline = time.time() + deadlines.stretched(240)
   while 'step 2/' not in (tmp_path / 'log.txt').read_text():
     assert job.poll() is None, (tmp_path / 'log.txt').read_text()[-3000:]
     assert time.time() < deadline, 'training did not start'
@@ -191,11 +192,14 @@ def test_a_dead_worker_ends_the_job(tmp_path, backend_args):
 
 def _two_ranks_stuck_after_15_s(tmp_path, timeout_var, args):
   """mpirun by hand, 2 ranks of the tiny trainer with `args`, the
-  stuck-worker time (`timeout_var`, as the launcher sets it) 15 s; the
+  stuck-worker time (`timeout_var`, as the launcher sets it) 15 s at the
+  reference pace (stretched to this machine's: it bounds the first loop's
+  tracing too, which took over 15 s beside two busy processes); the
   process and its log file."""
   log = open(tmp_path / 'log.txt', 'w+')
   root = ['--allow-run-as-root'] if os.geteuid() == 0 else []
-  env = dict(os.environ, RESNET_TEST_JOB='pending', **{timeout_var: '15'})
+  stuck = str(round(deadlines.stretched(15)))
+  env = dict(os.environ, RESNET_TEST_JOB='pending', **{timeout_var: stuck})
   flags = {a.split('=')[0] for a in args}
   trainer = [sys.executable, os.path.join(runner.REPO_ROOT,
                                           'resnet_ctl_imagenet_main.py'),
@@ -234,7 +238,7 @@ def test_a_worker_waiting_on_a_frozen_one_ends_itself(tmp_path, backend_args,
       tmp_path, timeout_var, backend_args + ['--train_steps=100000',
                                              '--train_epochs=1'])
   try:
-    deadline = time.time() + 240
+    deadline = time.time() + deadlines.stretched(240)
     while 'step 40/' not in (tmp_path / 'log.txt').read_text():
       assert job.poll() is None, (tmp_path / 'log.txt').read_text()[-3000:]
       assert time.time() < deadline, 'training did not reach step 40'
@@ -246,7 +250,7 @@ def test_a_worker_waiting_on_a_frozen_one_ends_itself(tmp_path, backend_args,
       assert len(os.listdir(f'/proc/{pid}/task')) < 300
     frozen = next(pid for pid, rank in ranks.items() if rank == 1)
     os.kill(frozen, signal.SIGSTOP)
-    assert job.wait(timeout=180) != 0
+    assert job.wait(timeout=deadlines.stretched(180)) != 0
     output = (tmp_path / 'log.txt').read_text()
     assert FROZEN_NAMED[named] in output, output[-3000:]
     deadline = time.time() + 10
@@ -283,7 +287,7 @@ def test_a_worker_waiting_for_a_frozen_one_to_join_ends_itself(
                      if rank == 1), None)
       time.sleep(0.05)  # Polls /proc for the rank's process.
     os.kill(frozen, signal.SIGSTOP)
-    assert job.wait(timeout=180) != 0
+    assert job.wait(timeout=deadlines.stretched(180)) != 0
     output = (tmp_path / 'log.txt').read_text()
     assert "worker 0: the job's collectives have not moved for" in output, (
         output[-3000:])
