@@ -8,6 +8,9 @@ training, kills a rank (`kill -9`, a worker other than the chief) every
 split into its parts. As root (namespaces), with nothing else running:
 
   python -m benchmarks.goodput_under_faults --minutes 10 --every 120
+
+--trainer_checkpoints leaves the checkpoint interval to the trainer's
+default (epoch ends, and by time: training/timed_saves.py).
 """
 
 import argparse
@@ -40,13 +43,18 @@ def with_flags(args, **values):
   return kept + [f'--{name}={value}' for name, value in values.items()]
 
 
-def job_args(soak, plan, model_dir, restarts):
+def job_args(soak, plan, model_dir, restarts, steps_interval=True):
   """The long job's flags: the soak's, with loops, logs and checkpoints
-  spaced for thousands of steps."""
-  return with_flags(soak.jobs.args(plan, model_dir, reference=True),
+  spaced for thousands of steps (`steps_interval`: a checkpoint every
+  thirtieth of the job; else the trainer's default, epoch ends and its
+  interval by time)."""
+  args = with_flags(soak.jobs.args(plan, model_dir, reference=True),
                     checkpoint_interval_steps=max(20, plan.steps // 30),
                     max_checkpoints=3, max_restarts=restarts,
                     log_steps=20, steps_per_loop=10)
+  if not steps_interval:
+    args = [a for a in args if not a.startswith('--checkpoint_interval_steps')]
+  return args
 
 
 def steps_per_second(soak, plan, work_dir) -> float:
@@ -78,7 +86,7 @@ def _clock(hms: str) -> int:
   return hours * 3600 + minutes * 60 + seconds
 
 
-def run(soak, backend, minutes, every, work_dir):
+def run(soak, backend, minutes, every, work_dir, steps_interval=True):
   plan = soak_plan.JobPlan(index=0, placement='ssh', backend=backend,
                           faults=(), delay=0.0, victim=1, steps=PROBE_STEPS)
   speed = steps_per_second(soak, plan, work_dir)
@@ -86,7 +94,8 @@ def run(soak, backend, minutes, every, work_dir):
   plan = dataclasses.replace(plan, steps=steps)
   model_dir = os.path.join(work_dir, f'job_{backend}')
   args = job_args(soak, plan, model_dir,
-                  restarts=int(minutes * 60 // every) + 2)
+                  restarts=int(minutes * 60 // every) + 2,
+                  steps_interval=steps_interval)
   log = soak_jobs.Log(os.path.join(work_dir, f'job_{backend}.txt'))
   started = time.monotonic()
   job = soak.jobs.start(plan, args, log.path)
@@ -119,6 +128,9 @@ def main(argv):
   parser.add_argument('--every', type=float, default=120,
                       help='seconds between faults')
   parser.add_argument('--backends', default=','.join(soak_plan.BACKENDS))
+  parser.add_argument('--trainer_checkpoints', action='store_true',
+                      help='no --checkpoint_interval_steps: the trainer\'s '
+                      'default (epoch ends, and by time)')
   flags = parser.parse_args(argv)
   if os.geteuid() != 0:
     print('error: run as root (the cluster is network namespaces)',
@@ -134,7 +146,8 @@ def main(argv):
   try:
     soak = soak_lib.Soak(cluster, work_dir=work_dir)
     for backend in flags.backends.split(','):
-      results.append(run(soak, backend, flags.minutes, flags.every, work_dir))
+      results.append(run(soak, backend, flags.minutes, flags.every, work_dir,
+                         steps_interval=not flags.trainer_checkpoints))
   finally:
     cluster.stop()
   print(f'{"backend":<22} {"steps":>6} {"kills":>5} {"wall s":>7} '
