@@ -258,12 +258,14 @@ def test_an_mpirun_that_exits_leaving_its_ssh_session_is_ended_after_the_grace(
 _LAUNCHER = '''
 import sys
 from resnet_keras.launcher import failures
-from resnet_keras.launcher import regrowth
 from resnet_keras.launcher import supervisor
+# The signal's number written whole before the file has its name: the
+# test polls for the file and reads it at once.
 job = """
-import signal, sys, time
+import os, signal, sys, time
 def stop(signum, frame):
-  open(sys.argv[1] + "/stopped", "w").write(str(signum))
+  open(sys.argv[1] + "/stopping", "w").write(str(signum))
+  os.rename(sys.argv[1] + "/stopping", sys.argv[1] + "/stopped")
   sys.exit(0)
 signal.signal(signal.SIGTERM, stop)
 open(sys.argv[1] + "/started", "w").close()
