@@ -230,7 +230,10 @@ def assemble_training(basis: Basis, plan: TrainingPlan,
       use_tf_while_loop=cfg.use_tf_while_loop)
   return Parts(plan=plan, schedule=schedule, network=network, model=model,
                optimizer=optimizer, manager=manager, evaluator=evaluator,
-               saver=checkpoints.Saver(manager, backend), trainer=trainer,
+               saver=checkpoints.Saver(
+                   manager, backend,
+                   resumed_at=(start.step if start.kind == start_lib.RESUMED
+                               else None)), trainer=trainer,
                step_record=step_record, ema=ema, skipped=skipped,
                guard=guard, training_input=training_input)
 

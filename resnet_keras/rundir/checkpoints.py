@@ -73,11 +73,14 @@ class Saver:
   mean over the workers); each writes its own copy, alone.
   """
 
-  def __init__(self, manager: Optional[tf.train.CheckpointManager], backend):
+  def __init__(self, manager: Optional[tf.train.CheckpointManager], backend,
+               resumed_at: Optional[int] = None):
     self._manager = manager
     self._backend = backend
     self._pending: Optional[_Write] = None  # the write in flight
-    self.saved_step: Optional[int] = None  # of this process's last save
+    # The newest step this process knows is saved: its last save, or the
+    # checkpoint it resumed from (`resumed_at`).
+    self.saved_step: Optional[int] = resumed_at
     self.saved_at: Optional[float] = None  # its hand-over (monotonic)
     self.last_write_seconds = 0.0  # the last write done, in the background
     # Held while a save hands its write over: a write done before its save
@@ -92,7 +95,12 @@ class Saver:
     """Saves the checkpoint of `step`, the loop's wait timed in `attempt`
     (goodput.Attempt) as checkpoint time, the write's own time beside it;
     its log line once it is written. `why`: said after the step. Returns
-    the seconds the loop was blocked."""
+    the seconds the loop was blocked. A step saved already (a stop right
+    after this loop's save, or before a resumed run's first step) is not
+    written again: every worker knows the same steps saved, so where all
+    take part in a save all skip it together."""
+    if step == self.saved_step:
+      return 0.0
     began = time.monotonic()
     self.wait(attempt)
     write = _Write(step, why)

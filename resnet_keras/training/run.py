@@ -222,10 +222,7 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                          checkpoint_at_completion=False)
     except guards.SignalReceived as stop:
       step = int(optimizer.iterations.numpy())
-      # A stop at a step saved already (this loop's checkpoint; before a
-      # resumed run's first step, the one it resumed from) writes nothing.
-      if saver.saves and step != saver.saved_step and not (
-          start.kind == start_lib.RESUMED and step == start.step):
+      if saver.saves:
         # Nothing goes on while this write runs: the process stops.
         saver.save(step, attempt, ' after signal')
         saver.wait(attempt)
@@ -241,7 +238,7 @@ def _train_and_evaluate(cfg: RunConfig, backend: distribution.Backend,
                        stop.exit_code) from None
     step = outcome.step = int(optimizer.iterations.numpy())
     if (cfg.enable_checkpoint_and_export and saver.saves and
-        plan.is_checkpoint_step(step) and step != saver.saved_step):
+        plan.is_checkpoint_step(step)):
       saver.save(step, attempt)
       attempt.write()
     if not cfg.skip_eval and plan.is_eval_step(step):

@@ -182,6 +182,21 @@ def test_a_failed_write_is_raised_by_the_wait_and_named_nowhere(tmp_path):
   assert checkpoints.latest(str(tmp_path)) == (str(tmp_path / 'ckpt-4'), 4)
 
 
+def test_a_step_saved_already_is_not_written_again(tmp_path):
+  """Neither the resumed-from checkpoint (a stop before the first step) nor
+  this process's last save (a stop right after it)."""
+  model, optimizer = _model_and_optimizer()
+  manager = checkpoints.make_manager(model, optimizer, str(tmp_path))
+  saver = checkpoints.Saver(manager, BACKEND, resumed_at=4)
+  attempt = goodput.Attempt(None, time.time(), 4)
+  assert saver.save(4, attempt) == 0.0 and not saver.wait(attempt)
+  assert manager.checkpoints == []
+  saver.save(8, attempt)
+  assert saver.wait(attempt)
+  assert saver.save(8, attempt) == 0.0 and not saver.wait(attempt)
+  assert [os.path.basename(p) for p in manager.checkpoints] == ['ckpt-8']
+
+
 def _trained_with_average_and_loss_scale():
   """A model with batch norm, its optimizer (momentum slots, a dynamic loss
   scale) after a step, and the weight average after it."""
