@@ -134,6 +134,11 @@ RULES = {
 # Steps between a wait's first two beats are its start (distribution.py
 # Progress.beat): the ceiling holds until its second beat.
 _STEADY_BEATS = 2
+# A phase's very first start (no step of it timed yet) traces its loop:
+# seconds that grow with the model and the machine's load, not with the
+# network's failure timeout. Beside two busy processes and other jobs a
+# tiny model's first loop outlasted a 45 s ceiling on 2 cores.
+TRACING_MULTIPLE = 3
 
 
 class Deadlines:
@@ -157,6 +162,11 @@ class Deadlines:
     rule = self._rules.get(phase)
     long = (self.ceiling, f'the {phase} deadline, 10 x --failure_timeout')
     if rule is None or (rule.of_steps and beats < _STEADY_BEATS):
+      if rule is not None and rule.of_steps and not self._progress.intervals(
+          phase):
+        return (TRACING_MULTIPLE * self.ceiling,
+                f'the {phase} deadline while its first loop traces, '
+                f'{TRACING_MULTIPLE} x 10 x --failure_timeout')
       return long
     durations = (self._progress.intervals(phase) if rule.of_steps else
                  self._progress.lengths(phase))

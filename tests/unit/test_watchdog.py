@@ -112,6 +112,10 @@ def test_deadlines_by_phase_the_start_long_then_from_the_steps():
   progress = distribution.Progress()
   deadlines = watchdog.Deadlines(progress, ceiling=600)
   with progress.waiting('training'):
+    # Its first loop traces: three times the ceiling, said so.
+    assert deadlines.explained() == (
+        1800, 'the training deadline while its first loop traces, '
+        '3 x 10 x --failure_timeout')
     _beats(progress, 0.001, 2)
     assert deadlines.now() == 600  # Started, no steps timed yet.
     _beats(progress, 0.001, 5)
@@ -165,11 +169,11 @@ def test_the_stuck_line_says_its_deadline_and_the_launcher_reads_it(
   end = watchdog.end_stuck_worker(1, deadlines, [lambda: said.append(1),
                                                  lambda: 1 / 0])
   monkeypatch.setattr(watchdog.os, '_exit', sys.exit)
-  with progress.waiting('evaluation'), pytest.raises(SystemExit):
+  with progress.waiting('export'), pytest.raises(SystemExit):
     end(121.4)
   assert said == [1]  # Its last words came first; a failing one no matter.
   line = caplog.records[-1].getMessage()
-  assert '(the evaluation deadline, 10 x --failure_timeout)' in line
+  assert '(the export deadline, 10 x --failure_timeout)' in line
   assert failures.describe_failure(4, [line], ['h1', 'h2'], 1).cause == (
       "worker 0 was frozen or stuck: the others waited 121 s on the job's "
       'collectives, then ended themselves')
