@@ -91,9 +91,10 @@ class HostAccess:
   into Cluster, whose `hosts`, `state_dir` and `ssh_config` it reads."""
 
   def enter(self, host: Host) -> List[str]:
-    """argv prefix that runs a command on `host` (network, hostname)."""
-    return ['nsenter', '-t', str(_sshd_pid(self.state_dir, host)), '--net',
-            '--uts']
+    """argv prefix that runs a command on `host` (network, hostname; the
+    hosts file too where the names resolve)."""
+    return (['nsenter', '-t', str(_sshd_pid(self.state_dir, host)), '--net',
+             '--uts'] + (['--mount'] if self.names_resolve else []))
 
   def ssh_argv(self, target: Host) -> List[str]:
     return ['ssh', '-F', self.ssh_config, target.address]
@@ -172,7 +173,8 @@ class Cluster(HostAccess, FaultInjection):
   (`start`) and torn down (`stop`) here; used through HostAccess and broken
   through FaultInjection."""
 
-  def __init__(self, num_hosts: int, state_dir: str, subnet_index: int):
+  def __init__(self, num_hosts: int, state_dir: str, subnet_index: int,
+               names_resolve: bool = False):
     self.prefix = f'rk{subnet_index}'
     self.subnet = f'10.77.{subnet_index}.0/24'
     self.switch = f'{self.prefix}sw'
@@ -183,6 +185,11 @@ class Cluster(HostAccess, FaultInjection):
                        bridge_port=f'{self.prefix}h{i}b')
                   for i in range(1, num_hosts + 1)]
     self.ssh_config = os.path.join(state_dir, 'ssh_config')
+    # Each host's name resolves to its address on every host: a hosts file
+    # in the state directory, bind-mounted over /etc/hosts in a mount
+    # namespace of the hosts' own (the machine's file is left alone). Gloo
+    # (Horovod's elastic mode) finds its own address by its hostname.
+    self.names_resolve = names_resolve
     self._route_added = False
 
   def start(self) -> 'Cluster':
@@ -245,9 +252,19 @@ class Cluster(HostAccess, FaultInjection):
     # process sshd starts (orted, the ranks) inherits.
     script = (f'hostname {host.name} && exec {shutil.which("sshd") or "/usr/sbin/sshd"} '
               f'-D -e -f {config}')
+    namespaces = ['--uts']
+    if self.names_resolve:
+      hosts_file = os.path.join(self.state_dir, 'hosts')
+      with open(hosts_file, 'w') as f:
+        f.write('127.0.0.1 localhost\n' + ''.join(
+            f'{h.address} {h.name}\n' for h in self.hosts))
+      # unshare makes the new mount namespace private: the bind mount is
+      # seen by this host's processes only.
+      script = f'mount --bind {hosts_file} /etc/hosts && {script}'
+      namespaces.append('--mount')
     host.sshd = subprocess.Popen(
-        ['ip', 'netns', 'exec', host.name, 'unshare', '--uts', 'sh', '-c',
-         script], stdout=subprocess.DEVNULL,
+        ['ip', 'netns', 'exec', host.name, 'unshare'] + namespaces +
+        ['sh', '-c', script], stdout=subprocess.DEVNULL,
         stderr=open(os.path.join(self.state_dir, f'sshd_{host.name}.log'),
                     'w'))
 

@@ -149,13 +149,24 @@ def test_a_requeue_lands_only_if_slurm_counts_a_restart():
       'scontrol requeue', False, 'Job is not requeueable', '')
 
 
-def test_a_node_set_down_lands_if_slurm_has_it_down():
+def test_a_node_set_down_lands_if_slurm_has_it_down_or_the_job_lost_it():
   host = types.SimpleNamespace(name='h2')
   down = _Slurm({'scontrol show': (0, 'NodeName=h2 State=DOWN+DRAIN x', '')})
   assert soak_faults._node_down(down, host).landed
+  # Back in service before a read saw it DOWN (ReturnToService=2): the
+  # job's lines decide.
   idle = _Slurm({'scontrol show': (0, 'NodeName=h2 State=IDLE x', '')})
-  assert soak_faults._node_down(idle, host) == (
-      'h2', False, 'Slurm has h2 in state IDLE', '')
+  missed = soak_faults._node_down(idle, host)
+  assert missed[:3] == ('h2', None, 'Slurm has h2 in state IDLE')
+  for lines, landed in [
+      ([], False), (['srun: error: Node failure on h3'], False),
+      (['srun: error: Node failure on h2'], True),
+      (['12:00:01 E job failed after 9 s (exit 137): Slurm lost node h2 '
+        '(rank 1): it went down or its network failed'], True)]:
+    fault = soak_records.fault('slurm_node_down', landed=None, evidence='',
+                               awaits=missed.awaits)
+    soak_faults.confirm(fault, lines)
+    assert fault.landed is landed, lines
 
 
 def test_a_cancelled_step_awaits_slurmstepds_line():
