@@ -87,6 +87,12 @@ class Jobs:
       args.append(f'--max_restarts={max_restarts(plan)}')
       if plan.placement != 'this_host':
         args.append('--min_hosts=2')
+    else:
+      # No fault is planned for it, but the machine's own can come (once a
+      # rank's segfault in MPI's start-up under srun, beside two busy
+      # processes): one restart, which resumes exactly, keeps the weights
+      # the soak compares with; a reference that still fails fails the job.
+      args.append('--max_restarts=1')
     return args
 
   def _env(self, plan: JobPlan) -> Dict[str, str]:

@@ -73,6 +73,16 @@ def test_srun_names_the_lost_node_and_the_first_task_to_exit():
   assert failures.describe_failure(
       143, SRUN_TASK_EXIT.splitlines(), nodes, 1).cause == (
           'the job exited with code 143 (SIGTERM (15))')
+  # A task a signal ended: srun says the signal's name, the first first (a
+  # rank's crash in MPI's start-up, the others ended by srun after it).
+  crashed = failures.describe_failure(143, [
+      'srun: error: s1: task 0: Segmentation fault',
+      'srun: launch/slurm: _step_signal: Terminating StepId=10.0',
+      'srun: error: s2: task 1: Terminated',
+      'srun: error: s3: task 2: Terminated'], nodes, 1, SRUN)
+  assert crashed.cause == ('rank 0 on host s1 exited with code 139 '
+                           '(SIGSEGV (11))')
+  assert crashed.retry
 
 
 def test_a_host_whose_processes_died_is_named():
