@@ -122,8 +122,9 @@ class Rule:
 STEP_RULE = Rule(multiple=4, quantile=0.99, floor=20, min_samples=5,
                  of_steps=True)
 # Phases not listed (joining, export, the waits at a run's start and stop)
-# and a phase's first waits, before it has durations, get the ceiling (10 x
-# --failure_timeout): their time is tracing, restoring, a peer's start.
+# and a phase's later starts, before their steps settle, get the ceiling
+# (10 x --failure_timeout): their time is restoring, a peer's start or its
+# save; a phase's very first start gets TRACING_MULTIPLE x the ceiling.
 RULES = {
     'training': STEP_RULE,
     'evaluation': STEP_RULE,
@@ -161,13 +162,14 @@ class Deadlines:
     _, phase, beats = self._progress.current()
     rule = self._rules.get(phase)
     long = (self.ceiling, f'the {phase} deadline, 10 x --failure_timeout')
-    if rule is None or (rule.of_steps and beats < _STEADY_BEATS):
-      if rule is not None and rule.of_steps and not self._progress.intervals(
-          phase):
-        return (TRACING_MULTIPLE * self.ceiling,
-                f'the {phase} deadline while its first loop traces, '
-                f'{TRACING_MULTIPLE} x 10 x --failure_timeout')
+    if rule is None:
       return long
+    if rule.of_steps and beats < _STEADY_BEATS:
+      if self._progress.intervals(phase):
+        return long
+      return (TRACING_MULTIPLE * self.ceiling,
+              f'the {phase} deadline while its first loop traces, '
+              f'{TRACING_MULTIPLE} x 10 x --failure_timeout')
     durations = (self._progress.intervals(phase) if rule.of_steps else
                  self._progress.lengths(phase))
     floor = max(rule.floor, self._step_floor if rule.of_steps else 0)
