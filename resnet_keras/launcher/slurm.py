@@ -57,10 +57,10 @@ STEP_OVERLAP = '--overlap'
 # srun's word when Slurm found a node of the step down.
 _NODE_FAILURE = re.compile(r'Node failure on (\S+)')
 # srun's line for each task that exits with an error or a signal (its
-# strsignal text: "Segmentation fault", "Killed"), the first one first.
+# strsignal text: "Segmentation fault", "User defined signal 1"), the
+# first one first.
 _TASK_EXIT = re.compile(r'srun: error: (\S+): task (\d+): (?:Exited with '
-                        r'exit code (\d+)|([A-Z][a-z]+(?: [a-z]+)*)$)',
-                        re.MULTILINE)
+                        r'exit code (\d+)|(.+?))\s*$', re.MULTILINE)
 _SIGNAL_OF_TEXT = {signal.strsignal(s): s for s in signal.Signals
                    if signal.strsignal(s)}
 
@@ -215,13 +215,15 @@ class SrunOutput(failures.LauncherOutput):
             'it went down or its network failed')
 
   def first_task_exit(self, text: str) -> Optional[Tuple[str, int, int]]:
-    for task in _TASK_EXIT.finditer(text):
-      host, rank, code, killed_by = task.groups()
-      if code is not None:
-        return host, int(rank), int(code)
-      if killed_by in _SIGNAL_OF_TEXT:  # The shell's code for it.
-        return host, int(rank), 128 + _SIGNAL_OF_TEXT[killed_by]
-    return None
+    task = _TASK_EXIT.search(text)
+    if not task:
+      return None
+    host, rank, code, killed_by = task.groups()
+    if code is not None:
+      return host, int(rank), int(code)
+    if killed_by in _SIGNAL_OF_TEXT:  # The shell's code for it.
+      return host, int(rank), 128 + _SIGNAL_OF_TEXT[killed_by]
+    return None  # Words of srun's own: a later task's line is not first.
 
   def stopped_note(self, text: str, failure: failures.Failure) -> str:
     """Slurm ends a job that lost a node with a signal to its batch script
