@@ -190,6 +190,7 @@ class Cluster(HostAccess, FaultInjection):
     # namespace of the hosts' own (the machine's file is left alone). Gloo
     # (Horovod's elastic mode) finds its own address by its hostname.
     self.names_resolve = names_resolve
+    self._hosts_file = os.path.join(state_dir, 'hosts')
     self._route_added = False
 
   def start(self) -> 'Cluster':
@@ -208,6 +209,10 @@ class Cluster(HostAccess, FaultInjection):
     os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
     os.makedirs('/run/sshd', mode=0o755, exist_ok=True)  # sshd's privsep dir.
     self._write_keys()
+    if self.names_resolve:
+      with open(self._hosts_file, 'w') as f:
+        f.write('127.0.0.1 localhost\n' + ''.join(
+            f'{h.address} {h.name}\n' for h in self.hosts))
     _sh('ip', 'netns', 'add', self.switch)
     _sh('ip', '-n', self.switch, 'link', 'add', self.bridge, 'type', 'bridge')
     _sh('ip', '-n', self.switch, 'link', 'set', self.bridge, 'up')
@@ -254,13 +259,9 @@ class Cluster(HostAccess, FaultInjection):
               f'-D -e -f {config}')
     namespaces = ['--uts']
     if self.names_resolve:
-      hosts_file = os.path.join(self.state_dir, 'hosts')
-      with open(hosts_file, 'w') as f:
-        f.write('127.0.0.1 localhost\n' + ''.join(
-            f'{h.address} {h.name}\n' for h in self.hosts))
       # unshare makes the new mount namespace private: the bind mount is
       # seen by this host's processes only.
-      script = f'mount --bind {hosts_file} /etc/hosts && {script}'
+      script = f'mount --bind {self._hosts_file} /etc/hosts && {script}'
       namespaces.append('--mount')
     host.sshd = subprocess.Popen(
         ['ip', 'netns', 'exec', host.name, 'unshare'] + namespaces +
