@@ -118,13 +118,16 @@ def _horovodrun(args, cluster, work_dir: str, record: str) -> list:
     f.write('#!/bin/sh\n' + ''.join(f'echo {h.address}:1\n'
                                     for h in cluster.hosts))
   os.chmod(discovery, 0o755)
-  return ['horovodrun', '--log-level', 'INFO', '--gloo', '-np', '3', '--min-np', '2',
-          '--max-np', '3', '--host-discovery-script', discovery,
+  # The driver's INFO lines (each worker's state, each reset) and the
+  # workers' stacks on a crash go to horovodrun.txt.
+  return ['horovodrun', '--log-level', 'INFO', '--gloo', '-np', '3',
+          '--min-np', '2', '--max-np', '3',
+          '--host-discovery-script', discovery,
           '--blacklist-cooldown-range', str(args.cooldown),
           str(args.cooldown + 1), '--network-interface', 'eth0',
           '--ssh-port', str(cluster_lib.SSH_PORT),
-          sys.executable, '-X', 'faulthandler', '-m', 'benchmarks.elastic_recovery',
-          '--worker',
+          sys.executable, '-X', 'faulthandler',
+          '-m', 'benchmarks.elastic_recovery', '--worker',
           f'--record={record}', f'--steps={args.steps}',
           f'--steps_per_loop={args.steps_per_loop}',
           f'--batch_size={args.batch_size}']
@@ -158,14 +161,17 @@ def report(events: list, kills: list) -> None:
     if not before or not after:
       print(f'{when - t0:>9.0f} {host:>5} (no loop after it)')
       continue
-    resumed = [e for e in events if e['t'] > when and e['event'] == 'start']
-    redone = (before[-1]['step'] - resumed[0]['step'] if resumed else 0)
-    back = [e for e in after if e['size'] == 3 and
-            any(r['t'] > when and r['t'] < e['t'] and r['event'] == 'reset'
-                and r['size'] == 3 for r in events)]
+    resumed = next((e for e in events
+                    if e['t'] > when and e['event'] == 'start'), None)
+    redone = before[-1]['step'] - resumed['step'] if resumed else 0
+    # The group back at three workers: its first loop after a reset to 3.
+    regrown = next((e for e in events if e['t'] > when and
+                    e['event'] == 'reset' and e['size'] == 3), None)
+    back = regrown and next((e for e in after if e['t'] > regrown['t']),
+                            None)
     print(f'{when - t0:>9.0f} {host:>5} '
           f'{after[0]["t"] - when - usual:>10.1f} {redone:>6} '
-          + (f'{back[0]["t"] - when:>14.1f}' if back else f'{"never":>14}'))
+          + (f'{back["t"] - when:>14.1f}' if back else f'{"never":>14}'))
   wall = loops[-1]['t'] - t0
   done = loops[-1]['step'] - loops[0]['step']
   print(f'{done} steps in {wall:.0f} s of wall after the first loop: '
@@ -215,15 +221,14 @@ def main() -> int:
       subnet_index=index, names_resolve=True).start()
   kills = []
   try:
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {**os.environ,
            'PATH': _bin_dir(work_dir, cluster) + ':' + os.environ['PATH'],
-           'PYTHONPATH': os.path.dirname(os.path.dirname(
-               os.path.abspath(__file__)))}
+           'PYTHONPATH': root}
     with open(os.path.join(work_dir, 'horovodrun.txt'), 'w') as log:
       job = cluster.popen(cluster.hosts[0],
                           _horovodrun(args, cluster, work_dir, record), env,
-                          stdout=log, stderr=subprocess.STDOUT,
-                          cwd=env['PYTHONPATH'])
+                          stdout=log, stderr=subprocess.STDOUT, cwd=root)
       next_kill, victim = None, 1
       deadline = time.monotonic() + args.minutes * 60 * 4 + 120
       while job.poll() is None and time.monotonic() < deadline:
