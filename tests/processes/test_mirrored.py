@@ -117,6 +117,28 @@ def test_without_sync_each_replica_normalises_by_its_own_batch(runs):
   assert not np.allclose(ours[0, 1], one[0, 1], rtol=1e-3)
 
 
+def test_a_checkpoint_holds_the_mean_of_the_replicas_statistics(runs):
+  """Without sync batch norm each replica keeps moving statistics of its own
+  batches. A checkpoint holds their mean: from a process's second save on
+  it reads them all in one all-reduce (checkpoints._means_over_replicas);
+  the export reads each with TensorFlow's own (tf_keras's get_weights)."""
+  model_dir = runs['2']
+  assert runner.checkpoint_steps(model_dir)[-2:] == [2, 4]
+  # The export is of the weight average: set against the checkpoint's,
+  # both in the order of the model's variables.
+  saved = runner.checkpoint_values(
+      os.path.join(model_dir, 'ckpt-4'),
+      lambda name: name.startswith('weight_average/averages/'))
+  exported = runner.checkpoint_values(
+      os.path.join(model_dir, 'saved_model', 'variables', 'variables'),
+      lambda name: name.startswith('variables/'))
+  assert len(saved) == len(exported) > 0
+  for name, value in exported.items():
+    np.testing.assert_allclose(
+        saved[name.replace('variables/', 'weight_average/averages/', 1)],
+        value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+
 def test_replicated_export_serves_the_same_model(runs):
   pixels = tf.constant(np.random.RandomState(0).uniform(
       0, 255, (3, 32, 32, 3)).astype(np.float32))
