@@ -176,9 +176,13 @@ def test_loop_measures_time_blocked_on_the_input():
   resnet18 = lambda: network_lib.resnet(18, 5, 32)
   fast = _trainer(train=batch.prefetch(2), steps_per_loop=4, net=resnet18())
   fast.train(tf.constant(1))                     # trace outside the timing
-  fast_loop = fast.train(tf.constant(4))[LOOP_RECORD]
-  compute = fast_loop.seconds
-  assert fast_loop.input_wait_seconds < 0.2 * compute
+  # The least of three loops: a busy machine only ever adds time, and CI's
+  # other test worker once doubled a single loop's (0.445 s, against the
+  # 0.211 s of compute the slow loop then measured).
+  fast_loops = [fast.train(tf.constant(4))[LOOP_RECORD] for _ in range(3)]
+  compute = min(loop.seconds for loop in fast_loops)
+  assert all(loop.input_wait_seconds < 0.2 * loop.seconds
+             for loop in fast_loops)
   # Input that sleeps 0.3 s per batch, only when asked: every sleep is time
   # the loop is blocked on the input, and no compute may count as waiting.
   slow = _trainer(train=_on_demand(batch.map(_sleepy(0.3))), steps_per_loop=4,
@@ -186,7 +190,9 @@ def test_loop_measures_time_blocked_on_the_input():
   slow.train(tf.constant(1))
   loop = slow.train(tf.constant(4))[LOOP_RECORD]
   assert 4 * 0.3 <= loop.input_wait_seconds
-  assert loop.seconds - loop.input_wait_seconds >= 0.5 * compute
+  # Were compute counted as waiting, only the loop's host overhead would be
+  # left here, a few milliseconds.
+  assert loop.seconds - loop.input_wait_seconds >= 0.3 * compute
 
 
 def _no_bn_model(seed):
