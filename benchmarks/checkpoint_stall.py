@@ -15,7 +15,9 @@ saves, `--saves` saves each way, the ways alternating for `--rounds`
 rounds (A B A B). The chief prints, per round and way: the loop's wait per
 save (median and max: the first saves' of a process include setting up the
 copies and tracing the copy), the write's own time, the wait at the end for
-the last write, the checkpoint's size and the step time beside it.
+the last write, the checkpoint's size and the step time beside it; then
+the final export's read of the weights, tf_keras's get_weights against
+checkpoints.values (2 x --rounds times each, alternating).
 --base_port (OpenMPI's ports from it + 100, as the launcher pins them)
 keeps the Horovod job's mpirun off another job's ports; the
 multi_worker_mirrored workers take free ones.
@@ -103,7 +105,29 @@ def worker(args) -> None:
               f'(each: {", ".join(f"{b:.2f}" for b in blocked)}); write '
               f'{written:.2f} s on average; end wait {end_wait:.2f} s; step '
               f'{statistics.median(trained):.2f} s', flush=True)
+  _time_weight_reads(parts.network, args.rounds, backend.is_chief)
   backend.leave()
+
+
+def _time_weight_reads(network, rounds: int, is_chief: bool) -> None:
+  """The final export's read of the weights, each way in turn (every
+  worker joins it: under multi_worker_mirrored it is a collective): tf_keras's
+  get_weights (TensorFlow's read, an all-reduce per replicas' mean) and
+  checkpoints.values (those packed in one)."""
+  from resnet_keras.rundir import checkpoints  # pylint: disable=g-import-not-at-top
+  ways = {'get_weights': network.get_weights,
+          'packed': lambda: checkpoints.values(network.weights)}
+  seconds = {way: [] for way in ways}
+  for _ in range(rounds * 2):
+    for way, read in ways.items():
+      began = time.monotonic()
+      read()
+      seconds[way].append(time.monotonic() - began)
+  if is_chief:
+    print('the export\'s read of the weights: ' + '; '.join(
+        f'{way} median {statistics.median(s):.3f} s (each: '
+        f'{", ".join(f"{x:.2f}" for x in s)})' for way, s in seconds.items()),
+          flush=True)
 
 
 def _worker_argv(args, layout: str, model_dir: str):

@@ -31,6 +31,7 @@ from resnet_keras.config import RunConfig
 from resnet_keras.data import datasets
 from resnet_keras.data import imagenet
 from resnet_keras.data.preprocessing import normalize_images
+from resnet_keras.rundir import checkpoints
 from resnet_keras.serving import contract
 
 
@@ -128,7 +129,9 @@ def portable_copy(network: tf_keras.Model, cfg: RunConfig) -> tf_keras.Model:
       enable_recompute=False, freeze_backbone=False, drop_path_rate=0.0)
   copy = network_lib.build_network(standard, network.output_shape[-1],
                                    use_regularizers=False)
-  copy.set_weights(network.get_weights())
+  # Read as a checkpoint holds them: under multi_worker_mirrored the other
+  # workers join this read (training/final_export.py).
+  copy.set_weights(checkpoints.values(network.weights))
   return copy
 
 

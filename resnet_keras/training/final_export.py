@@ -13,6 +13,7 @@ from resnet_keras.optimization import ema as ema_lib
 from resnet_keras.training import goodput
 from resnet_keras.engine import guards
 from resnet_keras.training import job_starts
+from resnet_keras.rundir import checkpoints
 from resnet_keras.rundir import run_directory
 from resnet_keras.serving import saved_model
 
@@ -39,9 +40,10 @@ def export(basis: assembly.Basis, parts: assembly.Parts,
       elif backend.collective_saves:
         # Under multi_worker_mirrored reading the weights is a collective
         # (batch norm statistics are averaged when read): the other workers
-        # join the chief's read, once, as its export copies them.
+        # join the chief's read, once, as its export copies them
+        # (saved_model.portable_copy).
         with backend.progress.waiting('export'):
-          parts.network.get_weights()
+          checkpoints.values(parts.network.weights)
   except guards.StopNow as stop:
     attempt.write()
     if backend.is_chief:

@@ -121,7 +121,9 @@ def test_a_checkpoint_holds_the_mean_of_the_replicas_statistics(runs):
   """Without sync batch norm each replica keeps moving statistics of its own
   batches. A checkpoint holds their mean: from a process's second save on
   it reads them all in one all-reduce (checkpoints._means_over_replicas);
-  the export reads each with TensorFlow's own (tf_keras's get_weights)."""
+  the export reads them through checkpoints.values, the first save through
+  TensorFlow's own read (the packed read against TensorFlow's:
+  processes/test_network.py)."""
   model_dir = runs['2']
   assert runner.checkpoint_steps(model_dir)[-2:] == [2, 4]
   # The export is of the weight average: set against the checkpoint's,

@@ -1,6 +1,7 @@
 """Synchronised batch norm over two replicas (logical CPUs, fixed when
 TensorFlow's runtime starts: a process of its own) against the batch
-statistics computed by hand. (The rest of the model's structure: unit/.)"""
+statistics computed by hand, and the statistics read as checkpoints hold
+them. (The rest of the model's structure: unit/.)"""
 
 import json
 import subprocess
@@ -21,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 from resnet_keras.model import network as network_lib
 from resnet_keras.config import RunConfig
+from resnet_keras.rundir import checkpoints
 
 cpu = tf.config.list_physical_devices('CPU')[0]
 tf.config.set_logical_device_configuration(
@@ -50,7 +52,11 @@ for mode in ('sync', 'local'):
       'moving_mean': layer.moving_mean.numpy().tolist(),
       'moving_variance': layer.moving_variance.numpy().tolist(),
       'network_synchronized':
-          network.get_layer('stage1_block1_bn1').synchronized}
+          network.get_layer('stage1_block1_bn1').synchronized,
+      # The layer's weights as checkpoints and exports read them, and as
+      # TensorFlow reads each.
+      'packed_read': [v.tolist() for v in checkpoints.values(layer.weights)],
+      'own_read': [w.numpy().tolist() for w in layer.weights]}
 print(json.dumps(got))
 '''
 
@@ -90,3 +96,22 @@ def test_sync_batch_norm_uses_the_global_batch_statistics(
     np.testing.assert_allclose(got['moving_mean'], 0.1 * means[0], rtol=1e-4)
     np.testing.assert_allclose(got['moving_variance'],
                                0.9 + 0.1 * variances[0], rtol=1e-4)
+
+
+@pytest.mark.xdist_group('sync_batch_norm')
+def test_the_checkpoints_packed_read_is_tensorflows_own(
+    sync_batch_norm_results):
+  """Unsynchronised, each replica keeps statistics of its own batch; read
+  from outside the replicas, a statistic is their mean. checkpoints.values
+  (what checkpoints and exports hold) reads them all in one all-reduce:
+  the values of TensorFlow's own read, one all-reduce each."""
+  got = sync_batch_norm_results['local']
+  batches = np.array(sync_batch_norm_results['inputs'])
+  # The replicas' moving means (one update from 0) differ: their mean is
+  # neither's.
+  np.testing.assert_allclose(
+      got['moving_mean'], 0.1 * batches.mean(axis=(1, 2, 3)).mean(axis=0),
+      rtol=1e-4)
+  assert len(got['packed_read']) == len(got['own_read']) == 4
+  for packed, own in zip(got['packed_read'], got['own_read']):
+    np.testing.assert_allclose(packed, own, rtol=1e-6)
