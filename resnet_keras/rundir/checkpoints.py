@@ -11,6 +11,8 @@ When a run saves is the plan's (plan.TrainingPlan.is_checkpoint_step: epoch
 ends, --checkpoint_interval_steps, the end), the clock's
 (training/timed_saves.py) and a stop signal's (training/run.py);
 how, `Saver`'s: the values copied while the loop waits, written beside it.
+`values` reads a model's weights as a checkpoint holds them (the export
+reads them so).
 """
 
 import contextlib
